@@ -1,0 +1,91 @@
+"""Backends: NumPy on the CPU, CuPy on the GPU, behind one small interface (``xp`` and copies).
+
+Layers compute with ``backend.xp``; the runtime asks the backend for the arena's one block of
+memory, for host↔device copies, and for seeded random numbers. CuPy is imported only when the
+GPU is asked for, and any failure to import it (a broken CUDA install raises more than
+ImportError) becomes a one-line error.
+"""
+
+import numpy as np
+
+from .errors import SNError
+
+
+class Backend:
+    """The CPU backend; :class:`GPUBackend` overrides what differs."""
+
+    name = "cpu"
+    xp = np
+
+    def empty_bytes(self, nbytes):
+        """One block of ``nbytes`` bytes (the arena)."""
+        return np.empty(max(int(nbytes), 1), dtype=np.uint8)
+
+    def copy_from_host(self, dst, src):
+        """Copy the host array ``src`` into ``dst`` (same shape; dtype converted)."""
+        np.copyto(dst, src, casting="same_kind")
+
+    def to_host(self, array):
+        """A NumPy copy of ``array``."""
+        return np.array(array)
+
+    def uniform(self, seed, out):
+        """Fill ``out`` with U[0, 1) numbers determined by ``seed`` alone."""
+        np.random.default_rng(seed).random(out=out, dtype=out.dtype)
+        return out
+
+    def synchronize(self):
+        """Wait for queued device work (nothing to wait for on the CPU)."""
+
+
+class GPUBackend(Backend):
+    """CuPy on the current CUDA device."""
+
+    name = "gpu"
+
+    def __init__(self, cupy):
+        self.xp = cupy
+
+    def empty_bytes(self, nbytes):
+        return self.xp.empty(max(int(nbytes), 1), dtype=self.xp.uint8)
+
+    def copy_from_host(self, dst, src):
+        src = np.ascontiguousarray(src, dtype=dst.dtype)
+        dst.set(src)
+
+    def to_host(self, array):
+        return self.xp.asnumpy(array)
+
+    def uniform(self, seed, out):
+        gen = self.xp.random.default_rng(seed)
+        out[...] = gen.random(out.shape, dtype=out.dtype)
+        return out
+
+    def synchronize(self):
+        self.xp.cuda.Device().synchronize()
+
+
+def gpu_available():
+    """``(True, None)`` when CuPy imports and sees a CUDA device, else ``(False, why)``."""
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - any failure means "no usable GPU"
+        return False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".strip(": ")
+    if count < 1:
+        return False, "no CUDA device found"
+    return True, None
+
+
+def get_backend(device="cpu"):
+    """The backend for ``--device cpu|gpu``; SNError (one line) when the GPU cannot be used."""
+    if device == "cpu":
+        return Backend()
+    if device == "gpu":
+        ok, why = gpu_available()
+        if not ok:
+            raise SNError(f"--device gpu: no usable GPU ({why}); install CuPy with "
+                          f"pip install 'superneuron[cuda12]' or '[cuda13]', or use --device cpu")
+        import cupy
+        return GPUBackend(cupy)
+    raise SNError(f"unknown device '{device}'; use cpu or gpu")

@@ -1,0 +1,1 @@
+"""Command-line tools: sn-train (and later sn-plan, sn-depth). Thin: parse, wire, print."""

@@ -1,0 +1,51 @@
+"""What the command-line tools share: the network arguments, loading, and failing cleanly."""
+
+import sys
+
+from ..errors import SNError
+
+
+def net_arguments(parser):
+    """Add NET.yaml, --batch, --set, --device and --memory to ``parser``."""
+    parser.add_argument("net", metavar="NET.yaml", help="network file")
+    parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
+    parser.add_argument("--set", action="append", default=[], metavar="K=V",
+                        help="override a network parameter, e.g. --set depth=152 (repeatable)")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to run (default cpu)")
+    parser.add_argument("--memory", metavar="SIZE",
+                        help="device memory budget for the arena, e.g. 12GiB or 500MB (default: the plan's peak)")
+
+
+def load_spec_from_args(args):
+    """The NetSpec named by ``args`` (with --set and --batch applied)."""
+    from ..spec import load_spec, parse_overrides
+    if args.batch is not None and args.batch < 1:
+        raise SNError(f"--batch must be at least 1, got {args.batch}")
+    return load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch)
+
+
+def solver_from_args(args, spec):
+    """The SolverConfig: --solver FILE, else the net file's ``solver:`` section, else defaults;
+    then the command-line flags."""
+    from ..optim import SolverConfig, load_solver, solver_from_mapping
+    if getattr(args, "solver", None):
+        solver = load_solver(args.solver)
+    elif getattr(spec, "solver", None):
+        solver = solver_from_mapping(spec.solver, spec.file)
+    else:
+        solver = SolverConfig()
+    overrides = {}
+    for flag, key in (("lr", "base_lr"), ("iters", "max_iter"), ("display", "display"),
+                      ("test_interval", "test_interval"), ("snapshot_interval", "snapshot")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[key] = value
+    if getattr(args, "snapshot", None) and not solver.snapshot and "snapshot" not in overrides:
+        overrides["snapshot"] = 0
+    return solver.with_overrides(**overrides) if overrides else solver
+
+
+def fail(error, status=2):
+    """Print a user error without a traceback; return the exit status."""
+    print(f"error: {error}" if "\n" not in str(error) else f"error:\n{error}", file=sys.stderr)
+    return status

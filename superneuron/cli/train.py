@@ -1,0 +1,191 @@
+"""sn-train: train a network file on real or synthetic data.
+
+    sn-train nets/lenet.yaml
+    sn-train nets/resnet_cifar.yaml --data ~/cifar-10-batches-py --set depth=56 --epochs 10
+"""
+
+import argparse
+import math
+import sys
+import time
+
+from .. import __version__
+from ..errors import SNError
+from ..report import human_bytes, parse_size
+from .common import fail, load_spec_from_args, net_arguments, solver_from_args
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="sn-train", description="Train a superneuron network (YAML) with a Caffe-style solver.",
+        epilog="Solver values come from --solver FILE, else the net file's `solver:` section, else "
+               "defaults; the flags below override them.")
+    net_arguments(p)
+    p.add_argument("--data", metavar="SRC",
+                   help="data source: digits, synthetic, FILE.npz, a CIFAR-10 python folder or an "
+                        "image folder (default: the net's Data layer; synthetic for Input nets)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--iters", type=int, metavar="N", help="iterations to train (solver max_iter)")
+    length.add_argument("--epochs", type=float, metavar="N", help="passes over the training data")
+    p.add_argument("--lr", type=float, metavar="X", help="base learning rate")
+    p.add_argument("--solver", metavar="FILE", help="solver YAML (Caffe solver keys)")
+    p.add_argument("--seed", type=int, default=0, help="seed for weights, shuffling and dropout (default 0)")
+    p.add_argument("--display", type=int, metavar="N", help="print a line every N iterations")
+    p.add_argument("--test-interval", type=int, metavar="N", help="test every N iterations (0: only at the end)")
+    p.add_argument("--snapshot", metavar="DIR", help="folder for snapshots (enables snapshots)")
+    p.add_argument("--snapshot-interval", type=int, metavar="N", help="snapshot every N iterations")
+    p.add_argument("--resume", metavar="FILE", help="continue from a snapshot file (or a folder's newest)")
+    p.add_argument("--log", metavar="FILE.jsonl", help="write one JSON object per display and test interval")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except SNError as e:
+        return fail(e)
+
+
+def run(args):
+    from ..data import Loader, open_source, source_config, check_labels
+    from ..net import Net
+    from ..optim import make_optimizer
+    from ..train import Trainer
+
+    spec = load_spec_from_args(args)
+    data_cfg = _data_config(spec, args, source_config)
+    solver = solver_from_args(args, spec)
+    train_set, test_set = open_source(data_cfg)
+    if args.epochs is not None:
+        solver = solver.with_overrides(max_iter=max(1, math.ceil(args.epochs * len(train_set) / _batch(spec))))
+    optimizer = make_optimizer(solver)
+    memory = parse_size(args.memory) if args.memory else None
+    net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory)
+    classes = _classes(net)
+    if classes is not None:
+        check_labels(train_set, classes, data_cfg["source"])
+        check_labels(test_set, classes, data_cfg["source"])
+    _check_sample_shape(net, train_set, data_cfg["source"])
+    batch = _batch(spec)
+    train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
+    test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
+    trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log)
+    if args.resume:
+        path = trainer.restore(args.resume)
+        print(f"resumed from {path} at iteration {trainer.iteration}")
+
+    n_params = sum(math.prod(net.graph.tensors[t].shape) for t in net.learnable_names)
+    plan = net.plans["train"]
+    print(f"superneuron {__version__} | net {spec.name} ({args.net}) | {len(spec.layers)} layers, "
+          f"{n_params:,} parameters | batch {batch} | device {net.backend.name}")
+    print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
+          f"sample {'x'.join(map(str, train_set.sample_shape))})")
+    print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
+    print(f"memory: plan peak {human_bytes(plan.peak_bytes)} (resident {human_bytes(plan.resident_bytes)}, "
+          f"{plan.steps} steps); allocating arena of {human_bytes(net.arena_bytes)}")
+
+    printer = _Printer(solver.max_iter, start=trainer.iteration)
+    started = time.perf_counter()
+    first = trainer.iteration
+    try:
+        result = trainer.run(printer)
+    finally:
+        printer.close()
+    elapsed = time.perf_counter() - started
+    done = trainer.iteration - first
+    parts = [f"done: trained {spec.name} for {done} iterations in {elapsed:.1f} s"]
+    if result and "test_accuracy" in result:
+        parts.append(f"test accuracy {100 * result['test_accuracy']:.2f} % ({result['test_samples']} images)")
+    if printer.rate:
+        parts.append(f"{printer.rate:.0f} img/s")
+    parts.append(f"peak device memory {human_bytes(net.peak_bytes)}")
+    print(" | ".join(parts))
+    return 130 if printer.interrupted else 0
+
+
+def _batch(spec):
+    first = spec.layers[0]
+    if first.type == "Data":
+        return first.cfg["batch_size"]
+    return first.cfg["shape"][0][0]
+
+
+def _data_config(spec, args, source_config):
+    """The data layer's configuration, with ``--data`` replacing its source; for an Input net,
+    ``--data`` or synthetic data shaped like the input."""
+    first = spec.layers[0]
+    if first.type == "Data":
+        if args.data:
+            first.cfg.update(source_config(args.data, first.cfg))
+        return first.cfg
+    shape = first.cfg["shape"][0]
+    base = {"batch_size": shape[0]}
+    if not args.data:
+        cfg = source_config("synthetic", base)
+        cfg.update(channels=shape[1] if len(shape) > 1 else 1,
+                   size=shape[2] if len(shape) > 2 else 0)
+        return cfg
+    return source_config(args.data, base)
+
+
+def _classes(net):
+    for node in net.graph.nodes:
+        if node.layer.type == "SoftmaxWithLoss":
+            return net.graph.tensors[node.bottoms[0]].shape[1]
+    return None
+
+
+def _check_sample_shape(net, dataset, source):
+    name = net.input_names[0]
+    want = tuple(net.input_shape(name)[1:])
+    if tuple(dataset.sample_shape) != want:
+        raise SNError(f"{source}: samples have shape {tuple(dataset.sample_shape)}; the net's input "
+                      f"'{name}' expects {want}")
+
+
+class _Printer:
+    """Progress: a bar on a terminal, plain lines at each display interval otherwise."""
+
+    def __init__(self, total, start=0):
+        self.total, self.rate, self.interrupted = total, None, False
+        self.bar = None
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=start, unit="it", dynamic_ncols=True, leave=False)
+
+    def write(self, line):
+        (self.bar.write if self.bar else print)(line)
+        sys.stdout.flush()
+
+    def __call__(self, event):
+        kind = event["kind"]
+        if kind == "iter":
+            if self.bar:
+                self.bar.update(1)
+                self.bar.set_postfix(loss=f"{event['loss']:.4f}")
+        elif kind == "display":
+            if event.get("img_per_s"):
+                self.rate = event["img_per_s"]
+            acc = f" | acc {event['accuracy']:.3f}" if "accuracy" in event else ""
+            speed = f" | {event['img_per_s']:.0f} img/s" if event.get("img_per_s") else ""
+            self.write(f"iter {event['iter']}/{self.total} | loss {event['loss']:.4f}{acc} | "
+                       f"lr {event['lr']:.2e}{speed} | peak {human_bytes(event['peak_bytes'])}")
+        elif kind == "test":
+            acc = f", accuracy {100 * event['test_accuracy']:.2f} %" if "test_accuracy" in event else ""
+            self.write(f"test @ iter {event['iter']}: loss {event['test_loss']:.4f}{acc} "
+                       f"({event['test_samples']} images)")
+        elif kind == "snapshot":
+            self.write(f"snapshot: {event['path']}")
+        elif kind == "interrupted":
+            self.interrupted = True
+            saved = f"; snapshot {event['path']}" if event["path"] else ""
+            self.write(f"interrupted at iteration {event['iter']}{saved}")
+
+    def close(self):
+        if self.bar:
+            self.bar.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

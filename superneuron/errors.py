@@ -1,0 +1,36 @@
+"""User-facing errors: each prints as one line (or one line per problem), never a traceback."""
+
+
+class SNError(Exception):
+    """An error the user can fix: bad network file, bad option, missing data, budget too small.
+
+    The command-line tools print ``str(error)`` and exit with status 2; nothing below ``cli/``
+    prints.
+    """
+
+
+class LayerError(SNError):
+    """Raised by a layer while checking its configuration or shapes; the graph adds where."""
+
+
+class SpecError(SNError):
+    """One or more problems in a network file, each as ``file:line:col: layer 'x' (Type): msg``."""
+
+    def __init__(self, problems):
+        self.problems = list(problems) if isinstance(problems, (list, tuple)) else [problems]
+        super().__init__("\n".join(self.problems))
+
+
+def where(file=None, line=None, col=None, layer=None, ltype=None):
+    """The ``file:line:col: layer 'name' (Type): `` prefix of a spec error (parts may be missing)."""
+    parts = []
+    if file is not None:
+        loc = str(file)
+        if line is not None:
+            loc += f":{line}"
+            if col is not None:
+                loc += f":{col}"
+        parts.append(loc + ":")
+    if layer is not None:
+        parts.append(f"layer '{layer}'" + (f" ({ltype})" if ltype else "") + ":")
+    return " ".join(parts) + (" " if parts else "")

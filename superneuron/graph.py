@@ -1,0 +1,333 @@
+"""Graph: the layers of a NetSpec in execution order, with every tensor's shape, kind and bytes.
+
+Building the graph is where a network is checked as a whole (every problem is reported before
+anything runs, as ``file:line:col: layer 'x' (Type): what``): dangling bottoms, a top written
+twice, cycles, shapes that do not fit, and in-place requests that would corrupt a gradient.
+
+Tensor names: a top keeps its name; a top written in place (Caffe's ``top == bottom``) is a
+new version ``name@layer`` that shares the first version's memory (``alias``). Where one
+tensor feeds several layers a ``Split`` is inserted (as Caffe does): its tops are views of the
+tensor, and its backward adds their gradients, so every gradient has exactly one writer.
+The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is ``l/p``.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import LayerError, SpecError, where
+from .layers import layer_class
+from .layers.base import Layer
+
+KINDS = ("data", "grad", "param", "param_grad", "state", "workspace")
+
+
+@dataclass
+class TensorInfo:
+    """A tensor of the iteration: name, shape, dtype, kind (one of KINDS) and the tensor whose
+    memory it shares (``alias``: an in-place top, a Split top, an in-place gradient)."""
+
+    name: str
+    shape: tuple
+    dtype: np.dtype
+    kind: str
+    alias: str = None
+
+    @property
+    def nbytes(self):
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Node:
+    """A layer placed in the graph, with the tensors it reads and writes."""
+
+    index: int
+    layer: Layer
+    spec: object                    # the LayerSpec (None for inserted Splits)
+    bottoms: list                   # tensor names
+    tops: list
+    params: dict = field(default_factory=dict)       # param name -> tensor name
+    param_specs: dict = field(default_factory=dict)  # param name -> ParamSpec (lr/decay mults set)
+    param_grads: dict = field(default_factory=dict)  # learnable param name -> tensor name
+    bottom_grads: list = field(default_factory=list)  # tensor name or None per bottom
+    top_grads: list = field(default_factory=list)     # tensor name or None per top
+    backward: bool = False          # runs a backward step
+    loss_weight: float = 0.0
+
+    @property
+    def name(self):
+        return self.layer.name
+
+
+class Graph:
+    """Layers in execution order and their tensors, built and checked from a NetSpec."""
+
+    def __init__(self, spec, dtype=np.float32):
+        self.spec, self.dtype = spec, np.dtype(dtype)
+        self.name = spec.name
+        self.tensors = {}
+        self.nodes = []
+        self._problems = []
+        layers = self._instantiate(spec)
+        order = self._resolve(layers)
+        if not self._problems:
+            self._build(order)
+        if not self._problems:
+            self._gradients()
+        if self._problems:
+            raise SpecError(self._problems)
+
+    # -- helpers -------------------------------------------------------------------------
+    def _where(self, ls):
+        return where(ls.file, ls.line, ls.col, ls.name, ls.type)
+
+    def _problem(self, ls, message):
+        self._problems.append(self._where(ls) + message)
+
+    def root(self, name):
+        """The tensor whose memory ``name`` uses (follows aliases)."""
+        info = self.tensors[name]
+        while info.alias is not None:
+            info = self.tensors[info.alias]
+        return info.name
+
+    def node(self, name):
+        """The node of the layer called ``name``."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def inputs(self):
+        """The nodes that take data from outside (Input, Data)."""
+        return [n for n in self.nodes if n.layer.type in ("Input", "Data")]
+
+    @property
+    def losses(self):
+        """The nodes whose top is a weighted term of the loss."""
+        return [n for n in self.nodes if n.loss_weight]
+
+    def tensors_of_kind(self, *kinds):
+        return [t for t in self.tensors.values() if t.kind in kinds]
+
+    # -- building ------------------------------------------------------------------------
+    def _instantiate(self, spec):
+        layers = []
+        for ls in spec.layers:
+            try:
+                cls = layer_class(ls.type)
+            except KeyError as e:
+                self._problem(ls, str(e.args[0]))
+                continue
+            layers.append((ls, cls(ls.name, ls.bottoms, ls.tops, ls.cfg, dtype=self.dtype)))
+        return layers
+
+    def _resolve(self, layers):
+        """Order the layers so every bottom is produced first; find versions of in-place tops.
+
+        Returns ``[(LayerSpec, Layer, bottom_versions, top_versions)]`` in execution order."""
+        producers = {}  # name -> [(position, LayerSpec)]
+        for pos, (ls, layer) in enumerate(layers):
+            for t in ls.tops:
+                producers.setdefault(t, []).append((pos, ls))
+        for t, prods in producers.items():
+            first = prods[0][1]
+            for _, ls in prods[1:]:
+                if t not in ls.bottoms:
+                    self._problem(ls, f"top '{t}' is already written by layer '{first.name}' "
+                                      f"(line {first.line}); only an in-place layer (top == bottom) "
+                                      f"may write it again")
+        resolved = []
+        version = {}  # name -> latest version name, in file order
+        for pos, (ls, layer) in enumerate(layers):
+            bottoms = []
+            for b in ls.bottoms:
+                if b in version:
+                    bottoms.append(version[b])
+                elif b in producers:
+                    cycle = _cycle(ls, b, producers)
+                    if cycle:
+                        self._problem(ls, "cycle: " + " → ".join(cycle))
+                    else:
+                        later = producers[b][0][1]
+                        self._problem(ls, f"bottom '{b}' is produced later, by layer '{later.name}' "
+                                          f"(line {later.line}): a layer must come after what it reads")
+                    bottoms.append(None)
+                else:
+                    self._problem(ls, f"bottom '{b}' is not produced by any layer or input"
+                                      + _close_hint(b, list(version)))
+                    bottoms.append(None)
+            tops = []
+            for t in ls.tops:
+                v = t if t not in version else f"{t}@{ls.name}"
+                tops.append(v)
+            for t, v in zip(ls.tops, tops):
+                version[t] = v
+            resolved.append((ls, layer, bottoms, tops))
+        return resolved
+
+    def _build(self, order):
+        readers = {}  # version -> [position] of layers reading it
+        for pos, (_, _, bottoms, _) in enumerate(order):
+            for b in bottoms:
+                readers.setdefault(b, []).append(pos)
+        shapes = {}
+        failed = set()
+        for pos, (ls, layer, bottoms, tops) in enumerate(order):
+            if any(b in failed for b in bottoms):
+                failed.update(tops)
+                continue
+            try:
+                top_shapes = layer.setup([shapes[b] for b in bottoms])
+            except LayerError as e:
+                self._problem(ls, str(e))
+                failed.update(tops)
+                continue
+            if len(top_shapes) != len(tops):
+                self._problem(ls, f"has {len(tops)} tops but produces {len(top_shapes)}")
+                failed.update(tops)
+                continue
+            layer.bottom_shapes = [tuple(shapes[b]) for b in bottoms]
+            layer.top_shapes = [tuple(s) for s in top_shapes]
+            for t, s in zip(tops, top_shapes):
+                shapes[t] = tuple(s)
+            self._check_inplace(ls, layer, bottoms, tops, readers, order)
+        if self._problems:
+            return
+        # Insert Splits where a version is read more than once; each read gets its own top.
+        split_cls = layer_class("Split")
+        seen = {}
+        for ls, layer, bottoms, tops in order:
+            renamed = list(bottoms)
+            for i, b in enumerate(bottoms):
+                if len(readers[b]) > 1:
+                    split = self._split_of(b, shapes[b], len(readers[b]), split_cls)
+                    renamed[i] = split.tops[seen.get(b, 0)]
+                    seen[b] = seen.get(b, 0) + 1
+            self._add_node(ls, layer, renamed, tops)
+
+    def _split_of(self, version, shape, count, split_cls):
+        """The Split node for ``version``, created just before its first reader."""
+        name = f"{version}_split"
+        for n in reversed(self.nodes):
+            if n.name == name:
+                return n
+        tops = [f"{version}_split_{k}" for k in range(count)]
+        layer = split_cls(name, [version], tops, split_cls.config({}), dtype=self.dtype)
+        layer.bottom_shapes = [shape]
+        layer.top_shapes = layer.setup([shape])
+        node = self._add_node(None, layer, [version], tops)
+        for t in tops:
+            self.tensors[t].alias = version
+        return node
+
+    def _add_node(self, ls, layer, bottoms, tops):
+        node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops))
+        for t, s in zip(tops, layer.top_shapes):
+            alias = bottoms[0] if "@" in t else None  # an in-place version
+            self.tensors[t] = TensorInfo(t, s, self.dtype, "data", alias)
+        for k, p in enumerate(layer.param_specs()):
+            tname = f"{layer.name}/{p.name}"
+            if ls is not None:
+                p.lr_mult = ls.lr_mult[k] if k < len(ls.lr_mult) else p.lr_mult
+                p.decay_mult = ls.decay_mult[k] if k < len(ls.decay_mult) else p.decay_mult
+            self.tensors[tname] = TensorInfo(tname, tuple(p.shape), self.dtype,
+                                             "param" if p.learnable else "state")
+            node.params[p.name] = tname
+            node.param_specs[p.name] = p
+        if layer.LOSS:
+            node.loss_weight = 1.0 if ls is None or ls.loss_weight is None else float(ls.loss_weight)
+        elif ls is not None and ls.loss_weight:
+            self._problem(ls, "loss_weight is only allowed on loss layers")
+        self.nodes.append(node)
+        return node
+
+    def _check_inplace(self, ls, layer, bottoms, tops, readers, order):
+        """An in-place top must not destroy data that some backward still reads."""
+        for k, t in enumerate(tops):
+            if "@" not in t:
+                continue
+            if not layer.INPLACE:
+                why = ": its backward reads its bottom" if 0 in layer.backward_reads()[0] else ""
+                self._problem(ls, f"{layer.type} cannot run in place (top == bottom '{ls.tops[k]}'){why}")
+                continue
+            if k != 0 or ls.tops[0] != ls.bottoms[0]:
+                self._problem(ls, "only the first top may be written in place, over the first bottom")
+                continue
+            victim = bottoms[0]
+            for rls, rlayer, rbottoms, rtops in order:
+                if rlayer is layer or not rlayer.BACKWARD:
+                    continue
+                reads_b, reads_t = rlayer.backward_reads()
+                if victim in [rbottoms[i] for i in reads_b] or victim in [rtops[i] for i in reads_t]:
+                    self._problem(ls, f"cannot run in place on '{ls.bottoms[0]}': the backward of "
+                                      f"layer '{rls.name}' (line {rls.line}) reads it; give this "
+                                      f"layer its own top")
+                    break
+
+    # -- gradients -----------------------------------------------------------------------
+    def _gradients(self):
+        """Decide which layers run backward and which tensors have gradients."""
+        # Forward sweep: tensors that depend on a learnable parameter.
+        requires = set()
+        for n in self.nodes:
+            learnable = any(self.tensors[t].kind == "param" for t in n.params.values())
+            if n.layer.BACKWARD and (learnable or any(
+                    b in requires for i, b in enumerate(n.bottoms) if i not in n.layer.LABEL_BOTTOMS)):
+                requires.update(n.tops)
+        # Backward sweep: tensors that reach a loss.
+        contributes = set()
+        for n in reversed(self.nodes):
+            if n.loss_weight or any(t in contributes for t in n.tops):
+                if n.layer.BACKWARD:
+                    contributes.update(b for i, b in enumerate(n.bottoms)
+                                       if i not in n.layer.LABEL_BOTTOMS)
+                if n.loss_weight:
+                    contributes.update(n.tops)
+        for n in self.nodes:
+            learnable = {k: t for k, t in n.params.items() if self.tensors[t].kind == "param"}
+            n.top_grads = [f"{t}.grad" if t in requires and t in contributes else None
+                           for t in n.tops]
+            n.bottom_grads = [f"{b}.grad" if b in requires and b in contributes
+                              and i not in n.layer.LABEL_BOTTOMS else None
+                              for i, b in enumerate(n.bottoms)]
+            n.backward = n.layer.BACKWARD and any(g is not None for g in n.top_grads) and (
+                bool(learnable) or any(g is not None for g in n.bottom_grads))
+            if n.backward:
+                n.param_grads = {k: f"{t}.grad" for k, t in learnable.items()}
+            else:
+                n.bottom_grads = [None] * len(n.bottoms)
+        for n in self.nodes:
+            for t, g in zip(n.tops, n.top_grads):
+                if g is not None:
+                    self.tensors[g] = TensorInfo(g, self.tensors[t].shape, self.dtype, "grad")
+            for k, g in n.param_grads.items():
+                self.tensors[g] = TensorInfo(g, self.tensors[n.params[k]].shape, self.dtype, "param_grad")
+        # An in-place layer writes its bottom's gradient over its top's.
+        for n in self.nodes:
+            if n.backward and "@" in n.tops[0] and n.bottom_grads[0] is not None:
+                self.tensors[n.bottom_grads[0]].alias = n.top_grads[0]
+
+
+def _cycle(ls, bottom, producers):
+    """Layer names on a cycle from ``ls`` back to itself through ``bottom``, or None."""
+    stack, seen = [(producers[bottom][0][1], [ls.name])], set()
+    while stack:
+        layer, path = stack.pop()
+        if layer.name == ls.name:
+            return path + [ls.name]
+        if layer.name in seen:
+            continue
+        seen.add(layer.name)
+        for b in layer.bottoms:
+            if b in producers and b not in layer.tops:
+                stack.append((producers[b][0][1], path + [layer.name]))
+    return None
+
+
+def _close_hint(name, known):
+    import difflib
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""

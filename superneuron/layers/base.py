@@ -1,0 +1,304 @@
+"""The Layer contract: what every layer declares and how it is called.
+
+A layer knows shapes and kernels, never the schedule. It declares:
+
+- ``KEYS``: its YAML keys (Caffe's names, flattened), each a :class:`Key` with type and default;
+- ``BOTTOMS`` / ``TOPS``: its arity as ``(min, max)`` (``max=None`` for any number);
+- :meth:`setup`: top shapes from bottom shapes, raising :class:`LayerError` on a mismatch;
+- :meth:`param_specs`: its parameters (learned) and state buffers (not learned), with fillers;
+- :meth:`backward_reads`: which bottoms and tops its backward reads (liveness and recompute
+  reason about exactly this; the test harness hands ``None`` for everything else);
+- ``INPLACE``: whether its top may share bottom 0's memory (and its bottom gradient the top
+  gradient's);
+- ``CHEAP``: cheap to recompute (SuperNeurons' cost-aware recomputation);
+- :meth:`algorithms`: per phase, the ways to compute it, fastest first, each with its workspace;
+- :meth:`cost`: flops and bytes moved, from which an estimated time follows.
+
+Kernels write into the arrays they are handed: ``forward`` into ``tops``, ``backward`` into
+``bottom_grads`` (entries that are ``None`` are not needed) and ``param_grads``, always
+overwriting, never accumulating. Scratch memory comes from ``ctx.scratch`` (a view into the
+step's workspace), never from a hidden allocation proportional to the tensors.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import LayerError
+
+REQUIRED = object()
+
+
+class Key:
+    """A YAML key a layer accepts: its kind, default and (optionally) allowed values.
+
+    Kinds: ``int``, ``float``, ``bool``, ``str``, ``pair`` (an int or ``[h, w]``, converted to a
+    tuple of two ints), ``floats`` (a number or list of numbers, converted to a tuple of floats),
+    ``shapes`` (one shape or a list of shapes, each a list of positive ints → tuple of tuples),
+    ``filler`` (a name such as ``msra`` or a mapping ``{type: gaussian, std: 0.01}``, converted to
+    a dict), ``strs`` (a string or list of strings, converted to a tuple).
+    """
+
+    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "strs", "shapes")
+
+    def __init__(self, kind, default=REQUIRED, choices=None, doc=""):
+        assert kind in self.KINDS, kind
+        self.kind, self.default, self.choices, self.doc = kind, default, choices, doc
+
+    @property
+    def required(self):
+        return self.default is REQUIRED
+
+    def convert(self, value):
+        """Return ``value`` converted to this key's kind, or raise ValueError saying what was expected."""
+        kind = self.kind
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"expected an integer, got {value!r}")
+        elif kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"expected a number, got {value!r}")
+            value = float(value)
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise ValueError(f"expected true or false, got {value!r}")
+        elif kind == "str":
+            if not isinstance(value, str):
+                raise ValueError(f"expected a string, got {value!r}")
+        elif kind == "pair":
+            if isinstance(value, int) and not isinstance(value, bool):
+                value = (value, value)
+            elif (isinstance(value, (list, tuple)) and len(value) == 2
+                  and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+                value = tuple(value)
+            else:
+                raise ValueError(f"expected an integer or [h, w], got {value!r}")
+        elif kind == "floats":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+                raise ValueError(f"expected a number or a list of numbers, got {value!r}")
+            value = tuple(float(v) for v in items)
+        elif kind == "strs":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(v, str) for v in items):
+                raise ValueError(f"expected a name or a list of names, got {value!r}")
+            value = tuple(items)
+        elif kind == "shapes":
+            if (not isinstance(value, (list, tuple)) or not value
+                    or not isinstance(value[0], (list, tuple))):
+                value = [value]
+            for shape in value:
+                if not (isinstance(shape, (list, tuple)) and shape and all(
+                        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
+                    raise ValueError(f"expected a shape such as [8, 3, 32, 32], got {shape!r}")
+            value = tuple(tuple(s) for s in value)
+        elif kind == "filler":
+            value = parse_filler(value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"expected one of {', '.join(map(str, self.choices))}, got {value!r}")
+        return value
+
+
+FILLERS = {"constant": {"value": 0.0}, "gaussian": {"std": 0.01, "mean": 0.0},
+           "uniform": {"min": 0.0, "max": 1.0}, "xavier": {}, "msra": {}}
+
+
+def parse_filler(value):
+    """``'msra'`` or ``{type: gaussian, std: 0.01}`` → a complete filler dict."""
+    if isinstance(value, str):
+        value = {"type": value}
+    if not isinstance(value, dict) or "type" not in value:
+        raise ValueError(f"expected a filler name or {{type: ..., ...}}, got {value!r}")
+    kind = value["type"]
+    if kind not in FILLERS:
+        raise ValueError(f"unknown filler {kind!r}; known: {', '.join(FILLERS)}")
+    out = dict(FILLERS[kind], type=kind)
+    for k, v in value.items():
+        if k == "type":
+            continue
+        if k not in FILLERS[kind]:
+            raise ValueError(f"filler {kind!r} has no option {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"filler option {k!r} expects a number, got {v!r}")
+        out[k] = float(v)
+    return out
+
+
+def fill(rng, shape, filler, fan_in, fan_out, dtype):
+    """Initial values for a parameter (Caffe's fillers; xavier and msra use fan-in)."""
+    kind = filler["type"]
+    if kind == "constant":
+        return np.full(shape, filler["value"], dtype=dtype)
+    if kind == "gaussian":
+        return (filler["mean"] + filler["std"] * rng.standard_normal(shape)).astype(dtype)
+    if kind == "uniform":
+        return rng.uniform(filler["min"], filler["max"], shape).astype(dtype)
+    if kind == "xavier":
+        scale = np.sqrt(3.0 / max(fan_in, 1))
+        return rng.uniform(-scale, scale, shape).astype(dtype)
+    if kind == "msra":
+        return (np.sqrt(2.0 / max(fan_in, 1)) * rng.standard_normal(shape)).astype(dtype)
+    raise AssertionError(kind)
+
+
+@dataclass
+class ParamSpec:
+    """A parameter (``learnable``: it has a gradient and the optimiser updates it) or a state
+    buffer (``learnable=False``: BatchNorm running statistics and the like)."""
+
+    name: str
+    shape: tuple
+    filler: dict
+    learnable: bool = True
+    fan_in: int = 1
+    fan_out: int = 1
+    lr_mult: float = 1.0
+    decay_mult: float = 1.0
+
+
+@dataclass
+class Algo:
+    """One way to compute a phase of a layer, with the workspace bytes it needs."""
+
+    name: str
+    workspace: int = 0
+    speed: float = 1.0  # relative speed estimate (higher is faster); measured tables override it
+
+
+@dataclass
+class Cost:
+    """Work of a layer: flops and bytes moved, forward and backward."""
+
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    fwd_bytes: float = 0.0
+    bwd_bytes: float = 0.0
+
+
+class Context:
+    """What a kernel may use besides its operands: the array module, the phase, scratch memory
+    from the step's workspace, the random stream, and (for Input/Data) the batch being fed."""
+
+    def __init__(self, xp=np, train=True, recompute=False, workspace=None, algo=None,
+                 seed=0, feed=None, backend=None):
+        self.xp, self.train, self.recompute = xp, train, recompute
+        self.workspace, self.algo, self.seed = workspace, algo, seed
+        self.feed = feed if feed is not None else {}
+        self.backend = backend
+        self._used = 0
+
+    def scratch(self, shape, dtype):
+        """A view of ``shape`` and ``dtype`` carved from the workspace (successive calls do not
+        overlap). Raises if the layer asks for more than the workspace its algorithm declared."""
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = -(-self._used // 16) * 16  # keep every view 16-byte aligned
+        if self.workspace is None or start + n > self.workspace.nbytes:
+            have = 0 if self.workspace is None else self.workspace.nbytes
+            raise AssertionError(f"scratch of {n} bytes at {start} exceeds workspace of {have}")
+        self._used = start + n
+        return self.workspace[start:start + n].view(dtype).reshape(shape)
+
+    def load(self, dst, src):
+        """Copy the host array ``src`` into the device array ``dst`` (Input and Data layers)."""
+        if self.backend is not None:
+            return self.backend.copy_from_host(dst, src)
+        np.copyto(dst, src, casting="same_kind")
+
+    def uniform(self, out, salt=0):
+        """Fill ``out`` with U[0, 1) numbers fixed by this step's seed: the same on recompute."""
+        if self.backend is not None:
+            return self.backend.uniform(self.seed + salt, out)
+        np.random.default_rng(self.seed + salt).random(out=out, dtype=out.dtype)
+        return out
+
+
+def workspace_bytes(*arrays):
+    """Bytes of workspace for scratch arrays given as ``(shape, dtype)``, with ``scratch``'s padding."""
+    total = 0
+    for shape, dtype in arrays:
+        total = -(-total // 16) * 16 + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return total
+
+
+class Layer:
+    """Base class of all layers; see the module docstring for the contract."""
+
+    type = ""
+    KEYS = {}
+    BOTTOMS = (1, 1)
+    TOPS = (1, 1)
+    INPLACE = False
+    CHEAP = False
+    LOSS = False       # its top is a scalar loss, weighted by ``loss_weight``
+    BACKWARD = True    # False: never differentiated (Accuracy, Input, Data)
+    ALIAS_TOPS = False  # tops are views of bottom 0 (Split): forward does nothing
+    LABEL_BOTTOMS = ()  # indices of bottoms that are labels: never differentiated
+    INTERNAL = False    # inserted by the graph (Split), not written in network files
+
+    def __init__(self, name, bottoms, tops, cfg, dtype=np.float32):
+        self.name, self.bottoms, self.tops = name, list(bottoms), list(tops)
+        self.cfg = cfg
+        self.dtype = np.dtype(dtype)
+        self.bottom_shapes, self.top_shapes = [], []
+
+    @classmethod
+    def config(cls, raw):
+        """Check a mapping of YAML keys against ``KEYS``; return it converted, defaults filled.
+
+        Raises LayerError naming the first bad key (the spec module checks key by key itself so
+        that it can point at lines; this is for the Python API and tests)."""
+        import difflib
+        cfg = {}
+        for key, value in raw.items():
+            if key not in cls.KEYS:
+                close = difflib.get_close_matches(key, list(cls.KEYS), n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise LayerError(f"unknown key '{key}'{hint}")
+            try:
+                cfg[key] = cls.KEYS[key].convert(value)
+            except ValueError as e:
+                raise LayerError(f"'{key}': {e}") from None
+        for key, spec in cls.KEYS.items():
+            if key not in cfg:
+                if spec.required:
+                    raise LayerError(f"missing required key '{key}'")
+                cfg[key] = spec.default
+        return cfg
+
+    def __repr__(self):
+        return f"{self.type}({self.name!r})"
+
+    def fail(self, message):
+        """Raise a LayerError; the graph prefixes it with the file, line and layer."""
+        raise LayerError(message)
+
+    def setup(self, bottom_shapes):
+        """Check the bottoms and return the top shapes (a list of tuples)."""
+        raise NotImplementedError
+
+    def param_specs(self):
+        """Parameters and state buffers, after :meth:`setup`."""
+        return []
+
+    def backward_reads(self):
+        """``(bottom indices, top indices)`` whose data the backward reads."""
+        return tuple(range(len(self.bottoms))), ()
+
+    def algorithms(self, phase):
+        """Ways to run ``phase`` (``'forward'`` or ``'backward'``), fastest first."""
+        return [Algo("default", 0)]
+
+    def cost(self):
+        """Flops and bytes moved; the default is an elementwise layer."""
+        n = sum(int(np.prod(s)) for s in self.top_shapes)
+        item = self.dtype.itemsize
+        return Cost(n, 2 * n, 2 * n * item, 3 * n * item)
+
+    def forward(self, ctx, bottoms, tops, params):
+        """Compute ``tops`` (written in place) from ``bottoms`` and ``params`` (dict by name)."""
+        raise NotImplementedError
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        """Write ``bottom_grads`` (skip ``None`` entries) and ``param_grads`` (dict by name)."""
+        raise NotImplementedError

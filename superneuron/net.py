@@ -1,0 +1,167 @@
+"""Net: the Python API. Load a network from YAML, read and set parameters by ``layer/param``
+name, run forward and backward on given arrays, read the loss, any top and every gradient.
+
+    net = superneuron.load_net("nets/lenet.yaml", batch=16)
+    net.set_param("conv1/weight", w)
+    loss = net.forward_backward({"data": x, "label": y})
+    g = net.grad("conv1/weight")          # NumPy arrays, copied from the device
+    top = net.blob("pool1")
+"""
+
+import numpy as np
+
+from .backend import get_backend
+from .errors import SNError
+from .graph import Graph
+from .report import human_bytes
+from .runtime.executor import Runtime
+from .scheduler.lower import lower
+from .scheduler.simulate import simulate
+from .spec import load_spec
+
+
+class Net:
+    """A network built from a NetSpec, placed in one arena on a backend.
+
+    ``optimizer`` (an optim.Optimizer) adds its state to the resident region and lets
+    :meth:`train_step` update the parameters. ``memory`` caps the arena (bytes); by default it
+    is sized from the plan.
+    """
+
+    def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None):
+        self.spec = spec
+        self.backend = get_backend(device) if isinstance(device, str) else device
+        self.graph = Graph(spec, dtype=np.dtype(dtype))
+        self.optimizer = optimizer
+        self.seed = seed
+        self.schedules = {
+            "train": lower(self.graph, train=True, optimizer=optimizer),
+            "test": lower(self.graph, train=False, optimizer=optimizer),
+        }
+        self.plans = {k: simulate(s) for k, s in self.schedules.items()}
+        needed = max(p.arena_bytes for p in self.plans.values())
+        if memory is not None and needed > memory:
+            plan = self.plans["train"]
+            step, need = plan.overflow(self.schedules["train"], memory)
+            where = self.schedules["train"].steps[step].describe(self.graph) if step is not None else "start-up"
+            raise SNError(f"needs {human_bytes(max(need, needed))} at {where}; "
+                          f"budget {human_bytes(memory)}")
+        self.runtime = Runtime(list(self.schedules.values()), self.backend,
+                               capacity=memory or needed, seed=seed)
+        self._init_params(seed)
+        self.outputs = {}  # scalar tops (losses, accuracies) of the last run, by layer name
+
+    # -- parameters -----------------------------------------------------------------------
+    def _init_params(self, seed):
+        from .layers.base import fill
+        rng = np.random.default_rng(seed)
+        for node in self.graph.nodes:
+            for k, p in node.param_specs.items():
+                value = fill(rng, p.shape, p.filler, p.fan_in, p.fan_out, self.graph.dtype)
+                self.backend.copy_from_host(self.runtime.resident[node.params[k]], value)
+
+    @property
+    def param_names(self):
+        """Every parameter and state buffer, as ``layer/param``, in layer order."""
+        return [t for n in self.graph.nodes for t in n.params.values()]
+
+    @property
+    def learnable_names(self):
+        """The parameters the optimiser updates (they have gradients)."""
+        return [n.params[k] for n in self.graph.nodes for k in n.param_grads]
+
+    def param(self, name):
+        """A NumPy copy of parameter ``layer/param``."""
+        self._check_param(name)
+        return self.runtime.to_host(name)
+
+    def set_param(self, name, value):
+        """Overwrite parameter ``layer/param`` with ``value`` (same shape)."""
+        self._check_param(name)
+        dst = self.runtime.resident[name]
+        value = np.asarray(value)
+        if value.shape != dst.shape:
+            raise SNError(f"parameter '{name}' has shape {dst.shape}, got {value.shape}")
+        self.backend.copy_from_host(dst, value.astype(dst.dtype))
+
+    def grad(self, name):
+        """A NumPy copy of the gradient of parameter ``layer/param`` after a backward."""
+        self._check_param(name)
+        return self.runtime.to_host(name + ".grad")
+
+    def _check_param(self, name):
+        if name not in self.graph.tensors or self.graph.tensors[name].kind not in ("param", "state"):
+            import difflib
+            close = difflib.get_close_matches(name, self.param_names, n=1)
+            raise SNError(f"no parameter '{name}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+
+    # -- running --------------------------------------------------------------------------
+    @property
+    def input_names(self):
+        """The tops fed from outside, in order (e.g. ``['data', 'label']``)."""
+        return [t for n in self.graph.inputs for t in n.tops]
+
+    def input_shape(self, name):
+        return self.graph.tensors[name].shape
+
+    def forward(self, feed, train=False):
+        """Run a forward pass (test mode unless ``train``); returns the scalar outputs (losses,
+        accuracies) by layer name."""
+        schedule = self.schedules["train" if train else "test"]
+        if train:
+            schedule = schedule.replace([s for s in schedule.steps if s.kind not in ("backward", "update")])
+        self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=0)
+        return self.outputs
+
+    def forward_backward(self, feed, iteration=0):
+        """Forward and backward in training mode; returns the total weighted loss."""
+        schedule = self.schedules["train"]
+        schedule = schedule.replace([s for s in schedule.steps if s.kind != "update"])
+        self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=iteration)
+        return self.loss
+
+    def train_step(self, feed, iteration):
+        """One training iteration (forward, backward, update); returns the total loss."""
+        assert self.optimizer is not None, "Net was built without an optimizer"
+        self.outputs = self.runtime.run(self.schedules["train"], self._feed(feed), iteration=iteration,
+                                       optimizer=self.optimizer)
+        return self.loss
+
+    @property
+    def loss(self):
+        """The total weighted loss of the last run."""
+        return sum(n.loss_weight * self.outputs[n.name] for n in self.graph.losses)
+
+    def blob(self, name):
+        """A NumPy copy of top ``name`` after the last run (its last in-place version)."""
+        if name not in self.graph.tensors or self.graph.tensors[name].kind != "data":
+            raise SNError(f"no top '{name}'")
+        return self.runtime.to_host(name)
+
+    def _feed(self, feed):
+        out = {}
+        for name in self.input_names:
+            if name not in feed:
+                raise SNError(f"feed lacks input '{name}' (inputs: {', '.join(self.input_names)})")
+            value = np.asarray(feed[name])
+            shape = self.input_shape(name)
+            if value.shape != shape:
+                raise SNError(f"input '{name}' should have shape {shape}, got {value.shape}")
+            out[name] = value
+        return out
+
+    # -- memory ---------------------------------------------------------------------------
+    @property
+    def peak_bytes(self):
+        """The arena's real peak so far: resident plus the most scheduled bytes live at once."""
+        return self.runtime.peak_bytes
+
+    @property
+    def arena_bytes(self):
+        return self.runtime.arena.capacity
+
+
+def load_net(path, overrides=None, batch=None, **kw):
+    """Load ``path`` (YAML) with ``--set``-style ``overrides`` and ``batch``; see :class:`Net`."""
+    return Net(load_spec(path, overrides=overrides, batch=batch), **kw)
+

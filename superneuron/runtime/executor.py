@@ -1,0 +1,123 @@
+"""The Runtime: executes a Schedule's steps with every tensor a view into one Arena.
+
+It makes the same allocator calls as the Simulator, in the same order, so the arena's peak
+is the plan's. Resident tensors (parameters, their gradients, optimiser state) are placed once
+at start-up; scheduled ones are placed as the steps allocate them, each iteration anew.
+"""
+
+import numpy as np
+
+from ..layers.base import Context
+
+
+def step_seed(seed, iteration, node_index):
+    """The random seed of one layer in one iteration: the same whenever that step is re-run
+    (recompute), different between layers and iterations."""
+    return (int(seed) * 1_000_003 + int(iteration)) * 65_537 + int(node_index) & (2**63 - 1)
+
+
+class Runtime:
+    """Runs schedules of one graph on one backend, in one arena of ``capacity`` bytes.
+
+    ``schedules`` are the schedules it will run (they share the resident layout); the arena is
+    sized for the largest unless ``capacity`` is given.
+    """
+
+    def __init__(self, schedules, backend, capacity, seed=0):
+        self.backend, self.xp, self.seed = backend, backend.xp, seed
+        first = schedules[0]
+        self.graph = first.graph
+        self.tensors = dict(first.tensors)
+        for s in schedules[1:]:
+            assert s.resident == first.resident, "schedules of one runtime share resident tensors"
+            self.tensors.update(s.tensors)
+        from .arena import Arena
+        self.arena = Arena(capacity, backend)
+        self.resident = {}
+        for name in first.resident:
+            self.arena.place_resident(name, self.tensors[name].nbytes)
+        for name in first.resident:
+            info = self.tensors[name]
+            self.resident[name] = self.arena.view(name, info.shape, info.dtype)
+            self.resident[name][...] = 0
+        self.peak_bytes = self.arena.resident_end
+        self.arena_bytes = self.arena.resident_end
+
+    def view(self, name):
+        """The array of tensor ``name`` (resident, or scheduled and currently placed)."""
+        if name in self.resident:
+            return self.resident[name]
+        info = self.tensors[name]
+        return self.arena.view(self.graph.root(name) if name in self.graph.tensors else name,
+                               info.shape, info.dtype)
+
+    def run(self, schedule, feed, iteration=0, optimizer=None):
+        """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
+
+        Returns the scalar outputs (losses, accuracies) by layer name, as floats."""
+        arena, graph = self.arena, self.graph
+        arena.reset()
+        outputs = {}
+        for step in schedule.steps:
+            kind = step.kind
+            if kind == "alloc":
+                arena.alloc(step.target, self.tensors[step.target].nbytes)
+            elif kind == "free":
+                arena.free(step.target)
+            elif kind == "forward" or kind == "recompute":
+                node = graph.nodes[step.target]
+                ctx = self._context(step, node, iteration, schedule.train, kind == "recompute", feed)
+                if not node.layer.ALIAS_TOPS:
+                    params = {k: self.resident[t] for k, t in node.params.items()}
+                    node.layer.forward(ctx, [self.view(b) for b in node.bottoms],
+                                       [self.view(t) for t in node.tops], params)
+                if kind == "forward" and node.layer.top_shapes == [()]:
+                    outputs[node.name] = float(self.view(node.tops[0]))
+            elif kind == "backward":
+                node = graph.nodes[step.target]
+                self._backward(step, node, iteration)
+            elif kind == "update":
+                ctx = self._context(step, None, iteration, True, False, None)
+                optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
+            else:
+                raise AssertionError(f"unknown step {kind}")
+        self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
+        self.arena_bytes = max(self.arena_bytes, arena.high_water)
+        return outputs
+
+    def _context(self, step, node, iteration, train, recompute, feed):
+        ws = self.view(step.workspace) if step.workspace else None
+        return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algo,
+                       seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
+                       feed=feed, backend=self.backend)
+
+    def _backward(self, step, node, iteration):
+        reads_b, reads_t = node.layer.backward_reads()
+        bottoms = [self.view(b) if i in reads_b else None for i, b in enumerate(node.bottoms)]
+        tops = [self.view(t) if i in reads_t else None for i, t in enumerate(node.tops)]
+        top_grads = [None if g is None else self.view(g) for g in node.top_grads]
+        if node.loss_weight:
+            top_grads[0][...] = node.loss_weight
+        bottom_grads = [None if g is None else self.view(g) for g in node.bottom_grads]
+        params = {k: self.resident[t] for k, t in node.params.items()}
+        param_grads = {k: self.resident[g] for k, g in node.param_grads.items()}
+        ctx = self._context(step, node, iteration, True, False, None)
+        node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
+
+    def update_entries(self, optimizer):
+        """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
+        if getattr(self, "_entries", None) is None:
+            entries = []
+            for node in self.graph.nodes:
+                specs = node.param_specs
+                for k, g in node.param_grads.items():
+                    t = node.params[k]
+                    state = [self.resident[f"{t}.{optimizer.state_name(j)}"] for j in range(optimizer.slots)]
+                    entries.append((self.resident[t], self.resident[g], state,
+                                    specs[k].lr_mult, specs[k].decay_mult))
+            self._entries = entries
+        return self._entries
+
+    def to_host(self, name):
+        """A NumPy copy of tensor ``name``."""
+        return np.asarray(self.backend.to_host(self.view(name)))

@@ -1,0 +1,70 @@
+"""lower(): a Graph → the baseline Schedule, where every activation and gradient lives all
+iteration (network-wide allocation, as in Caffe) and each step's workspace lives for that step.
+
+Memory steps name storage roots only: tensors that alias another (in-place tops, Split tops,
+in-place gradients) take no storage of their own.
+"""
+
+from ..graph import TensorInfo
+from .schedule import Alloc, Backward, Forward, Free, Schedule, Update
+
+
+def resident_tensors(graph, optimizer=None):
+    """Resident tensors in placement order (params and state, their gradients, optimiser
+    state), adding the optimiser's state tensors to ``graph.tensors``' copy returned too."""
+    tensors = dict(graph.tensors)
+    params = [t for n in graph.nodes for t in n.params.values()]
+    grads = [g for n in graph.nodes for g in n.param_grads.values()]
+    state = []
+    if optimizer is not None:
+        for n in graph.nodes:
+            for t in n.params.values():
+                info = tensors[t]
+                if info.kind != "param":
+                    continue
+                for k in range(optimizer.slots):
+                    name = f"{t}.{optimizer.state_name(k)}"
+                    tensors[name] = TensorInfo(name, info.shape, info.dtype, "state")
+                    state.append(name)
+    return tensors, params + grads + state
+
+
+def _step(graph, tensors, node, phase):
+    algo = node.layer.algorithms(phase)[0]
+    ws = None
+    if algo.workspace > 0:
+        ws = f"ws:{node.name}:{phase}"
+        tensors[ws] = TensorInfo(ws, (algo.workspace,), "uint8", "workspace")
+    make = Forward if phase == "forward" else Backward
+    return make(node.index, algo.name, ws)
+
+
+def lower(graph, train=True, optimizer=None):
+    """The baseline schedule of one iteration: a training iteration (forward, backward and,
+    with an optimiser, the update) or, with ``train=False``, a forward pass for testing."""
+    tensors, resident = resident_tensors(graph, optimizer)
+    kinds = ("data", "grad") if train else ("data",)
+    roots = [t.name for t in graph.tensors.values() if t.kind in kinds and t.alias is None]
+    steps = [Alloc(t) for t in roots]
+    for node in graph.nodes:
+        steps += _with_workspace(_step(graph, tensors, node, "forward"))
+    if train:
+        for node in reversed(graph.nodes):
+            if node.backward:
+                steps += _with_workspace(_step(graph, tensors, node, "backward"))
+        if optimizer is not None:
+            shapes = [tensors[t].shape for t in resident if tensors[t].kind == "param"]
+            nbytes = optimizer.workspace_bytes(shapes, graph.dtype)
+            ws = None
+            if nbytes > 0:
+                ws = "ws:update"
+                tensors[ws] = TensorInfo(ws, (nbytes,), "uint8", "workspace")
+            steps += _with_workspace(Update(ws))
+    steps += [Free(t) for t in reversed(roots)]
+    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline")
+
+
+def _with_workspace(step):
+    if step.workspace is None:
+        return [step]
+    return [Alloc(step.workspace), step, Free(step.workspace)]
