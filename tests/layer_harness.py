@@ -18,7 +18,8 @@ def build(type_name, bottom_shapes, dtype=np.float64, n_tops=None, seed=0, **raw
     n_tops = cls.TOPS[0] if n_tops is None else n_tops
     layer = cls("L", [f"b{i}" for i in range(len(bottom_shapes))], [f"t{i}" for i in range(n_tops)],
                 cfg, dtype=dtype)
-    layer.setup([tuple(s) for s in bottom_shapes])
+    layer.bottom_shapes = [tuple(s) for s in bottom_shapes]
+    layer.top_shapes = [tuple(s) for s in layer.setup(layer.bottom_shapes)]
     rng = np.random.default_rng(seed)
     params = {p.name: fill(rng, p.shape, p.filler, p.fan_in, p.fan_out, dtype) for p in layer.param_specs()}
     # Random non-trivial values even where the filler would give constants (bias = 0, etc.)

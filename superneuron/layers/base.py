@@ -44,6 +44,8 @@ class Key:
     def __init__(self, kind, default=REQUIRED, choices=None, doc=""):
         assert kind in self.KINDS, kind
         self.kind, self.default, self.choices, self.doc = kind, default, choices, doc
+        if default is not REQUIRED and default is not None:
+            self.default = self.convert(default)  # so defaults may be written as in YAML
 
     @property
     def required(self):

@@ -44,6 +44,7 @@ class Arena:
     def reset(self):
         """Forget every scheduled tensor (between iterations); resident ones stay."""
         self.offsets = {}        # name -> (offset, nbytes) of scheduled tensors
+        self.last = {}           # name -> (offset, nbytes) where it was last placed this run
         self.free_blocks = []    # sorted [(offset, size)] below the high-water mark
         self.top = self.resident_end  # first byte above everything placed
         self.live = 0
@@ -81,7 +82,7 @@ class Arena:
             self._check(name, nbytes, off + size)
             self.top = off + size
             self.high_water = max(self.high_water, self.top)
-        self.offsets[name] = (off, size)
+        self.offsets[name] = self.last[name] = (off, size)
         self.live += size
         self.peak_live = max(self.peak_live, self.live)
         return off
@@ -107,9 +108,17 @@ class Arena:
             raise OutOfMemory(name, nbytes, end, self.capacity)
 
     # -- views ----------------------------------------------------------------------------
-    def view(self, name, shape, dtype):
-        """The array of ``shape`` and ``dtype`` at ``name``'s offset (resident or scheduled)."""
-        off, size = self.offsets[name] if name in self.offsets else self.resident[name]
+    def view(self, name, shape, dtype, freed_ok=False):
+        """The array of ``shape`` and ``dtype`` at ``name``'s offset (resident or scheduled).
+
+        ``freed_ok``: also where a tensor freed in this run was last placed (its contents are
+        intact only if nothing was placed over it since)."""
+        if name in self.offsets:
+            off, size = self.offsets[name]
+        elif freed_ok and name in self.last:
+            off, size = self.last[name]
+        else:
+            off, size = self.resident[name]
         dtype = np.dtype(dtype)
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         assert n <= size, (name, n, size)

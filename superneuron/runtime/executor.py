@@ -43,13 +43,14 @@ class Runtime:
         self.peak_bytes = self.arena.resident_end
         self.arena_bytes = self.arena.resident_end
 
-    def view(self, name):
-        """The array of tensor ``name`` (resident, or scheduled and currently placed)."""
+    def view(self, name, freed_ok=False):
+        """The array of tensor ``name`` (resident, or scheduled and currently placed; with
+        ``freed_ok``, also where it was last placed in the last run)."""
         if name in self.resident:
             return self.resident[name]
         info = self.tensors[name]
         return self.arena.view(self.graph.root(name) if name in self.graph.tensors else name,
-                               info.shape, info.dtype)
+                               info.shape, info.dtype, freed_ok)
 
     def run(self, schedule, feed, iteration=0, optimizer=None):
         """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
@@ -119,5 +120,5 @@ class Runtime:
         return self._entries
 
     def to_host(self, name):
-        """A NumPy copy of tensor ``name``."""
-        return np.asarray(self.backend.to_host(self.view(name)))
+        """A NumPy copy of tensor ``name`` (after a run, where it was last placed)."""
+        return np.asarray(self.backend.to_host(self.view(name, freed_ok=True)))

@@ -1,0 +1,544 @@
+"""Data sources and batch loaders (host side, NumPy only).
+
+A source is named by a string: ``digits`` (scikit-learn's bundled 8×8 digits), ``synthetic`` (a
+seeded, learnable task of any shape), a ``.npz`` file, a CIFAR-10 python directory, or an image
+folder (one subfolder per class). :func:`open_source` turns a Data layer's options into a train and
+a test :class:`Dataset`; a :class:`Loader` cuts a dataset into batches: a seeded shuffle per epoch
+for training, one padded pass in order for testing, and a small state for exact resumption.
+
+Pixels are first brought to [0, 1] (digits /16, 8-bit arrays and images /255, other arrays as
+stored), then multiplied by ``scale``, then normalised per channel: ``(x - mean) / std``.
+"""
+
+import functools
+import os
+import pickle
+import zipfile
+import zlib
+
+import numpy as np
+
+from .errors import SNError
+
+# The Data layer's options besides source and batch_size: kind, default, meaning.
+OPTIONS = {
+    "size": ("int", 0, "sample side: digits and synthetic are size×size, images' shorter side is "
+             "resized to it; 0 = native (digits 8, synthetic 32)"),
+    "scale": ("float", 1.0, "multiply pixel values (after bringing them to [0, 1])"),
+    "mean": ("floats", (), "per-channel mean subtracted after scaling (one value or one per channel)"),
+    "std": ("floats", (), "per-channel standard deviation divided by after subtracting the mean"),
+    "mirror": ("bool", False, "random horizontal flips when training"),
+    "crop": ("int", 0, "square crop: random when training, centred when testing; 0 = none"),
+    "shuffle": ("bool", True, "reshuffle the training set every epoch"),
+    "test_fraction": ("float", 0.2, "test share for sources without a test split"),
+    "classes": ("int", 10, "number of classes (synthetic)"),
+    "channels": ("int", 3, "number of channels (synthetic)"),
+    "samples": ("int", 1024, "number of samples, train and test together (synthetic)"),
+    "seed": ("int", 0, "seed of the synthetic data and of train/test splits"),
+}
+DEFAULTS = {key: default for key, (_, default, _) in OPTIONS.items()}
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".gif", ".tif", ".tiff", ".webp")
+SOURCES = "'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder"
+
+
+def _one_line(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def source_kind(src):
+    """'digits', 'synthetic', 'npz', 'cifar' or 'folder'; SNError naming a missing or odd path."""
+    if src in ("digits", "synthetic"):
+        return src
+    if not os.path.exists(src):
+        raise SNError(f"{src}: no such file or directory (a data source is {SOURCES})")
+    if os.path.isdir(src):
+        return "cifar" if os.path.isfile(os.path.join(src, "data_batch_1")) else "folder"
+    if src.lower().endswith(".npz"):
+        return "npz"
+    raise SNError(f"{src}: not a data source (expected {SOURCES})")
+
+
+def source_config(src, base_cfg=None):
+    """The Data options for ``--data SRC``: ``base_cfg`` (e.g. the net's Data layer) with its source
+    replaced, defaults filled in; the source is checked to exist."""
+    cfg = dict(DEFAULTS, **(base_cfg or {}))
+    cfg["source"] = os.fspath(src)
+    source_kind(cfg["source"])
+    return cfg
+
+
+def _config(cfg):
+    if isinstance(cfg, (str, os.PathLike)):
+        return source_config(cfg)
+    cfg = dict(DEFAULTS, **cfg)
+    src = cfg["source"]
+    for key in ("mean", "std"):  # a bare number, as from the Python API, means every channel
+        cfg[key] = tuple(float(v) for v in np.atleast_1d(cfg[key]))
+    for key in ("size", "crop"):
+        if cfg[key] < 0:
+            raise SNError(f"data source '{src}': {key} must be >= 0, got {cfg[key]}")
+    for key in ("classes", "channels", "samples"):
+        if cfg[key] < 1:
+            raise SNError(f"data source '{src}': {key} must be >= 1, got {cfg[key]}")
+    if not 0.0 <= cfg["test_fraction"] < 1.0:
+        raise SNError(f"data source '{src}': test_fraction must be in [0, 1), got {cfg['test_fraction']}")
+    if any(s == 0 for s in cfg["std"]):
+        raise SNError(f"data source '{src}': std has a zero")
+    return cfg
+
+
+# ---------------------------------------------------------------- describing a source cheaply
+
+
+def describe(cfg):
+    """``(sample_shape, num_classes)`` of a source, after cropping, without loading it where avoidable."""
+    cfg = _config(cfg)
+    src, size, kind = cfg["source"], cfg["size"], source_kind(cfg["source"])
+    if kind == "digits":
+        shape, classes = (1, size or 8, size or 8), 10
+    elif kind == "synthetic":
+        shape, classes = (cfg["channels"], size or 32, size or 32), cfg["classes"]
+    elif kind == "cifar":
+        shape, classes = (3, 32, 32), 10
+    elif kind == "npz":
+        shape, classes = _npz_describe(src)
+    else:
+        if not (size or cfg["crop"]):
+            raise SNError(f"{src}: an image folder needs size or crop set (its images differ in size)")
+        classes = len(_folder_classes(_folder_dirs(src)[0]))
+        shape = (3, size or cfg["crop"], size or cfg["crop"])
+    if kind in ("cifar", "npz") and size not in (0, shape[1]):
+        raise SNError(f"{src}: size {size} given, but its samples are {shape[1]}×{shape[2]} "
+                      "(size resizes digits, synthetic data and image folders only)")
+    crop = cfg["crop"]
+    if crop > min(shape[1:]):
+        raise SNError(f"{src}: crop {crop} is larger than its {shape[1]}×{shape[2]} samples")
+    for key in ("mean", "std"):
+        if len(cfg[key]) not in (0, 1, shape[0]):
+            raise SNError(f"{src}: {key} has {len(cfg[key])} values for {shape[0]} channels")
+    return ((shape[0], crop, crop) if crop else shape), classes
+
+
+# ---------------------------------------------------------------- datasets
+
+
+class Dataset:
+    """One split of a source: integer ``labels``, ``num_classes``, ``sample_shape`` (after
+    cropping) and :meth:`batch`, which makes a normalised float32 batch from sample indices."""
+
+    def __init__(self, name, labels, num_classes, sample_shape, cfg, unit):
+        self.name, self.labels, self.num_classes = name, labels, num_classes
+        self.sample_shape = tuple(sample_shape)
+        self.crop, self.mirror = cfg["crop"], cfg["mirror"]
+        self.factor = np.float32(unit * cfg["scale"])
+        c = self.sample_shape[0]
+        self.mean, self.std = (np.broadcast_to(np.asarray(cfg[k], np.float32), (c,)).reshape(c, 1, 1)
+                               if cfg[k] else None for k in ("mean", "std"))
+
+    def __len__(self):
+        return len(self.labels)
+
+    def batch(self, idx, rng=None, train=False):
+        """Samples ``idx`` as float32 ``(n, C, H, W)``; random crops and flips only when ``train``."""
+        idx = np.asarray(idx, dtype=np.int64)
+        x = self._pixels(idx, rng if rng is not None else np.random.default_rng(0), train)
+        x = x.astype(np.float32, copy=False)  # _pixels returns a new array: the stored samples stay
+        if self.factor != 1:
+            x *= self.factor
+        if self.mean is not None:
+            x -= self.mean
+        if self.std is not None:
+            x /= self.std
+        return x
+
+    def _pixels(self, idx, rng, train):
+        """Samples ``idx`` cropped and flipped, as a new array in the stored dtype."""
+        raise NotImplementedError
+
+
+def _crop_mirror(x, idx, crop, mirror, rng, train):
+    """``x[idx]`` cut to ``crop``×``crop`` (random offsets when training, else centred) and, when
+    training with ``mirror``, each sample flipped left-right with probability 1/2; one gather."""
+    if not crop and not (mirror and train):
+        return x[idx]
+    n, (c, h, w) = len(idx), x.shape[1:]
+    kh, kw = (crop, crop) if crop else (h, w)
+    if train and crop:
+        oy, ox = rng.integers(0, h - kh + 1, n), rng.integers(0, w - kw + 1, n)
+    else:
+        oy, ox = np.full(n, (h - kh) // 2), np.full(n, (w - kw) // 2)
+    rows = oy[:, None] + np.arange(kh)
+    cols = ox[:, None] + np.arange(kw)
+    if train and mirror:
+        flip = rng.random(n) < 0.5
+        cols[flip] = cols[flip, ::-1]
+    channels = np.arange(c)[:, None, None]
+    return x[idx[:, None, None, None], channels, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+class ArrayDataset(Dataset):
+    """Samples held in one array ``(N, C, H, W)`` (digits, synthetic, .npz, CIFAR-10)."""
+
+    def __init__(self, name, x, labels, num_classes, cfg, unit=1.0):
+        c, h, w = x.shape[1:]
+        crop = cfg["crop"]
+        super().__init__(name, labels, num_classes, (c, crop or h, crop or w), cfg, unit)
+        self.x = x
+
+    def _pixels(self, idx, rng, train):
+        return _crop_mirror(self.x, idx, self.crop, self.mirror, rng, train)
+
+
+class ImageFolder(Dataset):
+    """Image files read per batch with Pillow: RGB, shorter side resized to ``size``, then a square
+    of ``crop`` (or ``size``) cut out; nothing is cached."""
+
+    def __init__(self, name, paths, labels, num_classes, cfg):
+        self.size, self.side = cfg["size"], cfg["crop"] or cfg["size"]
+        super().__init__(name, labels, num_classes, (3, self.side, self.side), cfg, 1 / 255)
+        self.paths = paths
+
+    def _load(self, path, rng, train):
+        from PIL import Image
+        try:
+            with Image.open(path) as im:
+                im = im.convert("RGB")
+            w, h = im.size
+            if self.size and min(w, h) != self.size:
+                r = self.size / min(w, h)
+                im = im.resize((max(self.size, round(w * r)), max(self.size, round(h * r))), Image.BILINEAR)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+            raise SNError(f"{path}: cannot read image ({_one_line(e)})") from None
+        w, h, k = *im.size, self.side
+        if w < k or h < k:
+            raise SNError(f"{path}: image is {w}×{h}, smaller than the crop {k}")
+        if train and self.crop:
+            ox, oy = int(rng.integers(0, w - k + 1)), int(rng.integers(0, h - k + 1))
+        else:
+            ox, oy = (w - k) // 2, (h - k) // 2
+        return np.asarray(im.crop((ox, oy, ox + k, oy + k)), dtype=np.uint8).transpose(2, 0, 1)
+
+    def _pixels(self, idx, rng, train):
+        x = np.stack([self._load(self.paths[i], rng, train) for i in idx])
+        return _crop_mirror(x, np.arange(len(idx)), 0, self.mirror, rng, train)
+
+
+# ---------------------------------------------------------------- opening sources
+
+
+def open_source(cfg):
+    """``(train, test)`` datasets for a Data layer's options (a dict) or a source string."""
+    cfg = _config(cfg)
+    describe(cfg)  # the same checks as the layer's setup: crop, size, mean and std lengths
+    src, kind = cfg["source"], source_kind(cfg["source"])
+    if kind == "folder":
+        return _open_folder(src, cfg)
+    if kind == "digits":
+        x, y = _digits(cfg["size"])
+        x_test = y_test = None
+        unit, classes = 1.0, 10
+    elif kind == "synthetic":
+        x, y = _synthetic(cfg)
+        x_test = y_test = None
+        unit, classes = 1.0, cfg["classes"]
+    elif kind == "cifar":
+        x, y, x_test, y_test = _cifar(src)
+        unit, classes = 1 / 255, 10
+    else:
+        x, y, x_test, y_test = _npz(src)
+        unit = 1 / 255 if x.dtype == np.uint8 else 1.0
+        classes = int(max(y.max(initial=-1), -1 if y_test is None else y_test.max(initial=-1))) + 1
+    if x_test is None:
+        train, test = _split(y, cfg["test_fraction"], cfg["seed"])
+        x, y, x_test, y_test = x[train], y[train], x[test], y[test]
+    return (ArrayDataset(f"{src} (train)", x, y, classes, cfg, unit),
+            ArrayDataset(f"{src} (test)", x_test, y_test, classes, cfg, unit))
+
+
+def _split(labels, fraction, seed):
+    """Sorted train and test indices: from each class, round(fraction × its count) samples (halves
+    round up) chosen by a seeded shuffle go to the test set."""
+    rng = np.random.default_rng(seed)
+    is_test = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        is_test[members[:int(fraction * len(members) + 0.5)]] = True
+    return np.flatnonzero(~is_test), np.flatnonzero(is_test)
+
+
+@functools.lru_cache(maxsize=4)
+def _digits(size):
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SNError("the 'digits' source needs scikit-learn (pip install scikit-learn)") from None
+    from PIL import Image
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)
+    if size and size != 8:
+        # Bilinear keeps strokes smooth, which a LeNet learns faster than nearest's blocks.
+        x = np.stack([np.asarray(Image.fromarray(im).resize((size, size), Image.BILINEAR)) for im in x])
+    x = np.clip(x, 0.0, 1.0)[:, None]
+    y = d.target.astype(np.int64)
+    x.flags.writeable = y.flags.writeable = False  # shared by every call through the cache
+    return x, y
+
+
+def _synthetic(cfg):
+    """Each class is a smooth random pattern (4×4 cells per channel, upsampled) plus pixel noise
+    of the same strength: learnable by a linear model or a convolutional net."""
+    rng = np.random.default_rng(cfg["seed"])
+    c, s, k, n = cfg["channels"], cfg["size"] or 32, cfg["classes"], cfg["samples"]
+    g = min(4, s)
+    cells = np.arange(s) * g // s
+    coarse = rng.standard_normal((k, c, g, g)).astype(np.float32)
+    patterns = coarse[:, :, cells[:, None], cells[None, :]]
+    y = rng.integers(0, k, n)
+    x = rng.standard_normal((n, c, s, s), dtype=np.float32)
+    x += patterns[y]
+    x *= 0.25
+    x += 0.5
+    return x, y.astype(np.int64)
+
+
+def _sample_shape(path, shape, key="x"):
+    """(C, H, W) for an array of ``shape`` (3-D arrays get one channel); SNError otherwise."""
+    if len(shape) == 3:
+        return (1,) + tuple(shape[1:])
+    if len(shape) == 4:
+        return tuple(shape[1:])
+    raise SNError(f"{path}: '{key}' has shape {tuple(shape)}; expected (N, C, H, W) or (N, H, W)")
+
+
+def _labels(path, y, n, key="y"):
+    """``y`` checked to be ``n`` non-negative integers; returned as int64."""
+    if y.ndim != 1 or len(y) != n:
+        raise SNError(f"{path}: '{key}' has shape {y.shape}; expected ({n},), one label per sample")
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)) \
+            or not np.all(np.isfinite(y)) or np.any(y != np.round(y)) or np.any(y < 0):
+        raise SNError(f"{path}: '{key}' must hold non-negative integer class labels")
+    return y.astype(np.int64)
+
+
+def _npz_read(path, keys, headers=()):
+    """Arrays ``keys`` (those present) and the shapes of ``headers`` read from their .npy headers."""
+    try:
+        arrays, shapes = {}, {}
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            for key in headers:
+                if key + ".npy" in names:
+                    with z.open(key + ".npy") as f:
+                        version = np.lib.format.read_magic(f)
+                        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                else np.lib.format.read_array_header_2_0)
+                        shapes[key] = read(f)[0]
+        with np.load(path, allow_pickle=False) as f:
+            for key in keys:
+                if key in f.files:
+                    arrays[key] = f[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error) as e:
+        raise SNError(f"{path}: not a readable .npz file ({_one_line(e)})") from None
+    members = [n[:-4] for n in names]
+    for need in ("x", "y"):
+        if need not in members:
+            raise SNError(f"{path}: no array '{need}' (it has {', '.join(members) or 'none'}); "
+                          "expected x (N, C, H, W) or (N, H, W), y (N,) and optionally x_test, y_test")
+    if ("x_test" in members) != ("y_test" in members):
+        raise SNError(f"{path}: has one of x_test and y_test without the other")
+    return arrays, shapes
+
+
+def _npz_describe(path):
+    arrays, shapes = _npz_read(path, ("y", "y_test"), ("x", "x_test"))
+    shape = _sample_shape(path, shapes["x"])
+    classes = _labels(path, arrays["y"], shapes["x"][0]).max(initial=-1)
+    if "x_test" in shapes:
+        if _sample_shape(path, shapes["x_test"], "x_test") != shape:
+            raise SNError(f"{path}: x_test samples {shapes['x_test'][1:]} differ from x samples {shape}")
+        classes = max(classes, _labels(path, arrays["y_test"], shapes["x_test"][0], "y_test").max(initial=-1))
+    return shape, int(classes) + 1
+
+
+def _npz(path):
+    a, _ = _npz_read(path, ("x", "y", "x_test", "y_test"))
+    out = []
+    for xk, yk in (("x", "y"), ("x_test", "y_test")):
+        if xk not in a:
+            out += [None, None]
+            continue
+        x = a[xk]
+        if x.dtype.kind not in "biuf":
+            raise SNError(f"{path}: '{xk}' has dtype {x.dtype}; expected numbers")
+        shape = _sample_shape(path, x.shape, xk)
+        out += [x.reshape((len(x),) + shape), _labels(path, a[yk], len(x), yk)]
+    if out[2] is not None and out[2].shape[1:] != out[0].shape[1:]:
+        raise SNError(f"{path}: x_test samples {out[2].shape[1:]} differ from x samples {out[0].shape[1:]}")
+    return out
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, bytes and NumPy arrays only: a data file cannot run code."""
+
+    ALLOWED = {"_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer"}
+
+    def find_class(self, module, name):
+        if module.split(".")[0] == "numpy" and name in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _cifar_batch(path):
+    if not os.path.isfile(path):
+        raise SNError(f"{path}: missing (a CIFAR-10 python directory has data_batch_1..5 and test_batch)")
+    try:
+        with open(path, "rb") as f:
+            d = _NumpyOnlyUnpickler(f, encoding="bytes").load()
+        data = np.asarray(d.get(b"data", d.get("data")))
+        labels = np.asarray(d.get(b"labels", d.get("labels")))
+    except Exception as e:  # unpickling a damaged file can raise almost anything
+        raise SNError(f"{path}: not a CIFAR-10 python batch ({_one_line(e)})") from None
+    if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
+        raise SNError(f"{path}: b'data' has shape {data.shape} and dtype {data.dtype}; "
+                      "expected (N, 3072) uint8")
+    return data.reshape(-1, 3, 32, 32), _labels(path, labels, len(data), "labels")
+
+
+def _cifar(root):
+    names = sorted((n for n in os.listdir(root) if n.startswith("data_batch_") and n[11:].isdigit()),
+                   key=lambda n: int(n[11:]))
+    parts = [_cifar_batch(os.path.join(root, n)) for n in names]
+    x_test, y_test = _cifar_batch(os.path.join(root, "test_batch"))
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]), x_test, y_test
+
+
+def _folder_dirs(root):
+    """``(train_dir, test_dir)``: ``train/`` and ``test/`` (or ``val/``) when both exist, else
+    ``(root, None)`` and the test set is split off by test_fraction."""
+    train = os.path.join(root, "train")
+    tests = [os.path.join(root, d) for d in ("test", "val") if os.path.isdir(os.path.join(root, d))]
+    if os.path.isdir(train) and tests:
+        return train, tests[0]
+    return root, None
+
+
+def _folder_classes(d):
+    classes = sorted(e.name for e in os.scandir(d) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise SNError(f"{d}: image folder has no class subfolders")
+    return classes
+
+
+def _folder_images(d, classes):
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        cdir = os.path.join(d, name)
+        if os.path.isdir(cdir):  # a test split may lack a class
+            files = sorted(f for f in os.listdir(cdir) if f.lower().endswith(IMAGE_EXTS))
+            paths += [os.path.join(cdir, f) for f in files]
+            labels += [label] * len(files)
+    if not paths:
+        raise SNError(f"{d}: image folder has no images ({', '.join(IMAGE_EXTS)}) in its class subfolders")
+    return paths, np.array(labels, dtype=np.int64)
+
+
+def _open_folder(root, cfg):
+    train_dir, test_dir = _folder_dirs(root)
+    classes = _folder_classes(train_dir)
+    paths, labels = _folder_images(train_dir, classes)
+    if test_dir is None:
+        train, test = _split(labels, cfg["test_fraction"], cfg["seed"])
+        test_paths, test_labels = [paths[i] for i in test], labels[test]
+        paths, labels = [paths[i] for i in train], labels[train]
+    else:
+        extra = sorted(set(_folder_classes(test_dir)) - set(classes))
+        if extra:
+            raise SNError(f"{os.path.join(test_dir, extra[0])}: class not in {train_dir}")
+        test_paths, test_labels = _folder_images(test_dir, classes)
+    n = len(classes)
+    return (ImageFolder(f"{train_dir} (train)", paths, labels, n, cfg),
+            ImageFolder(f"{test_dir or root} (test)", test_paths, test_labels, n, cfg))
+
+
+def check_labels(dataset, num_classes, source_name):
+    """SNError unless every label of ``dataset`` is in [0, num_classes) (the net's class count)."""
+    labels = dataset.labels
+    bad = labels[(labels < 0) | (labels >= num_classes)]
+    if bad.size:
+        raise SNError(f"{source_name}: label {int(bad[0])} is outside [0, {num_classes}) "
+                      f"({bad.size} of {len(labels)} labels); the net predicts {num_classes} classes")
+
+
+# ---------------------------------------------------------------- batches
+
+
+class Loader:
+    """Batches of a dataset. ``next()`` for training: a seeded shuffle per epoch, wrapping across
+    epochs (a batch that runs past the end is completed from the next epoch's order); ``epoch()``
+    for testing: every sample once, in order, the last batch padded.
+
+    The shuffle of epoch ``e`` and the augmentation of the batch starting at ``(e, position)`` come
+    from seeds made of ``(seed, e, position)``, so ``state()`` needs only those numbers."""
+
+    def __init__(self, dataset, batch, shuffle=True, seed=0, train=True):
+        if batch < 1:
+            raise SNError(f"{dataset.name}: batch size must be >= 1, got {batch}")
+        if seed < 0:
+            raise SNError(f"{dataset.name}: seed must be >= 0, got {seed}")
+        self.dataset, self.batch, self.shuffle, self.seed, self.train = dataset, batch, shuffle, seed, train
+        self.epoch_index, self.position = 0, 0
+        self._order_of = None, None  # (epoch, its order)
+
+    def _order(self):
+        if self._order_of[0] != self.epoch_index:
+            n = len(self.dataset)
+            order = (np.random.default_rng([0, self.seed, self.epoch_index]).permutation(n)
+                     if self.shuffle else np.arange(n))
+            self._order_of = self.epoch_index, order
+        return self._order_of[1]
+
+    def next(self):
+        """The next training batch: ``(x float32 (B, C, H, W), y float32 (B,))``."""
+        n = len(self.dataset)
+        if n == 0:
+            raise SNError(f"{self.dataset.name}: no samples to train on")
+        rng = np.random.default_rng([1, self.seed, self.epoch_index, self.position])
+        parts, need = [], self.batch
+        while need:
+            take = self._order()[self.position:self.position + need]
+            parts.append(take)
+            need -= len(take)
+            self.position += len(take)
+            if self.position == n:
+                self.epoch_index, self.position = self.epoch_index + 1, 0
+        idx = np.concatenate(parts)
+        return self.dataset.batch(idx, rng, self.train), self.dataset.labels[idx].astype(np.float32)
+
+    def __len__(self):
+        """Batches in one pass of :meth:`epoch`."""
+        return -(-len(self.dataset) // self.batch)
+
+    def epoch(self):
+        """Yield ``(x, y, n_valid)`` over the dataset once, in order, with no random augmentation;
+        the last batch is padded with copies of the last sample labelled -1 (ignored by losses)."""
+        n = len(self.dataset)
+        for start in range(0, n, self.batch):
+            valid = min(self.batch, n - start)
+            idx = np.minimum(np.arange(start, start + self.batch), n - 1)
+            y = self.dataset.labels[idx].astype(np.float32)
+            y[valid:] = -1
+            yield self.dataset.batch(idx, None, train=False), y, valid
+
+    def state(self):
+        """Where training stands, as plain ints: enough for :meth:`restore` to continue exactly."""
+        return {"epoch": int(self.epoch_index), "position": int(self.position), "seed": int(self.seed),
+                "samples": len(self.dataset)}
+
+    def restore(self, state):
+        """Continue from a :meth:`state`: the following batches are those the saved run would see."""
+        if int(state["samples"]) != len(self.dataset):
+            raise SNError(f"{self.dataset.name}: has {len(self.dataset)} samples, but the snapshot "
+                          f"was taken with {int(state['samples'])}")
+        self.epoch_index, self.position = int(state["epoch"]), int(state["position"])
+        self.seed = int(state["seed"])

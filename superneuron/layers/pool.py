@@ -1,0 +1,145 @@
+"""Pooling (Caffe's ``Pooling``): MAX or AVE over windows, with Caffe's rounding of the output size.
+
+The output size rounds up, as Caffe's does: ``Ho = ceil((H + 2p - k) / s) + 1``, less one if the
+last window would start at or beyond ``H + p`` (it would see only padding). Both kinds loop over
+the kernel taps (i, j) like the convolution's direct algorithm, each tap one strided view of
+the input against the outputs whose window sees the image there (see
+:func:`~superneuron.layers.conv.window_taps`):
+
+- MAX ignores padding; its backward sends each output's gradient to the first maximum of its
+  window in scan order (as PyTorch does with ties), finding it again from the bottom and top.
+- AVE divides by the window's size clipped to the padded extent, ``H + p`` (Caffe's
+  ``pool_size``, computed before clipping the window to the image); its backward reads
+  nothing but the top gradient.
+"""
+
+import numpy as np
+
+from . import register
+from .base import Algo, Cost, Key, Layer, workspace_bytes
+from .conv import scatter_add, window_taps
+
+
+def pooled_size(n, k, s, p):
+    """Caffe's pooled size along one axis (ceil rounding, dropping a window that sees only
+    padding; Caffe checks that only when padding, but without padding such a window can only
+    arise when stride > kernel, and Caffe would output garbage for it)."""
+    out = -(-(n + 2 * p - k) // s) + 1
+    if (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def window_sizes(n, k, s, p, n_out):
+    """AVE's divisors along one axis: each window's extent clipped to [-p, n + p)."""
+    return [min(o * s - p + k, n + p) - (o * s - p) for o in range(n_out)]
+
+
+@register
+class Pooling(Layer):
+    """Max or average pooling over kh x kw windows, or over the whole map (``global_pooling``)."""
+
+    KEYS = {
+        "pool": Key("str", "MAX", choices=("MAX", "AVE")),
+        "kernel_size": Key("pair", None, doc="window height and width; required unless global_pooling"),
+        "stride": Key("pair", (1, 1)),
+        "pad": Key("pair", (0, 0), doc="padding on each side (ignored by MAX, counted by AVE)"),
+        "global_pooling": Key("bool", False, doc="one window covering the whole map"),
+    }
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        shape = tuple(bottom_shapes[0])
+        if len(shape) != 4:
+            self.fail(f"expects a 4-D bottom (N, C, H, W), got {shape}")
+        n, c, h, w = shape
+        cfg = self.cfg
+        kernel, stride, pad = cfg["kernel_size"], cfg["stride"], cfg["pad"]
+        if cfg["global_pooling"]:
+            if kernel is not None:
+                self.fail("global_pooling takes its window from the input; drop kernel_size")
+            if stride != (1, 1) or pad != (0, 0):
+                self.fail(f"global_pooling needs stride 1 and pad 0, got stride {list(stride)} "
+                          f"and pad {list(pad)}")
+            kernel = (h, w)
+        elif kernel is None:
+            self.fail("missing kernel_size (or set global_pooling: true)")
+        if min(kernel) < 1 or min(stride) < 1 or min(pad) < 0:
+            self.fail(f"kernel_size {list(kernel)} and stride {list(stride)} must be >= 1 and "
+                      f"pad {list(pad)} >= 0")
+        if pad[0] >= kernel[0] or pad[1] >= kernel[1]:
+            self.fail(f"pad {list(pad)} must be smaller than kernel_size {list(kernel)}")
+        if h + 2 * pad[0] < kernel[0] or w + 2 * pad[1] < kernel[1]:
+            self.fail(f"input {h}x{w} (pad {list(pad)}) is smaller than the "
+                      f"{kernel[0]}x{kernel[1]} window")
+        ho, wo = (pooled_size((h, w)[a], kernel[a], stride[a], pad[a]) for a in (0, 1))
+        self.kernel = tuple(kernel)
+        self._taps = window_taps(kernel, stride, pad, (1, 1), (h, w), (ho, wo))
+        self._sizes = [np.array(window_sizes((h, w)[a], kernel[a], stride[a], pad[a], (ho, wo)[a]),
+                                dtype=self.dtype) for a in (0, 1)]
+        self.bottom_shapes, self.top_shapes = [shape], [(n, c, ho, wo)]
+        return list(self.top_shapes)
+
+    def backward_reads(self):
+        return ((0,), (0,)) if self.cfg["pool"] == "MAX" else ((), ())
+
+    def algorithms(self, phase):
+        shape = self.top_shapes[0]
+        if phase == "forward":
+            return [Algo("default", 0)]
+        if self.cfg["pool"] == "MAX":  # first-max flags, windows still to route, routed gradient
+            return [Algo("default", workspace_bytes((shape, np.bool_), (shape, np.bool_),
+                                                    (shape, self.dtype)))]
+        return [Algo("default", workspace_bytes((shape, self.dtype)))]  # top gradient / sizes
+
+    def cost(self):
+        x, y = (int(np.prod(s)) for s in (self.bottom_shapes[0], self.top_shapes[0]))
+        taps = self.kernel[0] * self.kernel[1]
+        item = self.dtype.itemsize
+        reads = x + y if self.cfg["pool"] == "MAX" else 0
+        return Cost(float(y * taps), float(2 * y * taps), float((x + y) * item),
+                    float((reads + x + y) * item))
+
+    def _divide_by_sizes(self, xp, a, out):
+        """``out = a / pool_size``, the divisor being separable into rows times columns."""
+        rows, cols = (xp.asarray(s) for s in self._sizes)
+        xp.divide(a, rows.reshape(-1, 1), out=out)
+        xp.divide(out, cols, out=out)
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp, x, top = ctx.xp, bottoms[0], tops[0]
+        is_max = self.cfg["pool"] == "MAX"
+        top.fill(-np.inf if is_max else 0)
+        for _, _, out_index, in_index in self._taps:
+            if out_index is None:
+                continue  # this tap sees only padding
+            view = top[out_index]
+            (xp.maximum if is_max else xp.add)(view, x[in_index], out=view)
+        if not is_max:
+            self._divide_by_sizes(xp, top, top)
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        dx = bottom_grads[0]
+        if dx is None:
+            return
+        xp, dy, shape = ctx.xp, top_grads[0], self.top_shapes[0]
+        dx.fill(0)
+        if self.cfg["pool"] == "AVE":
+            g = ctx.scratch(shape, dy.dtype)
+            self._divide_by_sizes(xp, dy, g)
+            for _, _, out_index, in_index in self._taps:
+                scatter_add(xp, dx, g, out_index, in_index)
+            return
+        x, top = bottoms[0], tops[0]
+        hit, todo, g = (ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_),
+                        ctx.scratch(shape, dy.dtype))
+        todo.fill(True)
+        for _, _, out_index, in_index in self._taps:  # scan order, so the first max wins
+            if out_index is None:
+                continue
+            h, t = hit[out_index], todo[out_index]
+            xp.equal(x[in_index], top[out_index], out=h)
+            xp.logical_and(h, t, out=h)
+            xp.logical_xor(t, h, out=t)  # a window is done once routed (hit implies todo)
+            xp.multiply(dy[out_index], h, out=g[out_index])
+            scatter_add(xp, dx, g, out_index, in_index)

@@ -1,0 +1,331 @@
+"""Convolution, Pooling and InnerProduct: finite-difference gradients, agreement between the
+convolution algorithms, agreement with torch.nn.functional, declared workspaces and memory."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from layer_harness import backward, build, forward, gradcheck, peak_allocation
+
+from superneuron.errors import LayerError
+from superneuron.layers.base import Context
+
+KIB = 1024
+
+
+def only(layer, name):
+    """Make ``name`` the layer's only algorithm (peak_allocation runs the first one)."""
+    every = type(layer).algorithms
+    layer.algorithms = lambda phase: [a for a in every(layer, phase) if a.name == name]
+    return layer
+
+
+def run(layer, phase, algo, nbytes, x, params):
+    """Run one phase with a workspace of exactly ``nbytes`` (the bottom gradient requested)."""
+    ctx = Context(np, workspace=np.zeros(nbytes, dtype=np.uint8), algo=algo)
+    top = np.zeros(layer.top_shapes[0], dtype=layer.dtype)
+    if phase == "forward":
+        return layer.forward(ctx, [x], [top], params)
+    layer.forward(Context(np, workspace=np.zeros(1 << 20, np.uint8)), [x], [top], params)
+    grads = {k: np.zeros_like(v) for k, v in params.items()}
+    layer.backward(ctx, [x], [top], [np.ones_like(top)], [np.zeros_like(x)], params, grads)
+
+
+def assert_workspace_exact(layer, x, params):
+    """Each algorithm runs in the workspace it declares and fails with one byte less."""
+    for phase in ("forward", "backward"):
+        for algo in layer.algorithms(phase):
+            run(layer, phase, algo.name, algo.workspace, x, params)
+            if algo.workspace:
+                with pytest.raises(AssertionError, match="exceeds workspace"):
+                    run(layer, phase, algo.name, algo.workspace - 1, x, params)
+
+
+def torch_grads(fn, x, params, dy):
+    """Top, bottom gradient and parameter gradients of ``fn(x, **params)`` by torch autograd."""
+    tx = torch.tensor(x, requires_grad=True)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    y = fn(tx, **tp)
+    y.backward(torch.tensor(dy))
+    return y.detach().numpy(), tx.grad.numpy(), {k: v.grad.numpy() for k, v in tp.items()}
+
+
+# -- Convolution -------------------------------------------------------------------------------
+
+CONV_CASES = [
+    ((2, 3, 7, 6), dict(num_output=4, kernel_size=3)),
+    ((2, 4, 9, 8), dict(num_output=6, kernel_size=3, stride=2, pad=1)),
+    ((2, 3, 9, 9), dict(num_output=2, kernel_size=3, dilation=2, pad=2)),
+    ((2, 4, 7, 8), dict(num_output=6, kernel_size=[2, 3], stride=[2, 1], pad=[1, 0],
+                        dilation=[1, 2], group=2)),
+    ((1, 6, 6, 6), dict(num_output=6, kernel_size=3, group=3, pad=2, stride=3, bias_term=False)),
+    ((2, 4, 5, 5), dict(num_output=3, kernel_size=1)),            # pointwise: no column buffer
+    ((2, 4, 5, 5), dict(num_output=3, kernel_size=1, stride=2)),
+    ((2, 2, 1, 1), dict(num_output=3, kernel_size=3, dilation=3, pad=3)),  # outer taps: padding only
+]
+
+
+def random_conv_cases(count=6, seed=7):
+    """Small random convolutions (groups, stride, pad, dilation, rectangular kernels)."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    while len(cases) < count:
+        g = int(rng.integers(1, 3))
+        kernel, stride, pad, dil = ([int(v) for v in rng.integers(lo, hi, 2)]
+                                    for lo, hi in ((1, 4), (1, 3), (0, 3), (1, 3)))
+        hw = [int(v) for v in rng.integers(1, 9, 2)]
+        if any(n + 2 * p < d * (k - 1) + 1 for n, p, d, k in zip(hw, pad, dil, kernel, strict=True)):
+            continue
+        cfg = dict(num_output=g * int(rng.integers(1, 4)), kernel_size=kernel, stride=stride,
+                   pad=pad, dilation=dil, group=g, bias_term=bool(rng.integers(0, 2)))
+        cases.append(((int(rng.integers(1, 3)), g * int(rng.integers(1, 3)), *hw), cfg))
+    return cases
+
+
+def torch_conv(layer):
+    c = layer.cfg
+    return lambda x, weight, bias=None: F.conv2d(x, weight, bias, stride=c["stride"], padding=c["pad"],
+                                                 dilation=c["dilation"], groups=c["group"])
+
+
+@pytest.mark.parametrize("shape,cfg", CONV_CASES + random_conv_cases())
+def test_conv_gradients_algorithms_and_torch(shape, cfg):
+    layer, params = build("Convolution", [shape], **cfg)
+    x = np.random.default_rng(1).standard_normal(shape)
+    gradcheck(layer, [x], params)  # also checks that every algorithm agrees
+    names = [a.name for a in layer.algorithms("forward")]
+    assert names == [a.name for a in layer.algorithms("backward")]
+    assert names[:2] == ["im2col", "im2col_chunked"] and names[2:] in ([], ["direct"])
+    dy = np.random.default_rng(2).standard_normal(layer.top_shapes[0])
+    y, dx, dp = torch_grads(torch_conv(layer), x, params, dy)
+    for name in names:
+        algo = [a for a in layer.algorithms("forward") if a.name == name][0]
+        np.testing.assert_allclose(forward(layer, [x], params, algo=algo)[0], y, atol=1e-12)
+        algo = [a for a in layer.algorithms("backward") if a.name == name][0]
+        bg, pg = backward(layer, [x], [y], [dy], params, algo=algo)
+        np.testing.assert_allclose(bg[0], dx, atol=1e-12, err_msg=name)
+        for k in params:
+            np.testing.assert_allclose(pg[k], dp[k], atol=1e-12, err_msg=f"{name} {k}")
+
+
+@pytest.mark.parametrize("shape,cfg", CONV_CASES[1:6])
+def test_conv_workspace_declared_exactly(shape, cfg):
+    layer, params = build("Convolution", [shape], **cfg)
+    assert_workspace_exact(layer, np.random.default_rng(0).standard_normal(shape), params)
+
+
+def test_conv_workspaces_ordered():
+    layer, _ = build("Convolution", [(4, 8, 10, 10)], np.float32, num_output=8, kernel_size=3, pad=1)
+    for phase in ("forward", "backward"):
+        ws = {a.name: a.workspace for a in layer.algorithms(phase)}
+        assert ws["im2col"] > ws["im2col_chunked"] > ws["direct"] > 0, (phase, ws)
+    pointwise, _ = build("Convolution", [(4, 8, 10, 10)], np.float32, num_output=8, kernel_size=1)
+    assert [a.workspace for a in pointwise.algorithms("forward")][1] == 0
+
+
+def test_conv_skips_bottom_gradient_when_not_needed():
+    shape, cfg = CONV_CASES[3]
+    layer, params = build("Convolution", [shape], **cfg)
+    x = np.random.default_rng(0).standard_normal(shape)
+    dy = np.random.default_rng(1).standard_normal(layer.top_shapes[0])
+    ref = backward(layer, [x], [None], [dy], params)[1]
+    for algo in layer.algorithms("backward"):
+        grads = {k: np.full_like(v, np.nan) for k, v in params.items()}
+        ctx = Context(np, workspace=np.zeros(algo.workspace, np.uint8), algo=algo.name)
+        layer.backward(ctx, [x], [None], [dy], [None], params, grads)
+        for k in params:
+            np.testing.assert_allclose(grads[k], ref[k], atol=1e-12, err_msg=algo.name)
+
+
+@pytest.mark.parametrize("kernel", [3, 1])
+def test_conv_allocates_nothing_big(kernel):
+    shape = (8, 16, 64, 64)  # 2 MiB of float32
+    layer, params = build("Convolution", [shape], np.float32, num_output=16, kernel_size=kernel,
+                          pad=kernel // 2)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for algo in [a.name for a in layer.algorithms("forward")]:
+        assert peak_allocation(only(layer, algo), [x], params) < 256 * KIB, algo
+
+
+def test_conv_declarations_and_cost():
+    layer, params = build("Convolution", [(2, 4, 9, 8)], num_output=6, kernel_size=[3, 2],
+                          stride=2, pad=1, group=2)
+    assert layer.top_shapes == [(2, 6, 5, 5)]  # (9+2-3)//2+1, (8+2-2)//2+1
+    specs = {p.name: p for p in layer.param_specs()}
+    assert specs["weight"].shape == (6, 2, 3, 2) and specs["weight"].fan_in == 2 * 3 * 2
+    assert specs["bias"].shape == (6,)
+    assert layer.backward_reads() == ((0,), ()) and not layer.INPLACE and not layer.CHEAP
+    cost = layer.cost()
+    assert cost.fwd_flops == 2 * 2 * 6 * 5 * 5 * 2 * 3 * 2 and cost.bwd_flops == 2 * cost.fwd_flops
+    no_bias, _ = build("Convolution", [(2, 4, 9, 8)], num_output=6, kernel_size=3, bias_term=False)
+    assert [p.name for p in no_bias.param_specs()] == ["weight"]
+
+
+@pytest.mark.parametrize("shape,cfg,message", [
+    ((2, 6, 8, 8), dict(num_output=4, kernel_size=3, group=4),
+     "6 input channels are not divisible by group 4"),
+    ((2, 6, 8, 8), dict(num_output=4, kernel_size=3, group=3), "num_output 4 is not divisible by group 3"),
+    ((2, 3, 2, 2), dict(num_output=4, kernel_size=3),
+     r"input 2x2 \(pad \[0, 0\]\) is smaller than the kernel's extent 3x3"),
+    ((2, 3, 4, 4), dict(num_output=4, kernel_size=3, dilation=2), "smaller than the kernel's extent 5x5"),
+    ((2, 3, 8), dict(num_output=4, kernel_size=3), r"expects a 4-D bottom"),
+])
+def test_conv_errors(shape, cfg, message):
+    with pytest.raises(LayerError, match=message):
+        build("Convolution", [shape], **cfg)
+
+
+# -- Pooling -----------------------------------------------------------------------------------
+
+POOL_CASES = [
+    ((2, 3, 6, 6), dict(kernel_size=3, stride=2)),          # ceil: the last window hangs over
+    ((2, 3, 7, 7), dict(kernel_size=3, stride=2, pad=1)),
+    ((2, 2, 5, 5), dict(kernel_size=2, stride=2, pad=1)),   # a window of padding only is dropped
+    ((2, 3, 7, 6), dict(kernel_size=[3, 2], stride=[2, 1], pad=[1, 0])),
+    ((2, 2, 5, 5), dict(kernel_size=2)),                    # overlapping windows
+    ((2, 3, 5, 4), dict(global_pooling=True)),
+]
+
+
+def torch_pool(layer):
+    c, (_, _, h, w) = layer.cfg, layer.bottom_shapes[0]
+    kernel = (h, w) if c["global_pooling"] else c["kernel_size"]
+    if c["pool"] == "MAX":
+        return lambda x: F.max_pool2d(x, kernel, c["stride"], c["pad"], ceil_mode=True)
+    return lambda x: F.avg_pool2d(x, kernel, c["stride"], c["pad"], ceil_mode=True,
+                                  count_include_pad=True)
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+@pytest.mark.parametrize("shape,cfg", POOL_CASES)
+def test_pool_gradients_and_torch(pool, shape, cfg):
+    layer, params = build("Pooling", [shape], pool=pool, **cfg)
+    rng = np.random.default_rng(0)
+    gradcheck(layer, [rng.standard_normal(shape)], params)
+    # Small integers make ties in MAX windows: the gradient goes to the first, as in PyTorch.
+    x = rng.integers(-2, 3, shape).astype(np.float64)
+    dy = rng.standard_normal(layer.top_shapes[0])
+    y, dx, _ = torch_grads(torch_pool(layer), x, {}, dy)
+    assert y.shape == layer.top_shapes[0]
+    np.testing.assert_allclose(forward(layer, [x], params)[0], y, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(backward(layer, [x], [y], [dy], params)[0][0], dx, rtol=1e-14, atol=1e-14)
+
+
+def test_pool_caffe_rounding_by_hand():
+    # H=W=4, k=3, s=2, p=1: Ho = ceil((4+2-3)/2)+1 = 3. Windows start at -1, 1, 3 and end at
+    # min(start+3, H+p=5) = 2, 4, 5, so Caffe divides by 3, 3, 2 along each axis while the image
+    # rows they cover number 2, 3, 1: on ones the output is the outer product of [2/3, 1, 1/2].
+    layer, _ = build("Pooling", [(1, 1, 4, 4)], pool="AVE", kernel_size=3, stride=2, pad=1)
+    ratio = np.array([2 / 3, 1, 1 / 2])
+    np.testing.assert_allclose(forward(layer, [np.ones((1, 1, 4, 4))], {})[0][0, 0],
+                               np.outer(ratio, ratio), rtol=1e-15)
+    # H=5, k=2, s=2, p=1: ceil((5+2-2)/2)+1 = 4, but the 4th window would start at 6-1 = 5 = H,
+    # all padding, so Caffe drops it: Ho = 3. Windows -1..0, 1..2, 3..4 divide by 2, 2, 2 and
+    # see 1, 2, 2 pixels: on ones, the outer product of [1/2, 1, 1].
+    layer, _ = build("Pooling", [(1, 1, 5, 5)], pool="AVE", kernel_size=2, stride=2, pad=1)
+    assert layer.top_shapes == [(1, 1, 3, 3)]
+    ratio = np.array([1 / 2, 1, 1])
+    np.testing.assert_allclose(forward(layer, [np.ones((1, 1, 5, 5))], {})[0][0, 0],
+                               np.outer(ratio, ratio), rtol=1e-15)
+    # H=6, k=3, s=2, no pad: Ho = ceil(3/2)+1 = 3 (floor would give 2). On x[r, c] = 6r + c the
+    # last window sees rows and cols 4..5 and divides by min(4+3, 6) - 4 = 2 per axis:
+    # mean(28, 29, 34, 35) = 31.5, max 35; the first sees 0..2, mean 6+1 = 7, max 6*2+2 = 14.
+    x = np.arange(36.0).reshape(1, 1, 6, 6)
+    for pool, first, last in (("AVE", 7.0, 31.5), ("MAX", 14.0, 35.0)):
+        layer, _ = build("Pooling", [x.shape], pool=pool, kernel_size=3, stride=2)
+        y = forward(layer, [x], {})[0]
+        assert y.shape == (1, 1, 3, 3) and y[0, 0, 0, 0] == first and y[0, 0, 2, 2] == last
+
+
+def test_pool_max_ignores_padding():
+    x = -1 - np.random.default_rng(0).random((1, 2, 5, 5))
+    layer, _ = build("Pooling", [x.shape], pool="MAX", kernel_size=3, stride=2, pad=1)
+    y = forward(layer, [x], {})[0]
+    np.testing.assert_array_equal(y[:, :, 0, 0], x[:, :, :2, :2].max(axis=(2, 3)))
+    assert (y < -1).all()
+
+
+@pytest.mark.parametrize("pool,reduce", [("MAX", np.max), ("AVE", np.mean)])
+def test_pool_global(pool, reduce):
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 4))
+    layer, _ = build("Pooling", [x.shape], pool=pool, global_pooling=True)
+    assert layer.top_shapes == [(2, 3, 1, 1)]
+    np.testing.assert_allclose(forward(layer, [x], {})[0], reduce(x, axis=(2, 3), keepdims=True),
+                               rtol=1e-14)
+
+
+def test_pool_declarations():
+    mx, _ = build("Pooling", [(2, 3, 8, 8)], pool="MAX", kernel_size=2, stride=2)
+    ave, _ = build("Pooling", [(2, 3, 8, 8)], pool="AVE", kernel_size=2, stride=2)
+    assert mx.backward_reads() == ((0,), (0,)) and ave.backward_reads() == ((), ())
+    assert mx.CHEAP and ave.CHEAP and not mx.INPLACE
+    assert mx.param_specs() == [] and mx.algorithms("forward")[0].workspace == 0
+    for layer in (mx, ave):
+        x = np.random.default_rng(0).standard_normal((2, 3, 8, 8))
+        assert_workspace_exact(layer, x, {})
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVE"])
+def test_pool_allocates_nothing_big(pool):
+    shape = (8, 16, 64, 64)
+    layer, _ = build("Pooling", [shape], np.float32, pool=pool, kernel_size=3, stride=2, pad=1)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert peak_allocation(layer, [x], {}) < 256 * KIB
+
+
+@pytest.mark.parametrize("shape,cfg,message", [
+    ((1, 1, 2, 2), dict(kernel_size=3), r"input 2x2 \(pad \[0, 0\]\) is smaller than the 3x3 window"),
+    ((1, 1, 8, 8), dict(kernel_size=2, pad=2), r"pad \[2, 2\] must be smaller than kernel_size"),
+    ((1, 1, 8, 8), dict(), "missing kernel_size"),
+    ((1, 1, 8, 8), dict(global_pooling=True, kernel_size=2), "drop kernel_size"),
+    ((1, 1, 8, 8), dict(global_pooling=True, stride=2), "global_pooling needs stride 1 and pad 0"),
+])
+def test_pool_errors(shape, cfg, message):
+    with pytest.raises(LayerError, match=message):
+        build("Pooling", [shape], **cfg)
+
+
+# -- InnerProduct ------------------------------------------------------------------------------
+
+IP_CASES = [
+    ((3, 4, 2, 2), dict(num_output=5)),
+    ((2, 3, 4), dict(num_output=5, axis=2)),
+    ((2, 3, 4), dict(num_output=2, axis=-2)),
+    ((4, 6), dict(num_output=3, bias_term=False)),
+    ((2, 3), dict(num_output=4, axis=0)),
+]
+
+
+@pytest.mark.parametrize("shape,cfg", IP_CASES)
+def test_inner_product_gradients_and_torch(shape, cfg):
+    layer, params = build("InnerProduct", [shape], **cfg)
+    x = np.random.default_rng(0).standard_normal(shape)
+    gradcheck(layer, [x], params)
+    axis = cfg.get("axis", 1) % len(shape)
+    assert layer.top_shapes == [shape[:axis] + (cfg["num_output"],)]
+    dy = np.random.default_rng(1).standard_normal(layer.top_shapes[0])
+
+    def linear(x, weight, bias=None):
+        return F.linear(x.reshape(*shape[:axis], -1), weight, bias)
+    y, dx, dp = torch_grads(linear, x, params, dy)
+    np.testing.assert_allclose(forward(layer, [x], params)[0], y, atol=1e-12)
+    bg, pg = backward(layer, [x], [y], [dy], params)
+    np.testing.assert_allclose(bg[0], dx, atol=1e-12)
+    for k in params:
+        np.testing.assert_allclose(pg[k], dp[k], atol=1e-12)
+
+
+def test_inner_product_declarations_and_memory():
+    shape = (64, 32, 16, 16)  # 2 MiB of float32
+    layer, params = build("InnerProduct", [shape], np.float32, num_output=10)
+    specs = {p.name: p for p in layer.param_specs()}
+    assert specs["weight"].shape == (10, 32 * 16 * 16) and specs["weight"].fan_in == 32 * 16 * 16
+    assert layer.backward_reads() == ((0,), ()) and not layer.CHEAP and not layer.INPLACE
+    assert layer.cost().fwd_flops == 2 * 64 * 32 * 16 * 16 * 10
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    assert peak_allocation(layer, [x], params) < 256 * KIB
+
+
+def test_inner_product_bad_axis():
+    with pytest.raises(LayerError, match=r"axis 3 is out of range for the 3-D bottom \(2, 3, 4\)"):
+        build("InnerProduct", [(2, 3, 4)], num_output=2, axis=3)

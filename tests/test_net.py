@@ -1,0 +1,98 @@
+"""Whole networks: the Runtime against PyTorch, plan equals run, and the arena owning memory."""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from superneuron import load_net
+from torch_ref import run_torch
+
+# Small sizes so a whole iteration of each net runs in a moment on the CPU.
+SMALL = {
+    "nets/lenet.yaml": {},
+    "nets/alexnet.yaml": {"size": 67, "classes": 10},
+    "nets/vgg16.yaml": {"size": 32, "classes": 10},
+    "nets/googlenet.yaml": {"size": 64, "classes": 10},
+    "nets/resnet.yaml": {"depth": 18, "size": 64, "classes": 10},
+    "nets/resnet_cifar.yaml": {"depth": 20},
+}
+
+
+def feed_for(net, seed=0):
+    rng = np.random.default_rng(seed)
+    data, label = net.input_names
+    x = rng.standard_normal(net.input_shape(data)).astype(np.float32)
+    classes = next(net.graph.tensors[n.bottoms[0]].shape[1] for n in net.graph.losses)
+    y = rng.integers(0, classes, net.input_shape(label)).astype(np.float32)
+    return {data: x, label: y}
+
+
+def small_net(path, batch=2, **kw):
+    overrides = {k: v for k, v in SMALL[path].items()}
+    return load_net(path, overrides=overrides, batch=batch, **kw)
+
+
+@pytest.mark.parametrize("path", ["nets/resnet.yaml", "nets/googlenet.yaml", "nets/lenet.yaml",
+                                  "nets/resnet_cifar.yaml"])
+def test_loss_and_every_gradient_match_pytorch(path):
+    """The loss and every parameter gradient equal PyTorch's for the same weights and inputs,
+    to float32 rounding (ResNet-18 among them)."""
+    net = small_net(path)
+    feed = feed_for(net)
+    loss = net.forward_backward(feed)
+    ref_loss, ref_grads, _ = run_torch(net, feed)
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    learnable = net.learnable_names
+    assert set(ref_grads) == set(learnable)
+    for name in learnable:
+        g, r = net.grad(name), ref_grads[name]
+        scale = max(np.abs(r).max(), 1e-3)
+        np.testing.assert_allclose(g, r, rtol=0, atol=2e-4 * scale, err_msg=name)
+
+
+@pytest.mark.parametrize("path", sorted(SMALL))
+def test_plan_equals_run(path):
+    """The Runtime's arena reaches exactly the Simulator's peak and high-water mark."""
+    net = small_net(path, batch=1)
+    net.forward_backward(feed_for(net))
+    plan = net.plans["train"]
+    assert net.runtime.peak_bytes == plan.peak_bytes
+    assert net.runtime.arena_bytes == plan.arena_bytes
+    assert plan.lower_bound_bytes <= plan.peak_bytes <= plan.arena_bytes
+
+
+def test_every_tensor_is_a_view_of_the_arena():
+    net = small_net("nets/resnet_cifar.yaml")
+    net.forward_backward(feed_for(net))
+    buf = net.runtime.arena.buffer
+    for name in net.runtime.resident:
+        assert np.shares_memory(net.runtime.view(name), buf)
+    assert buf.nbytes == net.arena_bytes
+
+
+def test_steady_state_iterations_allocate_only_bookkeeping():
+    """Outside the arena, an iteration allocates only small bookkeeping (views, contexts, the
+    NumPy buffers of strided ufuncs — at most a few hundred KiB, independent of the batch),
+    far below the net's activations."""
+    net = small_net("nets/resnet_cifar.yaml", batch=8)
+    feed = feed_for(net)
+    net.forward_backward(feed)
+    tracemalloc.start()
+    try:
+        net.forward_backward(feed, iteration=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    activations = sum(t.nbytes for t in net.graph.tensors.values() if t.kind == "data")
+    assert peak < 512 * 1024 and peak < activations / 10, (peak, activations)
+
+
+def test_same_seed_same_result_and_api_round_trips():
+    a, b = small_net("nets/lenet.yaml", seed=3), small_net("nets/lenet.yaml", seed=3)
+    feed = feed_for(a)
+    assert a.forward_backward(feed) == b.forward_backward(feed)
+    w = np.full_like(a.param("ip2/weight"), 0.5)
+    a.set_param("ip2/weight", w)
+    np.testing.assert_array_equal(a.param("ip2/weight"), w)
+    assert a.blob("ip2").shape == (2, 10)

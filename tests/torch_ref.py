@@ -1,0 +1,102 @@
+"""A PyTorch interpreter of a superneuron Graph: the same layers, the same weights, autograd.
+
+The oracle for whole-network tests: run a net here and in PyTorch on the same inputs and
+compare the loss and every parameter gradient."""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def _dropout_scale(net, node, iteration=0):
+    """The mask times 1/(1-p) that superneuron's Dropout draws for this node and iteration."""
+    from superneuron.layers.base import Context
+    from superneuron.runtime.executor import step_seed
+    layer = node.layer
+    algo = layer.algorithms("forward")[0]
+    ctx = Context(np, train=True, workspace=np.zeros(max(algo.workspace, 1), np.uint8), algo=algo.name,
+                  seed=step_seed(net.seed, iteration, node.index), backend=net.backend)
+    ones = np.ones(layer.bottom_shapes[0], dtype=layer.dtype)
+    out = np.empty_like(ones)
+    layer.forward(ctx, [ones], [out], {})
+    return out
+
+
+def run_torch(net, feed, dtype=torch.float32):
+    """Forward and backward of ``net``'s graph in PyTorch with ``net``'s current parameters.
+
+    Returns ``(loss, {param name: gradient}, {tensor name: value})``."""
+    graph = net.graph
+    values, params = {}, {}
+    for node in graph.nodes:
+        for k, t in node.params.items():
+            params[t] = torch.tensor(net.param(t), dtype=dtype,
+                                     requires_grad=graph.tensors[t].kind == "param")
+    loss = 0.0
+    for node in graph.nodes:
+        layer, cfg = node.layer, node.layer.cfg
+        xs = [values[b] for b in node.bottoms]
+        p = {k: params[t] for k, t in node.params.items()}
+        kind = layer.type
+        if kind in ("Input", "Data"):
+            outs = [torch.tensor(np.asarray(feed[t]), dtype=dtype) for t in node.tops]
+        elif kind == "Split":
+            outs = [xs[0]] * len(node.tops)
+        elif kind == "Convolution":
+            outs = [F.conv2d(xs[0], p["weight"], p.get("bias"), cfg["stride"], cfg["pad"],
+                             cfg["dilation"], cfg["group"])]
+        elif kind == "Pooling":
+            x = xs[0]
+            if cfg["global_pooling"]:
+                outs = [x.amax((2, 3), keepdim=True) if cfg["pool"] == "MAX" else x.mean((2, 3), keepdim=True)]
+            elif cfg["pool"] == "MAX":
+                outs = [F.max_pool2d(x, cfg["kernel_size"], cfg["stride"], cfg["pad"], ceil_mode=True)]
+            else:
+                outs = [F.avg_pool2d(x, cfg["kernel_size"], cfg["stride"], cfg["pad"], ceil_mode=True,
+                                     count_include_pad=True)]
+        elif kind == "InnerProduct":
+            outs = [F.linear(xs[0].flatten(cfg["axis"]), p["weight"], p.get("bias"))]
+        elif kind == "ReLU":
+            slope = cfg["negative_slope"]
+            outs = [F.leaky_relu(xs[0], slope) if slope else F.relu(xs[0])]
+        elif kind == "BatchNorm":
+            mean, var = params[node.params["mean"]].clone(), params[node.params["variance"]].clone()
+            outs = [F.batch_norm(xs[0], mean, var, training=not cfg["use_global_stats"],
+                                 momentum=1 - cfg["moving_average_fraction"], eps=cfg["eps"])]
+        elif kind == "Scale":
+            shape = [1] * xs[0].dim()
+            shape[cfg["axis"]] = -1
+            y = xs[0] * p["weight"].reshape(shape)
+            outs = [y + p["bias"].reshape(shape) if "bias" in p else y]
+        elif kind == "Eltwise":
+            op = cfg["operation"]
+            if op == "SUM":
+                coeff = cfg["coeff"] or (1.0,) * len(xs)
+                outs = [sum(c * x for c, x in zip(coeff, xs))]
+            elif op == "PROD":
+                y = xs[0]
+                for x in xs[1:]:
+                    y = y * x
+                outs = [y]
+            else:
+                outs = [torch.stack(xs).amax(0)]
+        elif kind == "Dropout":
+            outs = [xs[0] * torch.tensor(_dropout_scale(net, node), dtype=dtype)]
+        elif kind == "Concat":
+            outs = [torch.cat(xs, cfg["axis"])]
+        elif kind == "LRN":
+            outs = [F.local_response_norm(xs[0], cfg["local_size"], cfg["alpha"], cfg["beta"], cfg["k"])]
+        elif kind == "Softmax":
+            outs = [F.softmax(xs[0], cfg["axis"])]
+        elif kind == "SoftmaxWithLoss":
+            outs = [F.cross_entropy(xs[0], xs[1].long(), ignore_index=-1)]
+            loss = loss + node.loss_weight * outs[0]
+        elif kind == "Accuracy":
+            outs = [torch.zeros(())]
+        else:
+            raise NotImplementedError(kind)
+        for t, v in zip(node.tops, outs):
+            values[t] = v
+    loss.backward()
+    grads = {t: v.grad.numpy() for t, v in params.items() if v.grad is not None}
+    return float(loss), grads, values
