@@ -99,4 +99,4 @@ def run_torch(net, feed, dtype=torch.float32):
             values[t] = v
     loss.backward()
     grads = {t: v.grad.numpy() for t, v in params.items() if v.grad is not None}
-    return float(loss), grads, values
+    return float(loss.detach()), grads, values
