@@ -1,0 +1,220 @@
+"""Softmax, SoftmaxWithLoss and Accuracy: the layers at the head of a classifier.
+
+Scores are ``(N, C)`` or ``(N, C, H, W)`` with the classes on axis 1; labels are ``(N,)`` or
+``(N, H, W)``, floats holding class indices. A negative label (the padding of the last, partial
+test batch is -1) or one equal to ``ignore_label`` is left out of the loss and the accuracy.
+Both write a 0-d top. The kernels view scores as ``(N, C, L)``, the spatial dims flattened.
+"""
+
+import numpy as np
+
+from . import register
+from .base import Algo, Cost, Key, Layer, workspace_bytes
+from .join import shape_str
+from .norm import _ncl
+
+
+def _softmax(xp, x, y, room):
+    """``y = softmax(x)`` over axis 1 of (N, C, L) arrays (``y`` may be ``x``), using ``room``,
+    an (N, 1, L) scratch, for the maximum and the sum."""
+    xp.max(x, axis=1, keepdims=True, out=room)
+    xp.subtract(x, room, out=y)  # shifted so that exp cannot overflow
+    xp.exp(y, out=y)
+    xp.sum(y, axis=1, keepdims=True, out=room)
+    y /= room
+
+
+def _gather(xp, flat, positions, out):
+    """``out = flat[positions]`` for positions known to be in range, without a hidden copy:
+    NumPy buffers ``out`` in its default bounds-checking mode; CuPy has no mode and no buffer."""
+    if xp is np:
+        return np.take(flat, positions, out=out, mode="clip")
+    return xp.take(flat, positions, out=out)
+
+
+@register
+class Softmax(Layer):
+    """``y = exp(x) / sum(exp(x))`` along ``axis``. Its backward reads only the top."""
+
+    KEYS = {"axis": Key("int", 1, doc="the axis of the classes (negative counts from the end)")}
+    INPLACE = True
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        shape, axis = tuple(bottom_shapes[0]), self.cfg["axis"]
+        if not -len(shape) <= axis < len(shape):
+            self.fail(f"axis {axis} is out of range for the {len(shape)}-D bottom {shape_str(shape)}")
+        self.ncl = _ncl(shape, axis % len(shape))
+        return [shape]
+
+    def backward_reads(self):
+        return (), (0,)
+
+    def algorithms(self, phase):
+        n, _, l = self.ncl
+        return [Algo("default", workspace_bytes(((n, 1, l), self.dtype)))]
+
+    def forward(self, ctx, bottoms, tops, params):
+        n, _, l = self.ncl
+        _softmax(ctx.xp, bottoms[0].reshape(self.ncl), tops[0].reshape(self.ncl),
+                 ctx.scratch((n, 1, l), self.dtype))
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        # dx = y * (dy - sum(dy * y over the axis)); dx may be dy itself
+        if bottom_grads[0] is None:
+            return
+        xp, (n, _, l) = ctx.xp, self.ncl
+        y, dy = tops[0].reshape(self.ncl), top_grads[0].reshape(self.ncl)
+        dx = bottom_grads[0].reshape(self.ncl)
+        dot = ctx.scratch((n, 1, l), self.dtype)
+        # the N*L dot products over the axis as one batched matmul: no (N, C, L) product formed
+        yt, dyt = y.transpose(0, 2, 1), dy.transpose(0, 2, 1)
+        xp.matmul(dyt[:, :, None, :], yt[:, :, :, None], out=dot.reshape(n, l, 1, 1))
+        xp.subtract(dy, dot, out=dx)
+        dx *= y
+
+
+class _ScoresAndLabels(Layer):
+    """Scores ``(N, C, ...)`` and labels ``(N, ...)`` in, a 0-d top out."""
+
+    BOTTOMS = (2, 2)
+    LABEL_BOTTOMS = (1,)
+
+    def setup(self, bottom_shapes):
+        scores, labels = (tuple(s) for s in bottom_shapes)
+        if len(scores) < 2:
+            self.fail(f"scores must be (N, C) or (N, C, H, W), got {shape_str(scores)}")
+        expected = scores[:1] + scores[2:]
+        if labels != expected:
+            self.fail(f"labels {shape_str(labels)} do not match scores {shape_str(scores)}: "
+                      f"expected labels {shape_str(expected)}")
+        self.ncl = _ncl(scores)
+        return [()]
+
+    def cost(self):
+        e, item = int(np.prod(self.ncl)), self.dtype.itemsize
+        return Cost(4.0 * e, 4.0 * e, float(e * item), float(2 * e * item))
+
+    def _label_room(self):
+        """Workspace for :meth:`_labels`: positions, a mask and the weights, one of each per label."""
+        n, _, l = self.ncl
+        return [((n, l), np.int64), ((n, l), np.bool_), ((n, l), self.dtype)]
+
+    def _labels(self, ctx, labels):
+        """``(positions, valid)``: for each label, the flat index of its class's score in the
+        (N, C, L) scores (class 0 where ignored), and 1.0 where it counts, 0.0 where not."""
+        xp, (n, c, l) = ctx.xp, self.ncl
+        idx, ok, valid = (ctx.scratch(shape, dtype) for shape, dtype in self._label_room())
+        xp.copyto(idx, labels.reshape(n, l), casting="unsafe")  # float class numbers → ints
+        xp.greater_equal(idx, 0, out=ok)
+        if self.cfg["ignore_label"] >= 0:
+            xp.not_equal(idx, self.cfg["ignore_label"], out=valid)
+            xp.logical_and(ok, valid, out=ok)
+        idx *= ok
+        top = int(idx.max())  # a sync on the GPU, as reading the loss back is anyway
+        if top >= c:
+            self.fail(f"label {top} is out of range for {c} classes")
+        xp.copyto(valid, ok)
+        idx += (xp.arange(n) * c)[:, None]
+        idx *= l
+        idx += xp.arange(l)
+        return idx, valid
+
+
+@register
+class SoftmaxWithLoss(_ScoresAndLabels):
+    """The mean cross-entropy of softmax(scores) against the labels: ``-log p[label]``, averaged
+    over the labels that count (``normalize``) or divided by N (``normalize: false``)."""
+
+    KEYS = {
+        "ignore_label": Key("int", -1, doc="a label left out of the loss (negatives always are)"),
+        "normalize": Key("bool", True, doc="divide by the number of labels that count, else by N"),
+    }
+    LOSS = True
+    CHEAP = True
+
+    def backward_reads(self):
+        return (0, 1), ()
+
+    def algorithms(self, phase):
+        n, _, l = self.ncl
+        room = ((n, 1, l), self.dtype)
+        if phase == "forward":
+            return [Algo("default", workspace_bytes(*self._label_room(), (self.ncl, self.dtype), room, room))]
+        return [Algo("default", workspace_bytes(*self._label_room(), room))]
+
+    def _denominator(self, xp, valid):
+        if self.cfg["normalize"]:
+            return xp.maximum(valid.sum(), 1.0)  # stays on the device: no sync
+        return float(self.ncl[0])
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp, (n, _, l) = ctx.xp, self.ncl
+        x = bottoms[0].reshape(self.ncl)
+        positions, valid = self._labels(ctx, bottoms[1])
+        e = ctx.scratch(self.ncl, self.dtype)
+        peak, lse = ctx.scratch((n, 1, l), self.dtype), ctx.scratch((n, 1, l), self.dtype)
+        xp.max(x, axis=1, keepdims=True, out=peak)
+        xp.subtract(x, peak, out=e)
+        xp.exp(e, out=e)
+        xp.sum(e, axis=1, keepdims=True, out=lse)
+        xp.log(lse, out=lse)
+        lse += peak  # log sum exp(x), computed without overflow
+        nll = lse.reshape(n, l)
+        nll -= _gather(xp, x.reshape(-1), positions, peak.reshape(n, l))  # -log p[label]
+        nll *= valid
+        tops[0][...] = nll.sum() / self._denominator(xp, valid)
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        # dx = weight * (softmax(x) - onehot(label)) / count, 0 where the label is ignored
+        dx = bottom_grads[0]
+        if dx is None:
+            return
+        xp, (n, _, l) = ctx.xp, self.ncl
+        positions, valid = self._labels(ctx, bottoms[1])
+        dx, room = dx.reshape(self.ncl), ctx.scratch((n, 1, l), self.dtype)
+        _softmax(xp, bottoms[0].reshape(self.ncl), dx, room)
+        flat, picked = dx.reshape(-1), room.reshape(n, l)
+        _gather(xp, flat, positions, picked)
+        picked -= 1.0
+        xp.put(flat, positions, picked)  # positions are distinct: one per (sample, pixel)
+        valid *= top_grads[0] / self._denominator(xp, valid)
+        dx *= valid[:, None, :]
+
+
+@register
+class Accuracy(_ScoresAndLabels):
+    """The fraction of labels that count whose class is among the ``top_k`` highest scores:
+    as Caffe, a label is right when fewer than ``top_k`` classes score strictly higher."""
+
+    KEYS = {
+        "top_k": Key("int", 1),
+        "ignore_label": Key("int", -1, doc="a label left out (negatives always are)"),
+    }
+    BACKWARD = False
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        tops = super().setup(bottom_shapes)
+        if not 1 <= self.cfg["top_k"] <= self.ncl[1]:
+            self.fail(f"top_k must be between 1 and the {self.ncl[1]} classes, got {self.cfg['top_k']}")
+        return tops
+
+    def backward_reads(self):
+        return (), ()
+
+    def algorithms(self, phase):
+        n, _, l = self.ncl
+        return [Algo("default", workspace_bytes(*self._label_room(), ((n, l), self.dtype),
+                                                (self.ncl, np.bool_)))]
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp, (n, _, l) = ctx.xp, self.ncl
+        x = bottoms[0].reshape(self.ncl)
+        positions, valid = self._labels(ctx, bottoms[1])
+        truth = _gather(xp, x.reshape(-1), positions, ctx.scratch((n, l), self.dtype))
+        higher = xp.greater(x, truth[:, None, :], out=ctx.scratch(self.ncl, np.bool_))
+        above = xp.sum(higher, axis=1, out=positions)  # positions are no longer needed
+        right = xp.less(above, self.cfg["top_k"], out=truth)
+        right *= valid
+        tops[0][...] = right.sum() / xp.maximum(valid.sum(), 1.0)

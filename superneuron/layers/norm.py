@@ -1,0 +1,252 @@
+"""BatchNorm, Scale and LRN: normalisation layers over the channel axis (axis 1).
+
+As in Caffe, BatchNorm only normalises (``x_hat = (x - mean) / sqrt(var + eps)``) and the
+learned per-channel affine map is a separate Scale layer after it. Every kernel views its
+bottom as ``(N, C, L)``: the dims before the channel axis, the channels, and the dims after it
+flattened, so one code path serves ``(N, C)`` and ``(N, C, H, W)`` bottoms.
+
+Per-channel sums of a product (``sum over N, L of a * b``) are taken as N*C small dot products
+by one batched ``matmul`` into an (N, C) scratch, so no bottom-sized product is formed.
+"""
+
+import numpy as np
+
+from . import register
+from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .join import shape_str
+
+
+def _ncl(shape, axis=1):
+    """``(N, C, L)``: the sizes before, at and after ``axis``."""
+    return (int(np.prod(shape[:axis], dtype=np.int64)), int(shape[axis]),
+            int(np.prod(shape[axis + 1:], dtype=np.int64)))
+
+
+def _channel_dot(xp, a, b, scratch, out=None):
+    """``sum(a * b)`` over axes 0 and 2 of two (N, C, L) arrays, through an (N, C) scratch."""
+    n, c, _ = a.shape
+    xp.matmul(a[:, :, None, :], b[:, :, :, None], out=scratch.reshape(n, c, 1, 1))
+    return scratch.sum(axis=0, out=out)
+
+
+@register
+class BatchNorm(Layer):
+    """Normalise each channel by its batch statistics (training) or by running statistics
+    (``use_global_stats``, and always outside training); no scale or shift (see Scale).
+
+    Training updates ``running = f * running + (1 - f) * batch`` (unbiased batch variance) once
+    per iteration: a recomputed forward (``ctx.recompute``) leaves the running statistics alone.
+    The backward reads only the top (x_hat) and the per-channel ``saved_invstd`` that the
+    forward keeps, so the layer may run in place."""
+
+    KEYS = {
+        "use_global_stats": Key("bool", False, doc="normalise with the running statistics even "
+                                "in training (they are always used outside training)"),
+        "moving_average_fraction": Key("float", 0.999, doc="f in running = f*running + (1-f)*batch"),
+        "eps": Key("float", 1e-5, doc="added to the variance"),
+    }
+    INPLACE = True
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        shape = tuple(bottom_shapes[0])
+        if len(shape) < 2:
+            self.fail(f"needs a bottom of at least 2 dims (N, C, ...), got {shape_str(shape)}")
+        f, eps = self.cfg["moving_average_fraction"], self.cfg["eps"]
+        if not 0.0 <= f <= 1.0:
+            self.fail(f"moving_average_fraction must be in [0, 1], got {f}")
+        if eps <= 0:
+            self.fail(f"eps must be > 0, got {eps}")
+        self.ncl = _ncl(shape)
+        return [shape]
+
+    def param_specs(self):
+        c = (self.ncl[1],)
+        return [ParamSpec("mean", c, parse_filler({"type": "constant", "value": 0}), learnable=False),
+                ParamSpec("variance", c, parse_filler({"type": "constant", "value": 1}), learnable=False),
+                ParamSpec("saved_invstd", c, parse_filler({"type": "constant", "value": 1}),
+                          learnable=False)]
+
+    def backward_reads(self):
+        return (), (0,)
+
+    def algorithms(self, phase):
+        if self.cfg["use_global_stats"]:
+            return [Algo("default", 0)]
+        # forward: the per-sample variance terms; backward: a bottom-sized product, since the
+        # bottom gradient may be the top gradient itself
+        room = self.ncl[:2] if phase == "forward" else self.ncl
+        return [Algo("default", workspace_bytes((room, self.dtype)))]
+
+    def _global(self, ctx):
+        return self.cfg["use_global_stats"] or not ctx.train
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp, eps = ctx.xp, self.cfg["eps"]
+        x, y = bottoms[0].reshape(self.ncl), tops[0].reshape(self.ncl)
+        if self._global(ctx):
+            invstd = 1.0 / xp.sqrt(params["variance"] + eps)
+            xp.subtract(x, params["mean"][:, None], out=y)
+            y *= invstd[:, None]
+            return
+        n, c, l = self.ncl
+        m = n * l
+        mean = x.mean(axis=(0, 2))
+        xp.subtract(x, mean[:, None], out=y)
+        var = _channel_dot(xp, y, y, ctx.scratch((n, c), self.dtype)) / m  # biased
+        invstd = params["saved_invstd"]
+        xp.sqrt(var + eps, out=invstd)
+        xp.reciprocal(invstd, out=invstd)
+        y *= invstd[:, None]
+        if not ctx.recompute:
+            f = self.cfg["moving_average_fraction"]
+            for running, batch in ((params["mean"], mean), (params["variance"], var * (m / max(m - 1, 1)))):
+                running *= f
+                running += (1.0 - f) * batch
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        if bottom_grads[0] is None:
+            return
+        xp = ctx.xp
+        dy, dx = top_grads[0].reshape(self.ncl), bottom_grads[0].reshape(self.ncl)
+        if self._global(ctx):
+            xp.multiply(dy, 1.0 / xp.sqrt(params["variance"][:, None] + self.cfg["eps"]), out=dx)
+            return
+        # dx = invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat)); dx may be dy itself
+        x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
+        tmp = ctx.scratch(self.ncl, self.dtype)
+        mean_dy = dy.mean(axis=(0, 2))
+        mean_dyx = xp.multiply(dy, x_hat, out=tmp).mean(axis=(0, 2))
+        xp.multiply(x_hat, mean_dyx[:, None], out=tmp)
+        xp.subtract(dy, tmp, out=dx)
+        dx -= mean_dy[:, None]
+        dx *= invstd[:, None]
+
+
+@register
+class Scale(Layer):
+    """``y = x * weight (+ bias)``, one weight (and bias) per index of ``axis``, broadcast over
+    the other dims. Its backward reads its bottom (for the weight gradient): not in place."""
+
+    KEYS = {
+        "axis": Key("int", 1, doc="the axis the weight runs along (negative counts from the end)"),
+        "bias_term": Key("bool", False),
+        "filler": Key("filler", {"type": "constant", "value": 1}, doc="initial weight"),
+        "bias_filler": Key("filler", "constant", doc="initial bias"),
+    }
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        shape, axis = tuple(bottom_shapes[0]), self.cfg["axis"]
+        if not -len(shape) <= axis < len(shape):
+            self.fail(f"axis {axis} is out of range for the {len(shape)}-D bottom {shape_str(shape)}")
+        self.ncl = _ncl(shape, axis % len(shape))
+        return [shape]
+
+    def param_specs(self):
+        c = (self.ncl[1],)
+        specs = [ParamSpec("weight", c, self.cfg["filler"])]
+        if self.cfg["bias_term"]:
+            specs.append(ParamSpec("bias", c, self.cfg["bias_filler"]))
+        return specs
+
+    def backward_reads(self):
+        return (0,), ()
+
+    def algorithms(self, phase):
+        if phase == "forward":
+            return [Algo("default", 0)]
+        return [Algo("default", workspace_bytes((self.ncl[:2], self.dtype)))]
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp = ctx.xp
+        y = tops[0].reshape(self.ncl)
+        xp.multiply(bottoms[0].reshape(self.ncl), params["weight"][:, None], out=y)
+        if self.cfg["bias_term"]:
+            y += params["bias"][:, None]
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        xp = ctx.xp
+        dy, x = top_grads[0].reshape(self.ncl), bottoms[0].reshape(self.ncl)
+        _channel_dot(xp, dy, x, ctx.scratch(self.ncl[:2], self.dtype), out=param_grads["weight"])
+        if self.cfg["bias_term"]:
+            xp.sum(dy, axis=(0, 2), out=param_grads["bias"])
+        if bottom_grads[0] is not None:
+            xp.multiply(dy, params["weight"][:, None], out=bottom_grads[0].reshape(self.ncl))
+
+
+@register
+class LRN(Layer):
+    """Local response normalisation across channels (Caffe's ACROSS_CHANNELS):
+    ``y = x / (k + alpha/n * sum of x^2 over the n channels centred on this one)^beta``,
+    the window clipped at the first and last channel."""
+
+    KEYS = {
+        "local_size": Key("int", 5, doc="n, the window of channels (odd)"),
+        "alpha": Key("float", 1.0),
+        "beta": Key("float", 0.75),
+        "k": Key("float", 1.0),
+    }
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        shape, n = tuple(bottom_shapes[0]), self.cfg["local_size"]
+        if len(shape) < 2:
+            self.fail(f"needs a bottom of at least 2 dims (N, C, ...), got {shape_str(shape)}")
+        if n < 1 or n % 2 == 0:
+            self.fail(f"local_size must be a positive odd number, got {n}")
+        if self.cfg["k"] <= 0:
+            self.fail(f"k must be > 0, got {self.cfg['k']}")
+        self.ncl = _ncl(shape)
+        return [shape]
+
+    def backward_reads(self):
+        return (0,), (0,)
+
+    def algorithms(self, phase):
+        count = 1 if phase == "forward" else 2  # x^2 / the scale, and the backward's window terms
+        return [Algo("default", workspace_bytes(*[(self.ncl, self.dtype)] * count))]
+
+    def cost(self):
+        e = int(np.prod(self.ncl))
+        item, n = self.dtype.itemsize, self.cfg["local_size"]
+        return Cost(e * (n + 6), e * (2 * n + 12), 2 * e * item, 4 * e * item)
+
+    def _window_sum(self, xp, src, dst):
+        """``dst[:, c] = sum of src[:, c - n//2 .. c + n//2]`` (channels outside count as 0)."""
+        xp.copyto(dst, src)
+        for o in range(1, self.cfg["local_size"] // 2 + 1):
+            dst[:, o:] += src[:, :-o]
+            dst[:, :-o] += src[:, o:]
+
+    def _scale(self, xp, x, sq, out):
+        """``out = k + alpha/n * window sum of x^2``, with ``sq`` as room for x^2."""
+        xp.multiply(x, x, out=sq)
+        self._window_sum(xp, sq, out)
+        out *= self.cfg["alpha"] / self.cfg["local_size"]
+        out += self.cfg["k"]
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp = ctx.xp
+        x, y = bottoms[0].reshape(self.ncl), tops[0].reshape(self.ncl)
+        self._scale(xp, x, ctx.scratch(self.ncl, self.dtype), y)
+        xp.power(y, -self.cfg["beta"], out=y)
+        y *= x
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        # dx = dy * scale^-beta - 2*alpha*beta/n * x * window sum of (dy * y / scale)
+        if bottom_grads[0] is None:
+            return
+        xp, ncl = ctx.xp, self.ncl
+        x, y, dy = bottoms[0].reshape(ncl), tops[0].reshape(ncl), top_grads[0].reshape(ncl)
+        dx = bottom_grads[0].reshape(ncl)
+        tmp, scale = ctx.scratch(ncl, self.dtype), ctx.scratch(ncl, self.dtype)
+        self._scale(xp, x, tmp, scale)
+        xp.multiply(dy, y, out=tmp)
+        tmp /= scale
+        self._window_sum(xp, tmp, dx)
+        dx *= x
+        dx *= -2.0 * self.cfg["alpha"] * self.cfg["beta"] / self.cfg["local_size"]
+        xp.power(scale, -self.cfg["beta"], out=scale)
+        scale *= dy
+        dx += scale
