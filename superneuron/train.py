@@ -69,8 +69,8 @@ class Trainer:
                     window = _Window()
                     on_event(dict(record, kind="display"))
                     _log(log, record)
-                if self.test_loader is not None and s.test_interval and (
-                        self.iteration % s.test_interval == 0 or self.iteration == s.max_iter):
+                if self.test_loader is not None and (self.iteration == s.max_iter or (
+                        s.test_interval and self.iteration % s.test_interval == 0)):
                     last_test = dict(self.test(), iter=self.iteration)
                     on_event(dict(last_test, kind="test"))
                     _log(log, last_test)

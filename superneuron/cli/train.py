@@ -54,19 +54,22 @@ def run(args):
     from ..train import Trainer
 
     spec = load_spec_from_args(args)
-    data_cfg = _data_config(spec, args, source_config)
     solver = solver_from_args(args, spec)
-    train_set, test_set = open_source(data_cfg)
-    if args.epochs is not None:
-        solver = solver.with_overrides(max_iter=max(1, math.ceil(args.epochs * len(train_set) / _batch(spec))))
+    data_cfg = _data_config(spec, args, source_config)
     optimizer = make_optimizer(solver)
     memory = parse_size(args.memory) if args.memory else None
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory)
     classes = _classes(net)
+    if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
+        data_cfg = _synthetic_like(net, classes, source_config)
+    train_set, test_set = open_source(data_cfg)
     if classes is not None:
         check_labels(train_set, classes, data_cfg["source"])
         check_labels(test_set, classes, data_cfg["source"])
     _check_sample_shape(net, train_set, data_cfg["source"])
+    if args.epochs is not None:
+        iters = max(1, math.ceil(args.epochs * len(train_set) / _batch(spec)))
+        solver = solver.with_overrides(max_iter=iters)  # the optimiser's own copy only sets lr
     batch = _batch(spec)
     train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
     test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
@@ -112,21 +115,27 @@ def _batch(spec):
 
 
 def _data_config(spec, args, source_config):
-    """The data layer's configuration, with ``--data`` replacing its source; for an Input net,
-    ``--data`` or synthetic data shaped like the input."""
+    """The Data layer's configuration with ``--data`` replacing its source, or for an Input net
+    the ``--data`` source (None when there is none: see :func:`_synthetic_like`)."""
     first = spec.layers[0]
     if first.type == "Data":
         if args.data:
             first.cfg.update(source_config(args.data, first.cfg))
         return first.cfg
-    shape = first.cfg["shape"][0]
-    base = {"batch_size": shape[0]}
-    if not args.data:
-        cfg = source_config("synthetic", base)
-        cfg.update(channels=shape[1] if len(shape) > 1 else 1,
-                   size=shape[2] if len(shape) > 2 else 0)
-        return cfg
-    return source_config(args.data, base)
+    if args.data:
+        return source_config(args.data, {"batch_size": first.cfg["shape"][0][0]})
+    return None
+
+
+def _synthetic_like(net, classes, source_config):
+    """Learnable synthetic data with the shape and classes of an Input net."""
+    shape = net.input_shape(net.input_names[0])
+    if len(shape) != 4 or shape[2] != shape[3]:
+        raise SNError(f"input '{net.input_names[0]}' has shape {shape}: pass --data (synthetic data "
+                      f"is made for square images only)")
+    cfg = source_config("synthetic", {"batch_size": shape[0]})
+    cfg.update(channels=shape[1], size=shape[2], classes=classes or 10)
+    return cfg
 
 
 def _classes(net):
