@@ -1,0 +1,85 @@
+"""The same checks on the GPU with CuPy (marked `gpu`; skipped where there is no CUDA device):
+every layer against the CPU path, whole nets against PyTorch, plan equals run, and the arena
+holding every tensor."""
+
+import numpy as np
+import pytest
+
+from layer_harness import build
+from superneuron.layers.base import Context
+
+pytestmark = pytest.mark.gpu
+
+CASES = [
+    ("Convolution", [(2, 3, 9, 9)], dict(num_output=4, kernel_size=3, stride=2, pad=1, group=1)),
+    ("Convolution", [(2, 4, 8, 8)], dict(num_output=4, kernel_size=3, pad=1, group=2, dilation=2)),
+    ("Pooling", [(2, 3, 9, 9)], dict(pool="MAX", kernel_size=3, stride=2)),
+    ("Pooling", [(2, 3, 9, 9)], dict(pool="AVE", kernel_size=3, stride=2, pad=1)),
+    ("InnerProduct", [(2, 3, 4, 4)], dict(num_output=5)),
+    ("ReLU", [(2, 3, 4, 4)], dict(negative_slope=0.1)),
+    ("Dropout", [(2, 3, 4, 4)], dict(dropout_ratio=0.3)),
+    ("BatchNorm", [(4, 3, 4, 4)], dict()),
+    ("Scale", [(2, 3, 4, 4)], dict(bias_term=True)),
+    ("LRN", [(2, 7, 4, 4)], dict(local_size=5)),
+    ("Eltwise", [(2, 3, 4, 4)] * 3, dict(operation="MAX")),
+    ("Concat", [(2, 3, 4, 4), (2, 2, 4, 4)], dict()),
+    ("Softmax", [(2, 5, 3)], dict()),
+]
+
+
+def _run(layer, params, bottoms, xp, backend):
+    from superneuron.backend import get_backend
+    be = get_backend("gpu" if xp is not np else "cpu")
+    f, b = layer.algorithms("forward")[0], layer.algorithms("backward")[0]
+    bottoms = [xp.asarray(x) for x in bottoms]
+    params = {k: xp.asarray(v) for k, v in params.items()}
+    tops = [xp.zeros(s, layer.dtype) for s in layer.top_shapes]
+    layer.forward(Context(xp, workspace=xp.zeros(max(f.workspace, 1), xp.uint8), seed=5, backend=be),
+                  bottoms, tops, params)
+    tg = [xp.asarray(np.random.default_rng(2).standard_normal(s).astype(layer.dtype)) for s in layer.top_shapes]
+    bg = [xp.zeros(s, layer.dtype) for s in layer.bottom_shapes]
+    pg = {p.name: xp.zeros(p.shape, layer.dtype) for p in layer.param_specs() if p.learnable}
+    layer.backward(Context(xp, workspace=xp.zeros(max(b.workspace, 1), xp.uint8), seed=5, backend=be),
+                   bottoms, tops, tg, bg, params, pg)
+    host = be.to_host
+    return [host(t) for t in tops], [host(g) for g in bg], {k: host(v) for k, v in pg.items()}
+
+
+@pytest.mark.parametrize("type_name, shapes, cfg", CASES)
+def test_layer_on_gpu_matches_cpu(type_name, shapes, cfg):
+    import cupy
+    layer, params = build(type_name, shapes, dtype=np.float64, **cfg)
+    rng = np.random.default_rng(1)
+    bottoms = [rng.standard_normal(s) for s in shapes]
+    cpu = _run(layer, params, bottoms, np, None)
+    gpu = _run(layer, params, bottoms, cupy, None)
+    if type_name == "Dropout":  # different generators: compare the statistics and the scaling
+        kept = gpu[0][0] != 0
+        np.testing.assert_allclose(gpu[0][0][kept], bottoms[0][kept] / 0.7)
+        return
+    for a, b in zip(cpu[0] + cpu[1], gpu[0] + gpu[1]):
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-10)
+    for k in cpu[2]:
+        np.testing.assert_allclose(gpu[2][k], cpu[2][k], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("path", ["nets/resnet.yaml", "nets/lenet.yaml"])
+def test_net_on_gpu_matches_pytorch_and_plan_equals_run(path):
+    from test_net import feed_for, small_net
+    from torch_ref import run_torch
+    import cupy
+    net = small_net(path, device="gpu")
+    feed = feed_for(net)
+    loss = net.forward_backward(feed)
+    ref_loss, ref_grads, _ = run_torch(net, feed)
+    assert loss == pytest.approx(ref_loss, rel=1e-4)
+    for name in net.learnable_names:
+        r = ref_grads[name]
+        np.testing.assert_allclose(net.grad(name), r, rtol=0, atol=1e-3 * max(np.abs(r).max(), 1e-3), err_msg=name)
+    plan = net.plans["train"]
+    assert net.runtime.peak_bytes == plan.peak_bytes and net.runtime.arena_bytes == plan.arena_bytes
+    assert isinstance(net.runtime.arena.buffer, cupy.ndarray)
+    for name in net.runtime.resident:
+        view = net.runtime.view(name)
+        base = net.runtime.arena.buffer.data.ptr
+        assert base <= view.data.ptr < base + net.runtime.arena.buffer.nbytes
