@@ -516,7 +516,7 @@ def test_lenet_batch(real):
     spec = load_spec(NETS / "lenet.yaml", batch=16)
     data = spec.layers[0]
     assert data.type == "Data" and data.cfg["batch_size"] == 16 and data.cfg["source"] == "digits"
-    assert data.cfg["size"] == 28 and data.tops == ["data", "label"]
+    assert data.cfg["size"] == 32 and data.cfg["crop"] == 28 and data.tops == ["data", "label"]
 
 
 def test_tiny_fixture(real):
