@@ -34,3 +34,134 @@ def table(rows, headers):
              for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# -- plans (sn-plan) ------------------------------------------------------------------------
+
+def ratio(a, b):
+    """``a / b`` as ``'1.27'`` (``'-'`` when b is 0)."""
+    return f"{a / b:.2f}" if b else "-"
+
+
+def plan_summary(info):
+    """The lines sn-plan prints for the figures in ``info`` (see cli/plan.py's ``figures``)."""
+    arenas = ", ".join(f"{k} {human_bytes(v)} (x{ratio(v, info['peak_bytes'])})"
+                       for k, v in info["arenas"].items())
+    lines = [
+        f"net {info['net']}, batch {info['batch']}, policy {info['policy']}, "
+        f"placement {info['placement']}: {info['steps']} steps",
+        f"peak          {human_bytes(info['peak_bytes'])} at {info['peak_step']}",
+        f"resident      {human_bytes(info['resident_bytes'])} (parameters, their gradients, state)",
+        f"lower bound   {human_bytes(info['lower_bound_bytes'])} "
+        f"(peak / lower bound {ratio(info['peak_bytes'], info['lower_bound_bytes'])})",
+        f"arena         {human_bytes(info['arena_bytes'])} after {info['placement']} placement "
+        f"(arena / peak: {arenas})",
+    ]
+    budget = info["budget_bytes"]
+    if budget is None:
+        lines.append("budget        none given (--memory)")
+    elif info["fits"]:
+        lines.append(f"budget        {human_bytes(budget)}: fits, "
+                     f"{human_bytes(budget - info['arena_bytes'])} to spare")
+    else:
+        over = info["overflow"]
+        lines.append(f"budget        {human_bytes(budget)}: does not fit")
+        lines.append(f"needs {human_bytes(over['needs_bytes'])} at {over['step']}; "
+                     f"budget {human_bytes(budget)} ({human_bytes(over['needs_bytes'] - budget)} over)")
+    return "\n".join(lines)
+
+
+def layers_table(schedule, plan):
+    """Per layer: forward and backward working sets, and the bytes live on the device while
+    each runs (resident included)."""
+    from .scheduler.liveness import Roots
+    from .scheduler.simulate import working_set
+    roots, at = Roots(schedule), {}
+    for i, step in enumerate(schedule.steps):
+        if step.kind in ("forward", "backward"):
+            at[step.kind, step.target] = (working_set(schedule, step, roots),
+                                          plan.resident_bytes + plan.live[i])
+    rows = []
+    for node in schedule.graph.nodes:
+        f, b = at.get(("forward", node.index)), at.get(("backward", node.index))
+        cells = [node.name, node.layer.type]
+        for k in (0, 1):
+            cells += [human_bytes(x[k]) if x else "-" for x in (f, b)]
+        rows.append(cells)
+    return table(rows, ["layer", "type", "fwd working set", "bwd working set", "live at fwd",
+                        "live at bwd"])
+
+
+def steps_table(schedule, plan):
+    """Every step with the device bytes live after it (resident included)."""
+    graph = schedule.graph
+    rows = [(i, step.describe(graph), human_bytes(plan.resident_bytes + plan.live[i]))
+            for i, step in enumerate(schedule.steps)]
+    return table(rows, ["#", "step", "live after"])
+
+
+def write_timeline(path, schedule, plan, budget=None):
+    """A PNG of the device bytes live over the steps, with the lower bound, the arena after
+    placement and the budget as lines."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    gib = 2.0 ** 30
+    fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
+    ax.plot(range(len(plan.live)), [(plan.resident_bytes + x) / gib for x in plan.live],
+            lw=1, color="tab:blue", label="live")
+    ax.axhline(plan.resident_bytes / gib, color="tab:gray", lw=1, ls=":", label="resident")
+    ax.axhline(plan.lower_bound_bytes / gib, color="tab:green", lw=1, ls="--", label="lower bound")
+    ax.axhline(plan.arena_bytes / gib, color="tab:orange", lw=1, ls="-.", label="arena")
+    if budget is not None:
+        ax.axhline(budget / gib, color="tab:red", lw=1.5, label="budget")
+    turn = next((i for i, s in enumerate(schedule.steps) if s.kind == "backward"), None)
+    if turn is not None:
+        ax.axvline(turn, color="black", lw=0.5, alpha=0.4)
+    ax.set_xlabel("step")
+    ax.set_ylabel("GiB on the device")
+    ax.set_title(f"{schedule.graph.name}: policy {schedule.policy}, peak "
+                 f"{human_bytes(plan.peak_bytes)}")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower center", fontsize="small", ncol=5)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def trace_events(schedule, plan):
+    """The schedule as Chrome/Perfetto trace events: one span (``ph: X``) per compute step on
+    a compute track, timed by the Simulator's estimates, and a counter (``ph: C``) of the
+    bytes live."""
+    from .scheduler.simulate import step_seconds
+    graph = schedule.graph
+    events = [{"name": "process_name", "ph": "M", "pid": 0,
+               "args": {"name": f"{graph.name} ({schedule.policy})"}},
+              {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
+    now, last = 0.0, None
+    for i, step in enumerate(schedule.steps):
+        if step.kind in ("alloc", "free"):
+            continue
+        live = plan.resident_bytes + plan.live[i]  # after the Allocs just before this step
+        if live != last:
+            events.append({"name": "device bytes", "ph": "C", "pid": 0, "ts": round(now, 3),
+                           "args": {"live": live}})
+            last = live
+        dur = max(step_seconds(schedule, step) * 1e6, 0.001)
+        args = {"step": i}
+        if step.workspace:
+            args["workspace"] = human_bytes(schedule.tensors[step.workspace].nbytes)
+        events.append({"name": step.describe(graph), "cat": step.kind, "ph": "X", "pid": 0,
+                       "tid": 0, "ts": round(now, 3), "dur": round(dur, 3), "args": args})
+        now += dur
+    if plan.live:
+        events.append({"name": "device bytes", "ph": "C", "pid": 0, "ts": round(now, 3),
+                       "args": {"live": plan.resident_bytes + plan.live[-1]}})
+    return events
+
+
+def write_trace(path, schedule, plan):
+    """Write :func:`trace_events` as a trace file that chrome://tracing and Perfetto open."""
+    import json
+    with open(path, "w") as f:
+        json.dump({"traceEvents": trace_events(schedule, plan), "displayTimeUnit": "ms"}, f)

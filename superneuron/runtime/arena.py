@@ -2,9 +2,10 @@
 
 Resident tensors (parameters, their gradients, optimiser state) are placed first, back to back.
 Scheduled tensors (activations, gradients, workspaces) are placed above them by a best-fit
-allocator with coalescing. The same class plans without memory (``backend=None``): the
-Simulator and the Runtime make the same calls in the same order, so a plan's peak is the
-run's peak to the byte.
+allocator with coalescing, or, when an iteration comes with planned offsets (see
+scheduler/placement.py), at those offsets. The same class plans without memory
+(``backend=None``): the Simulator and the Runtime make the same calls in the same order, so a
+plan's peak is the run's peak to the byte.
 """
 
 import bisect
@@ -41,8 +42,14 @@ class Arena:
         self.resident_end = 0
         self.reset()
 
-    def reset(self):
-        """Forget every scheduled tensor (between iterations); resident ones stay."""
+    def reset(self, offsets=None):
+        """Forget every scheduled tensor (between iterations); resident ones stay.
+
+        ``offsets`` (``name → [offset of each Alloc of it this iteration]``, relative to the end
+        of the resident region) makes this iteration's allocations planned: each goes where the
+        plan put it instead of where best fit would."""
+        self.planned = offsets
+        self.count = {}          # name -> Allocs of it so far this iteration (planned placement)
         self.offsets = {}        # name -> (offset, nbytes) of scheduled tensors
         self.last = {}           # name -> (offset, nbytes) where it was last placed this run
         self.free_blocks = []    # sorted [(offset, size)] below the high-water mark
@@ -67,6 +74,8 @@ class Arena:
         """Place ``name`` in the smallest free hole that holds it, else at the top; its offset."""
         assert name not in self.offsets, f"'{name}' allocated twice"
         size = aligned(nbytes)
+        if self.planned is not None:
+            return self._alloc_planned(name, nbytes, size)
         best = None
         for i, (off, sz) in enumerate(self.free_blocks):
             if sz >= size and (best is None or sz < self.free_blocks[best][1]):
@@ -87,10 +96,23 @@ class Arena:
         self.peak_live = max(self.peak_live, self.live)
         return off
 
+    def _alloc_planned(self, name, nbytes, size):
+        k = self.count.get(name, 0)
+        self.count[name] = k + 1
+        off = self.resident_end + self.planned[name][k]
+        self._check(name, nbytes, off + size)
+        self.high_water = max(self.high_water, off + size)
+        self.offsets[name] = self.last[name] = (off, size)
+        self.live += size
+        self.peak_live = max(self.peak_live, self.live)
+        return off
+
     def free(self, name):
         """Return ``name``'s block, merging it with free neighbours."""
         off, size = self.offsets.pop(name)
         self.live -= size
+        if self.planned is not None:
+            return
         i = bisect.bisect(self.free_blocks, (off, size))
         if i < len(self.free_blocks) and self.free_blocks[i][0] == off + size:
             size += self.free_blocks.pop(i)[1]

@@ -8,6 +8,7 @@ at start-up; scheduled ones are placed as the steps allocate them, each iteratio
 import numpy as np
 
 from ..layers.base import Context
+from ..scheduler.schedule import root
 
 
 def step_seed(seed, iteration, node_index):
@@ -42,27 +43,30 @@ class Runtime:
             self.resident[name][...] = 0
         self.peak_bytes = self.arena.resident_end
         self.arena_bytes = self.arena.resident_end
+        self._entries = None  # the optimiser's view of the parameters, made on first update
+        self.schedule = first  # the schedule of the last run: its tensors say what aliases what
 
     def view(self, name, freed_ok=False):
         """The array of tensor ``name`` (resident, or scheduled and currently placed; with
         ``freed_ok``, also where it was last placed in the last run)."""
         if name in self.resident:
             return self.resident[name]
-        info = self.tensors[name]
-        return self.arena.view(self.graph.root(name) if name in self.graph.tensors else name,
-                               info.shape, info.dtype, freed_ok)
+        tensors = self.schedule.tensors if name in self.schedule.tensors else self.tensors
+        info = tensors[name]
+        return self.arena.view(root(tensors, name), info.shape, info.dtype, freed_ok)
 
     def run(self, schedule, feed, iteration=0, optimizer=None):
         """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
 
         Returns the scalar outputs (losses, accuracies) by layer name, as floats."""
         arena, graph = self.arena, self.graph
-        arena.reset()
+        arena.reset(schedule.offsets)
+        self.schedule = schedule
         outputs = {}
         for step in schedule.steps:
             kind = step.kind
             if kind == "alloc":
-                arena.alloc(step.target, self.tensors[step.target].nbytes)
+                arena.alloc(step.target, schedule.tensors[step.target].nbytes)
             elif kind == "free":
                 arena.free(step.target)
             elif kind == "forward" or kind == "recompute":
@@ -107,7 +111,7 @@ class Runtime:
 
     def update_entries(self, optimizer):
         """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
-        if getattr(self, "_entries", None) is None:
+        if self._entries is None:
             entries = []
             for node in self.graph.nodes:
                 specs = node.param_specs

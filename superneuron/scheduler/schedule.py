@@ -63,13 +63,31 @@ class Schedule:
     steps: list = field(default_factory=list)
     train: bool = True
     policy: str = "baseline"
+    offsets: dict = None      # planned placement: tensor → [offset per Alloc], None: dynamic
 
-    def replace(self, steps, policy=None):
-        """A copy with other steps (what a pass returns)."""
-        return Schedule(self.graph, self.tensors, self.resident, list(steps), self.train,
-                        policy or self.policy)
+    def replace(self, steps=None, policy=None, tensors=None, offsets=None):
+        """A copy with other steps, tensors, policy name or planned offsets (what a pass
+        returns). Planned offsets stay only while the Alloc and Free steps and the tensors do
+        (dropping compute steps, as a forward-only run does, keeps them)."""
+        steps = list(self.steps if steps is None else steps)
+        if offsets is None and self.offsets is not None and tensors is None:
+            memory = [s for s in steps if s.kind in MEMORY]
+            if memory == [s for s in self.steps if s.kind in MEMORY]:
+                offsets = self.offsets
+        return Schedule(self.graph, self.tensors if tensors is None else tensors, self.resident,
+                        steps, self.train, policy or self.policy, offsets)
 
     @property
     def resident_bytes(self):
         from ..runtime.arena import aligned
         return sum(aligned(self.tensors[t].nbytes) for t in self.resident)
+
+
+def root(tensors, name):
+    """The tensor whose memory ``name`` uses in ``tensors`` (a schedule's, which may alias more
+    than the graph's: see the in-place pass); names not in ``tensors`` are their own root."""
+    info = tensors.get(name)
+    while info is not None and info.alias is not None:
+        name = info.alias
+        info = tensors.get(name)
+    return name

@@ -7,6 +7,8 @@ the run's figures to the byte (plan equals run)."""
 from dataclasses import dataclass, field
 
 from ..runtime.arena import Arena, aligned
+from .liveness import Roots, step_roots
+from .schedule import MEMORY
 
 
 @dataclass
@@ -26,34 +28,26 @@ class Plan:
 
     def overflow(self, schedule, budget):
         """``(step index, bytes needed)`` of the first step whose arena exceeds ``budget``."""
-        arena = _replay(schedule, stop=lambda a: a.high_water > budget)
+        arena = replay(schedule, stop=lambda a: a.high_water > budget)
         return arena.stopped_at, arena.high_water
 
 
-def working_set(schedule, step):
-    """Bytes a compute step needs on the device at once: operands, outputs, workspace."""
-    graph = schedule.graph
-    if step.kind == "update":
-        names = []
-    elif step.kind in ("forward", "recompute", "backward"):
-        node = graph.nodes[step.target]
-        names = list(node.bottoms) + list(node.tops)
-        if step.kind == "backward":
-            names += [g for g in node.top_grads + node.bottom_grads if g]
-    else:
+def working_set(schedule, step, roots=None):
+    """Bytes a compute step needs on the device at once: the storage of what it reads and
+    writes (:func:`liveness.uses`) and its workspace. ``roots``: a shared liveness.Roots."""
+    if step.kind in MEMORY:
         return 0
-    roots = {graph.root(t) if t in graph.tensors else t for t in names}
-    roots -= set(schedule.resident)
-    total = sum(aligned(schedule.tensors[t].nbytes) for t in roots)
-    if step.workspace:
-        total += aligned(schedule.tensors[step.workspace].nbytes)
-    return total
+    roots = roots or Roots(schedule)
+    return sum(aligned(schedule.tensors[r].nbytes) for r in step_roots(schedule, step, roots))
 
 
-def _replay(schedule, stop=None):
+def replay(schedule, stop=None):
+    """A planning Arena after making ``schedule``'s allocator calls (resident tensors first,
+    then every Alloc and Free with its placement); ``stop(arena)`` ends the replay early."""
     arena = Arena(None)
     for name in schedule.resident:
         arena.place_resident(name, schedule.tensors[name].nbytes)
+    arena.reset(schedule.offsets)
     arena.live_trace = []
     arena.stopped_at = None
     for i, step in enumerate(schedule.steps):
@@ -70,10 +64,30 @@ def _replay(schedule, stop=None):
 
 def simulate(schedule):
     """The Plan of ``schedule``."""
-    arena = _replay(schedule)
+    arena = replay(schedule)
     live = arena.live_trace
     peak_step = live.index(max(live)) if live else 0
-    largest = max((working_set(schedule, s) for s in schedule.steps), default=0)
+    roots = Roots(schedule)
+    largest = max((working_set(schedule, s, roots) for s in schedule.steps), default=0)
     return Plan(peak_bytes=arena.peak_bytes, resident_bytes=arena.resident_end,
                 arena_bytes=arena.high_water, lower_bound_bytes=arena.resident_end + largest,
                 steps=len(schedule.steps), live=live, peak_step=peak_step)
+
+
+# An assumed device for time estimates (sn-plan --trace) until steps are measured: roughly a
+# current GPU's sustained convolution rate and memory bandwidth.
+ASSUMED_FLOPS = 20e12
+ASSUMED_BANDWIDTH = 1.5e12
+
+
+def step_seconds(schedule, step):
+    """Estimated time of a step: its layer's flops or bytes moved at the assumed rates,
+    whichever takes longer; memory steps take none."""
+    if step.kind in ("forward", "recompute", "backward"):
+        cost = schedule.graph.nodes[step.target].layer.cost()
+        if step.kind == "backward":
+            return max(cost.bwd_flops / ASSUMED_FLOPS, cost.bwd_bytes / ASSUMED_BANDWIDTH)
+        return max(cost.fwd_flops / ASSUMED_FLOPS, cost.fwd_bytes / ASSUMED_BANDWIDTH)
+    if step.kind == "update":  # reads params, grads and state, writes params and state
+        return 3 * sum(schedule.tensors[t].nbytes for t in schedule.resident) / ASSUMED_BANDWIDTH
+    return 0.0

@@ -1,0 +1,138 @@
+"""sn-plan: how much device memory one training iteration of a network needs under a memory
+policy, without running a kernel or allocating the arena.
+
+    sn-plan nets/resnet.yaml --set depth=152 --policy liveness --memory 12GiB
+    sn-plan nets/vgg16.yaml --layers --timeline vgg.png --trace vgg.json
+
+Exit status: 0 when the plan fits the budget (or none is given), 3 when it does not, 2 for a
+bad network file or option.
+"""
+
+import argparse
+import json
+import sys
+
+from ..errors import SNError
+from .common import fail, load_spec_from_args, net_arguments
+
+
+def build_parser():
+    from ..scheduler.placement import PLACEMENTS
+    from ..scheduler.policy import POLICIES
+    p = argparse.ArgumentParser(
+        prog="sn-plan", description="Plan one training iteration's device memory (no kernels run).",
+        epilog="Exit status: 0 fits, 3 does not fit the --memory budget, 2 bad input.")
+    net_arguments(p)
+    p.add_argument("--policy", default="baseline", metavar="P",
+                   help=f"memory policy: {', '.join(POLICIES)} (default baseline)")
+    p.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
+                   help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
+    p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    p.add_argument("--steps", action="store_true", help="print every step with the bytes live after it")
+    p.add_argument("--layers", action="store_true", help="print a per-layer table of working sets")
+    p.add_argument("--timeline", metavar="FILE.png", help="plot the bytes live over the steps")
+    p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of the steps")
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except SNError as e:
+        return fail(e)
+
+
+def plan_from_args(args):
+    """``(schedule, plan, figures)`` for the network, policy and placement in ``args``."""
+    from ..graph import Graph
+    from ..report import parse_size
+    from ..scheduler.lower import lower
+    from ..scheduler.policy import apply_policy
+    from ..scheduler.simulate import simulate
+    budget = parse_size(args.memory) if args.memory else None
+    graph = Graph(load_spec_from_args(args))
+    schedule = apply_policy(lower(graph, train=True), args.policy, args.placement)
+    plan = simulate(schedule)
+    return schedule, plan, figures(schedule, plan, budget)
+
+
+def figures(schedule, plan, budget):
+    """The plan's figures as a JSON-ready dict (both allocators' arenas, the fit)."""
+    from ..scheduler.placement import PLACEMENTS, arena_bytes
+    graph = schedule.graph
+    placement = "dynamic" if schedule.offsets is None else "planned"
+    arenas = {k: plan.arena_bytes if k == placement else arena_bytes(schedule, k) for k in PLACEMENTS}
+    fits = plan.fits(budget)
+    overflow = None
+    if not fits:
+        # where the bytes live first exceed the budget (no placement could fit them), else,
+        # when only the placement's holes overflow it, where the arena first grows past it
+        step = next((i for i, x in enumerate(plan.live) if plan.resident_bytes + x > budget), None)
+        need = plan.peak_bytes
+        if step is None:
+            step, need = plan.overflow(schedule, budget)
+        where = _compute_step(schedule, step) if step is not None else "start-up"
+        overflow = {"step": where, "step_index": step, "needs_bytes": max(need, plan.arena_bytes)}
+    data = graph.inputs[0].tops[0] if graph.inputs else None
+    return {
+        "net": graph.name, "batch": graph.tensors[data].shape[0] if data else None,
+        "policy": schedule.policy, "placement": placement, "steps": plan.steps,
+        "peak_bytes": plan.peak_bytes,
+        "peak_step": _compute_step(schedule, plan.peak_step),
+        "resident_bytes": plan.resident_bytes, "lower_bound_bytes": plan.lower_bound_bytes,
+        "peak_over_lower_bound": round(plan.peak_bytes / max(plan.lower_bound_bytes, 1), 4),
+        "arena_bytes": plan.arena_bytes,
+        "arenas": arenas,
+        **{f"arena_bytes_{k}": v for k, v in arenas.items()},
+        **{f"fragmentation_{k}": round(v / max(plan.peak_bytes, 1), 4) for k, v in arenas.items()},
+        "budget_bytes": budget, "fits": fits, "overflow": overflow,
+    }
+
+
+def _compute_step(schedule, index):
+    """The compute step that the step at ``index`` serves (an Alloc is for the next compute
+    step, a Free for the previous one), as ``Forward(conv1)``."""
+    steps = schedule.steps
+    if not steps:
+        return "-"
+    if steps[index].kind == "free":
+        while index > 0 and steps[index].kind in ("alloc", "free"):
+            index -= 1
+    else:
+        while index < len(steps) - 1 and steps[index].kind in ("alloc", "free"):
+            index += 1
+    return steps[index].describe(schedule.graph).split(" [")[0]
+
+
+def run(args):
+    from .. import report
+    schedule, plan, info = plan_from_args(args)
+    if args.json:
+        print(json.dumps(info, indent=1))
+    else:
+        print(report.plan_summary(info))
+        if args.layers:
+            print()
+            print(report.layers_table(schedule, plan))
+        if args.steps:
+            print()
+            print(report.steps_table(schedule, plan))
+    if args.timeline:
+        _write(args, args.timeline, report.write_timeline, schedule, plan, info["budget_bytes"])
+    if args.trace:
+        _write(args, args.trace, report.write_trace, schedule, plan)
+    return 0 if info["fits"] else 3
+
+
+def _write(args, path, write, *what):
+    try:
+        write(path, *what)
+    except OSError as e:
+        raise SNError(f"cannot write '{path}': {e.strerror or e}") from None
+    if not args.json:
+        print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""In-place reuse (Layrub's intra-layer reuse, Li et al. 2019): a layer that may run in place
+(``INPLACE``: ReLU, Dropout, BatchNorm, Softmax) writes its top over its bottom when nothing
+after it still needs the bottom, and its bottom gradient over its top gradient when nothing
+after it still needs the top gradient.
+
+Caffe's explicit ``top == bottom`` is already an alias in the graph (and refused there when it
+would corrupt a gradient); this pass finds the other cases from the schedule itself. The test
+is on lifetimes: the top may take the bottom's storage when the last step that uses the
+bottom's storage (through any alias: earlier in-place versions, Split tops) is this forward,
+so no later forward reads it and no backward does — the layer's own, or the producer's
+reading it as its top (a BatchNorm before a ReLU). The gradients likewise: the top gradient's
+storage must be last used by this backward, the bottom gradient's first used by it.
+
+A Graph is shared between schedules, so the pass never mutates ``graph.tensors``: it returns a
+schedule whose tensors dict holds copies of the TensorInfos it aliased.
+"""
+
+from dataclasses import replace
+
+from .liveness import SCHEDULED, uses
+from .schedule import MEMORY
+
+
+class _Forest:
+    """Storage roots as a union-find over the tensors' aliases, so a pass can merge roots as
+    it decides (near-linear: paths are compressed)."""
+
+    def __init__(self, tensors):
+        self.tensors, self.up = tensors, {}
+
+    def find(self, name):
+        path = []
+        while True:
+            nxt = self.up.get(name)
+            if nxt is None:
+                info = self.tensors.get(name)
+                nxt = None if info is None else info.alias
+            if nxt is None:
+                break
+            path.append(name)
+            name = nxt
+        for p in path:
+            self.up[p] = name
+        return name
+
+    def alias(self, name, onto):
+        """Make the root ``name`` share ``onto``'s storage."""
+        self.tensors[name] = replace(self.tensors[name], alias=onto)
+        self.up[name] = onto
+
+
+def inplace(schedule):
+    """The schedule with in-place layers sharing storage wherever lifetimes allow."""
+    graph = schedule.graph
+    tensors = dict(schedule.tensors)
+    forest = _Forest(tensors)
+    resident = set(schedule.resident)
+    steps = schedule.steps
+    first, last = {}, {}
+    for i, step in enumerate(steps):
+        if step.kind in MEMORY:
+            continue
+        reads, writes = uses(graph, step)
+        for name in list(writes) + list(reads):
+            r = forest.find(name)
+            first.setdefault(r, i)
+            last[r] = i
+
+    def scheduled(name):
+        return name in tensors and name not in resident and tensors[name].kind in SCHEDULED
+
+    def merge(i, victim, name):
+        """Give ``name`` (written at step i) the storage of ``victim`` (last used at step i)."""
+        v, r = forest.find(victim), forest.find(name)
+        if (v == r or r != name or not scheduled(v) or not scheduled(r)
+                or last.get(v) != i or first.get(r) != i
+                or tensors[name].nbytes != tensors[victim].nbytes):
+            return False
+        forest.alias(name, victim)
+        last[v] = last[r]
+        return True
+
+    merged = set()
+    for i, step in enumerate(steps):
+        if step.kind not in ("forward", "backward"):
+            continue
+        node = graph.nodes[step.target]
+        layer = node.layer
+        if not layer.INPLACE or layer.ALIAS_TOPS or not node.bottoms or not node.tops:
+            continue
+        if step.kind == "forward":
+            bottom, top = node.bottoms[0], node.tops[0]
+            others = {forest.find(b) for b in node.bottoms[1:]}
+            if forest.find(bottom) not in others and merge(i, bottom, top):
+                merged.add(top)
+        else:
+            dx, dy = node.bottom_grads[0], node.top_grads[0]
+            if dx is not None and dy is not None and merge(i, dy, dx):
+                merged.add(dx)
+    # Tensors that now alias another take no storage of their own.
+    kept = [s for s in steps if not (s.kind in MEMORY and s.target in merged)]
+    return schedule.replace(kept, tensors=tensors)

@@ -1,0 +1,179 @@
+"""Placement: where in the arena each scheduled tensor goes.
+
+Two allocators behind one interface (a schedule's ``offsets``):
+
+- ``dynamic``: no plan (``offsets=None``); the arena places each Alloc as it comes, best fit
+  with coalescing (runtime/arena.py), as a caching allocator would.
+- ``planned``: offsets computed ahead from the lifetimes the steps give (Zhang et al. 2019's
+  lifetime-aware pool, also TFLite's greedy-by-size): tensors are taken largest first and each
+  goes in the smallest gap that is free for its whole lifetime, else above the tensors it
+  overlaps (two other orders are tried too; the smallest arena wins). The arena then hands
+  out exactly these offsets for the same Alloc steps, so the plan still equals the run.
+
+The gap search does not compare pairs of tensors: a segment tree over (compressed) time keeps,
+per node, the union of the offset ranges taken by tensors covering that node (``own``) and by
+every tensor touching its span (``sub``); the offsets taken during a lifetime are the ``sub``
+of its O(log n) covering nodes joined with the ``own`` of their ancestors. The unions stay
+short (a tight packing has few holes), so placing n tensors costs about n log n.
+"""
+
+import bisect
+import dataclasses
+
+from ..errors import SNError
+from ..runtime.arena import aligned
+
+PLACEMENTS = ("dynamic", "planned")
+
+
+def lifetimes(schedule):
+    """``[(start, end, name, size)]``: each Alloc's step index, the index of the Free that
+    ends it (the last step when none does), the tensor and its aligned size."""
+    open_, out = {}, []
+    for i, step in enumerate(schedule.steps):
+        if step.kind == "alloc":
+            open_[step.target] = len(out)
+            out.append([i, len(schedule.steps) - 1, step.target,
+                        aligned(schedule.tensors[step.target].nbytes)])
+        elif step.kind == "free":
+            out[open_.pop(step.target)][1] = i
+    return [tuple(x) for x in out]
+
+
+# Orders in which tensors are placed: largest first (Zhang et al.), longest-lived first, and
+# most bytes x steps first. Each wins on some network (largest first on VGG and AlexNet,
+# longest-lived on GoogLeNet, the product on LeNet); the plan keeps the smallest arena.
+ORDERS = {
+    "largest": lambda start, end, size: (-size, start),
+    "longest": lambda start, end, size: (start - end, -size),
+    "area": lambda start, end, size: (-(end - start + 1) * size, start),
+}
+
+
+def plan_offsets(schedule):
+    """``(offsets, region)``: ``name → [offset of each of its Allocs, in order]`` in the
+    scheduled region and the region's size; best fit among the gaps free for each whole
+    lifetime, in the :data:`ORDERS` that gives the smallest region."""
+    spans = lifetimes(schedule)
+    best = None
+    for key in ORDERS.values():
+        where, region = _place(spans, key)
+        if best is None or region < best[1]:
+            best = where, region
+    offsets = {}
+    for (_, _, name, _), off in zip(spans, best[0]):
+        offsets.setdefault(name, []).append(off)
+    return offsets, best[1]
+
+
+def _place(spans, key):
+    """Offsets of ``spans`` placed one by one in the order of ``key``, and the region's size."""
+    times = sorted({t for s, e, _, _ in spans for t in (s, e)})
+    rank = {t: k for k, t in enumerate(times)}
+    tree = _Tree(len(times))
+    where = [0] * len(spans)
+    region = 0
+    for k in sorted(range(len(spans)), key=lambda k: (key(spans[k][0], spans[k][1], spans[k][3]), k)):
+        start, end, _, size = spans[k]
+        lo, hi = rank[start], rank[end]
+        off = _best_fit(tree.taken(lo, hi), size)
+        tree.add(lo, hi, off, off + size)
+        where[k] = off
+        region = max(region, off + size)
+    return where, region
+
+
+def place(schedule, placement="dynamic"):
+    """``schedule`` with its placement: planned offsets, or none for the dynamic allocator."""
+    if placement not in PLACEMENTS:
+        raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
+    offsets = plan_offsets(schedule)[0] if placement == "planned" else None
+    return dataclasses.replace(schedule, offsets=offsets)
+
+
+def arena_bytes(schedule, placement):
+    """The arena (resident + scheduled high-water mark) ``schedule`` needs with ``placement``."""
+    from .simulate import replay
+    return replay(place(schedule, placement)).high_water
+
+
+def _best_fit(taken, size):
+    """The lowest offset of the smallest gap of at least ``size`` between the sorted, disjoint
+    ranges ``taken``, else the end of the last range."""
+    best, best_len, cursor = None, None, 0
+    for lo, hi in taken:
+        gap = lo - cursor
+        if gap >= size and (best is None or gap < best_len):
+            best, best_len = cursor, gap
+        cursor = hi
+    return cursor if best is None else best
+
+
+def _union_add(ranges, lo, hi):
+    """Add ``[lo, hi)`` to a sorted list of disjoint ranges, merging what it overlaps or touches."""
+    i = bisect.bisect_left(ranges, (lo,))
+    if i > 0 and ranges[i - 1][1] >= lo:
+        i -= 1
+        lo = ranges[i][0]
+        hi = max(hi, ranges[i][1])
+    j = i
+    while j < len(ranges) and ranges[j][0] <= hi:
+        hi = max(hi, ranges[j][1])
+        j += 1
+    ranges[i:j] = [(lo, hi)]
+
+
+class _Tree:
+    """A segment tree over time slots 0..n-1 holding, per node, the offset ranges of the
+    tensors whose lifetime covers the node's span (``own``) or touches it (``sub``)."""
+
+    def __init__(self, n):
+        self.size = 1
+        while self.size < max(n, 1):
+            self.size *= 2
+        self.own, self.sub = {}, {}
+
+    def _cover(self, lo, hi):
+        """The nodes that exactly cover slots lo..hi, and all their ancestors."""
+        nodes, above = [], set()
+        lo += self.size
+        hi += self.size + 1
+        while lo < hi:
+            if lo & 1:
+                nodes.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                nodes.append(hi)
+            lo //= 2
+            hi //= 2
+        for v in nodes:
+            v //= 2
+            while v and v not in above:
+                above.add(v)
+                v //= 2
+        return nodes, above
+
+    def taken(self, lo, hi):
+        """The offset ranges taken at some slot of lo..hi, sorted and merged."""
+        nodes, above = self._cover(lo, hi)
+        parts = [r for v in nodes for r in self.sub.get(v, ())]
+        parts += [r for v in above for r in self.own.get(v, ())]
+        parts.sort()
+        merged = []
+        for a, b in parts:
+            if merged and a <= merged[-1][1]:
+                if b > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        return merged
+
+    def add(self, lo, hi, start, end):
+        """Take offsets start..end over slots lo..hi."""
+        nodes, above = self._cover(lo, hi)
+        for v in nodes:
+            _union_add(self.own.setdefault(v, []), start, end)
+            _union_add(self.sub.setdefault(v, []), start, end)
+        for v in above:
+            _union_add(self.sub.setdefault(v, []), start, end)

@@ -1,0 +1,351 @@
+"""The memory passes: liveness (which Alloc and Free steps, where), in-place reuse (which
+layers share memory), planned placement (never two live tensors in one place), and, for every
+network, plan equals run and policy invariance (bit-identical loss and gradients)."""
+
+import functools
+import glob
+import textwrap
+
+import numpy as np
+import pytest
+
+from superneuron.backend import Backend
+from superneuron.errors import SNError
+from superneuron.graph import Graph
+from superneuron.layers.base import fill
+from superneuron.runtime.executor import Runtime
+from superneuron.scheduler.inplace import inplace
+from superneuron.scheduler.liveness import Roots, liveness, step_roots
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.placement import arena_bytes, lifetimes, plan_offsets
+from superneuron.scheduler.policy import POLICIES, apply_policy
+from superneuron.scheduler.schedule import MEMORY, root
+from superneuron.scheduler.simulate import simulate
+from superneuron.spec import load_spec
+
+NETS = sorted(glob.glob("nets/*.yaml"))
+# Small sizes so a whole iteration of each net runs in a moment (as tests/test_net.py's SMALL).
+SMALL = {
+    "nets/lenet.yaml": {},
+    "nets/alexnet.yaml": {"size": 67, "classes": 10},
+    "nets/vgg16.yaml": {"size": 32, "classes": 10},
+    "nets/googlenet.yaml": {"size": 64, "classes": 10},
+    "nets/resnet.yaml": {"depth": 18, "size": 64, "classes": 10},
+    "nets/resnet_cifar.yaml": {"depth": 20},
+}
+
+HEAD = """\
+name: t
+input: {data: [2, 3, 8, 8], label: [2]}
+layers:
+"""
+TAIL = """\
+  - {name: fc, type: InnerProduct, bottom: LAST, top: fc, num_output: 5}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+"""
+
+
+def graph_of(tmp_path, layers, last):
+    path = tmp_path / "net.yaml"
+    path.write_text(HEAD + textwrap.indent(textwrap.dedent(layers), "  ") + TAIL.replace("LAST", last))
+    return Graph(load_spec(str(path)))
+
+
+def blocks(schedule):
+    """``{compute step: (allocated right before, freed right after)}``, workspaces left out."""
+    out, pending, last = {}, set(), None
+    for step in schedule.steps:
+        if step.kind in MEMORY:
+            if step.target.startswith("ws:"):
+                continue
+            if step.kind == "alloc":
+                pending.add(step.target)
+            else:
+                out[last][1].add(step.target)
+        else:
+            last = step.describe(schedule.graph).split(" [")[0]
+            out[last] = (pending, set())
+            pending = set()
+    return out
+
+
+def test_liveness_allocates_at_first_use_and_frees_after_last_on_a_chain(tmp_path):
+    g = graph_of(tmp_path, """\
+      - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3, pad: 1}
+      - {name: pool, type: Pooling, bottom: conv, top: pool, pool: AVE, kernel_size: 2, stride: 2}
+    """, "pool")
+    b = blocks(liveness(lower(g)))
+    # an average pooling's backward reads neither its bottom nor its top: conv goes at once
+    assert b["Forward(input)"] == ({"data", "label"}, set())
+    assert b["Forward(conv)"] == ({"conv"}, set())
+    assert b["Forward(pool)"] == ({"pool"}, {"conv"})
+    assert b["Forward(fc)"] == ({"fc"}, set())
+    assert b["Forward(loss)"] == ({"loss"}, {"loss"})        # read once, by the runtime
+    # the loss gradient is allocated just before the backward that the runtime fills it for
+    assert b["Backward(loss)"] == ({"loss.grad", "fc.grad"}, {"loss.grad", "fc", "label"})
+    assert b["Backward(fc)"] == ({"pool.grad"}, {"fc.grad", "pool"})  # fc's backward reads pool
+    assert b["Backward(pool)"] == ({"conv.grad"}, {"pool.grad"})
+    assert b["Backward(conv)"] == (set(), {"conv.grad", "data"})
+    assert len(b) == 9  # five forwards, four backwards (the input has none)
+
+
+def test_liveness_at_a_fork_joined_by_eltwise_and_concat(tmp_path):
+    g = graph_of(tmp_path, """\
+      - {name: c1, type: Convolution, bottom: data, top: c1, num_output: 4, kernel_size: 1}
+      - {name: a, type: Convolution, bottom: c1, top: a, num_output: 4, kernel_size: 1}
+      - {name: b, type: Convolution, bottom: c1, top: b, num_output: 4, kernel_size: 1}
+      - {name: sum, type: Eltwise, bottom: [a, b], top: sum}
+      - {name: cat, type: Concat, bottom: [sum, c1], top: cat}
+    """, "cat")
+    s = liveness(lower(g))
+    b = blocks(s)
+    # the Split's tops are views of c1: its forward allocates nothing, and c1 lives until the
+    # last backward that reads it through a view (a's, the last convolution to run backward)
+    assert b["Forward(c1_split)"] == (set(), set())
+    assert b["Forward(c1)"][0] == {"c1"}
+    assert "c1" in b["Backward(a)"][1]
+    assert not any(s.tensors[st.target].alias for st in s.steps if st.kind in MEMORY)
+    # an Eltwise SUM and a Concat read nothing in their backward: their bottoms go at once
+    assert b["Forward(sum)"] == ({"sum"}, {"a", "b"})
+    assert b["Forward(cat)"] == ({"cat"}, {"sum"})
+    # each gradient lives from the backward that writes it to the one that reads it
+    assert b["Backward(cat)"] == ({"sum.grad", "c1_split_2.grad"}, {"cat.grad"})
+    assert b["Backward(sum)"] == ({"a.grad", "b.grad"}, {"sum.grad"})
+    assert b["Backward(b)"] == ({"c1_split_1.grad"}, {"b.grad"})
+    assert b["Backward(c1_split)"] == ({"c1.grad"}, {f"c1_split_{k}.grad" for k in range(3)})
+    assert b["Backward(c1)"] == (set(), {"c1.grad", "data"})
+
+
+def _check_tight(schedule):
+    """Every root a compute step uses is live at it; each Alloc is just before the root's
+    first use and each Free just after its last (no memory step lies between them)."""
+    roots, live, uses = Roots(schedule), set(), {}
+    compute = 0
+    for step in schedule.steps:
+        if step.kind == "alloc":
+            assert step.target not in live
+            live.add(step.target)
+            uses[step.target] = [compute]
+        elif step.kind == "free":
+            live.remove(step.target)
+            assert uses[step.target][-1] == compute - 1, step.target  # last use: the step before
+        else:
+            for r in step_roots(schedule, step, roots):
+                assert r in live, (step.describe(schedule.graph), r)
+                uses[r].append(compute)
+            compute += 1
+    assert not live
+    for name, u in uses.items():
+        assert len(u) > 1 and u[1] == u[0], name  # first use: the step after its Alloc
+
+
+@pytest.mark.parametrize("path", NETS + ["tests/nets/tiny.yaml"])
+def test_liveness_is_tight_in_training_and_test_schedules(path):
+    g = Graph(load_spec(path, overrides=SMALL.get(path), batch=2))
+    for train in (True, False):
+        for name in POLICIES:
+            _check_tight(apply_policy(lower(g, train=train), name) if name != "baseline"
+                         else liveness(lower(g, train=train)))
+
+
+def test_inplace_relu_after_a_convolution_shares_memory_and_gradient(tmp_path):
+    g = graph_of(tmp_path, """\
+      - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3}
+      - {name: relu, type: ReLU, bottom: conv, top: relu}
+    """, "relu")
+    s = inplace(lower(g))
+    assert root(s.tensors, "relu") == "conv" and root(s.tensors, "conv.grad") == "relu.grad"
+    assert g.tensors["relu"].alias is None and g.tensors["conv.grad"].alias is None  # graph intact
+    assert not any(st.target in ("relu", "conv.grad") for st in s.steps if st.kind in MEMORY)
+    b = blocks(liveness(s))
+    assert b["Forward(relu)"] == (set(), set())  # writes over conv
+    # writes its bottom gradient over relu.grad; the top it reads, stored in conv, goes after
+    assert b["Backward(relu)"] == (set(), {"conv"})
+
+
+def test_inplace_refused_when_a_later_layer_reads_the_bottom(tmp_path):
+    g = graph_of(tmp_path, """\
+      - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 3, kernel_size: 1}
+      - {name: relu, type: ReLU, bottom: conv, top: relu}
+      - {name: sum, type: Eltwise, bottom: [relu, conv], top: sum}
+    """, "sum")
+    s = inplace(lower(g))
+    assert root(s.tensors, "relu") == "relu"
+    # its gradients may still share: nothing reads relu.grad after the ReLU's backward
+    assert root(s.tensors, "conv_split_0.grad") == "relu.grad"
+
+
+def test_inplace_refused_after_batchnorm_whose_backward_reads_its_top(tmp_path):
+    layers = """\
+      - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3}
+      - {name: bn, type: BatchNorm, bottom: conv, top: bn}
+      - {name: relu, type: ReLU, bottom: bn, top: relu}
+    """
+    g = graph_of(tmp_path, layers, "relu")
+    s = inplace(lower(g))
+    assert root(s.tensors, "bn") == "conv"       # the convolution's backward reads only data
+    assert root(s.tensors, "relu") == "relu"     # BatchNorm's backward reads bn
+    # testing runs no backward: then the ReLU may overwrite it too
+    t = inplace(lower(g, train=False))
+    assert root(t.tensors, "relu") == "conv"
+
+
+def test_inplace_chains_through_layers_whose_backward_reads_nothing(tmp_path):
+    g = graph_of(tmp_path, """\
+      - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3}
+      - {name: d1, type: Dropout, bottom: conv, top: d1}
+      - {name: d2, type: Dropout, bottom: d1, top: d2}
+    """, "d2")
+    s = inplace(lower(g))
+    assert root(s.tensors, "d2") == "conv" and root(s.tensors, "conv.grad") == "d2.grad"
+
+
+def _check_no_overlap(schedule):
+    """Interval sweep over the steps: the live tensors, kept sorted by offset, never overlap."""
+    import bisect
+    offsets, _ = plan_offsets(schedule)
+    count, live = {}, []
+    for step in schedule.steps:
+        if step.kind not in MEMORY:
+            continue
+        k = count.get(step.target, 0)
+        off = offsets[step.target][k - (step.kind == "free")]
+        if step.kind == "free":
+            live.remove((off, step.target))
+            continue
+        count[step.target] = k + 1
+        size = -(-schedule.tensors[step.target].nbytes // 256) * 256
+        i = bisect.bisect(live, (off, step.target))
+        if i > 0:
+            prev_off, prev = live[i - 1]
+            assert prev_off + -(-schedule.tensors[prev].nbytes // 256) * 256 <= off, (prev, step.target)
+        if i < len(live):
+            assert off + size <= live[i][0], (step.target, live[i][1])
+        live.insert(i, (off, step.target))
+
+
+def test_planned_placement_never_overlaps_and_mostly_beats_dynamic():
+    better = 0
+    cases = [(p, {}) for p in NETS] + [("nets/resnet.yaml", {"depth": 50})]
+    for path, overrides in cases:
+        g = Graph(load_spec(path, overrides=overrides))
+        for name in POLICIES:
+            s = apply_policy(lower(g), name)
+            _check_no_overlap(s)
+            assert len(lifetimes(s)) == sum(st.kind == "alloc" for st in s.steps)
+            planned, dynamic = arena_bytes(s, "planned"), arena_bytes(s, "dynamic")
+            assert simulate(s).peak_bytes <= planned
+            better += name == "liveness" and planned <= dynamic
+    assert better >= len(cases) - 1
+
+
+def test_planned_arena_hands_out_the_planned_offsets():
+    from superneuron.runtime.arena import ALIGN, Arena
+    a = Arena()
+    a.place_resident("w", ALIGN)                 # offsets are planned above the resident region
+    a.reset({"x": [ALIGN, 0], "y": [0]})         # x is allocated twice: one offset each time
+    assert a.alloc("y", ALIGN) == ALIGN and a.alloc("x", ALIGN) == 2 * ALIGN
+    a.free("y")
+    a.free("x")
+    assert a.alloc("x", ALIGN) == ALIGN
+    assert a.high_water == 3 * ALIGN and a.peak_bytes == 3 * ALIGN and a.live == ALIGN
+
+
+def test_planned_offsets_survive_dropping_compute_steps_but_not_memory_steps():
+    s = apply_policy(lower(Graph(load_spec("tests/nets/tiny.yaml"))), "liveness", "planned")
+    forward_only = s.replace([st for st in s.steps if st.kind != "backward"])
+    assert forward_only.offsets is s.offsets  # a forward-only run keeps the plan's places
+    assert s.replace(s.steps[1:]).offsets is None and s.replace(policy="x").offsets is s.offsets
+
+
+def test_unknown_policy_and_placement_name_the_known_ones(tmp_path):
+    g = Graph(load_spec("tests/nets/tiny.yaml"))
+    with pytest.raises(SNError, match="unknown policy 'lifeness'; known: baseline, liveness"):
+        apply_policy(lower(g), "lifeness")
+    with pytest.raises(SNError, match="known: dynamic, planned"):
+        apply_policy(lower(g), "liveness", placement="static")
+
+
+# -- whole nets on the Runtime -----------------------------------------------------------------
+
+def _params(graph):
+    """Parameters filled as Net fills them (seed 0)."""
+    rng = np.random.default_rng(0)
+    return {node.params[k]: fill(rng, p.shape, p.filler, p.fan_in, p.fan_out, graph.dtype)
+            for node in graph.nodes for k, p in node.param_specs.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _graph(path):
+    """The graph of ``path`` at small sizes and its parameters."""
+    graph = Graph(load_spec(path, overrides=SMALL[path], batch=1))
+    return graph, _params(graph)
+
+
+def _execute(graph, params, policy, placement, classes=10):
+    """One forward and backward under a policy, from ``params``: the plan, the runtime's peak
+    and high-water mark, the loss and every parameter gradient."""
+    schedule = apply_policy(lower(graph), policy, placement)
+    plan = simulate(schedule)
+    runtime = Runtime([schedule], Backend(), capacity=plan.arena_bytes)
+    for name, value in params.items():
+        runtime.resident[name][...] = value
+    rng = np.random.default_rng(1)
+    feed = {}
+    for node in graph.inputs:
+        data, label = node.tops
+        feed[data] = rng.standard_normal(graph.tensors[data].shape).astype(np.float32)
+        feed[label] = rng.integers(0, classes, graph.tensors[label].shape).astype(np.float32)
+    outputs = runtime.run(schedule, feed)
+    loss = sum(n.loss_weight * outputs[n.name] for n in graph.losses)
+    grads = {g: runtime.to_host(g) for n in graph.nodes for g in n.param_grads.values()}
+    return plan, (runtime.peak_bytes, runtime.arena_bytes), loss, grads
+
+
+@functools.lru_cache(maxsize=None)
+def _run(path, policy, placement):
+    return _execute(*_graph(path), policy, placement)
+
+
+@pytest.mark.parametrize("path", sorted(SMALL))
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("placement", ["dynamic", "planned"])
+def test_plan_equals_run(path, policy, placement):
+    plan, (peak, arena), _, _ = _run(path, policy, placement)
+    assert peak == plan.peak_bytes and arena == plan.arena_bytes
+    assert plan.lower_bound_bytes <= plan.peak_bytes <= plan.arena_bytes
+
+
+@pytest.mark.parametrize("path", sorted(SMALL))
+def test_liveness_gives_bit_identical_results_in_less_memory(path):
+    base_plan, _, base_loss, base_grads = _run(path, "baseline", "dynamic")
+    for placement in ("dynamic", "planned"):
+        plan, _, loss, grads = _run(path, "liveness", placement)
+        assert loss == base_loss and np.isfinite(loss)
+        for name, g in base_grads.items():
+            np.testing.assert_array_equal(grads[name], g, err_msg=name)
+        assert plan.peak_bytes < base_plan.peak_bytes
+
+
+def test_layers_the_pass_puts_in_place_give_bit_identical_results(tmp_path):
+    """BatchNorm, ReLU, Dropout and Softmax writing over their bottoms and bottom gradients
+    (not asked for in the file) compute what they compute with tops of their own."""
+    g = graph_of(tmp_path, """\
+      - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3}
+      - {name: bn, type: BatchNorm, bottom: conv, top: bn}
+      - {name: scale, type: Scale, bottom: bn, top: scale, bias_term: true}
+      - {name: relu, type: ReLU, bottom: scale, top: relu}
+      - {name: drop, type: Dropout, bottom: relu, top: drop}
+      - {name: soft, type: Softmax, bottom: drop, top: soft}
+    """, "soft")
+    s = inplace(lower(g))
+    # not Dropout over the ReLU's top, which the ReLU's backward reads; Softmax over Dropout's
+    assert [root(s.tensors, t) for t in ("bn", "relu", "drop", "soft")] == ["conv", "scale", "drop", "drop"]
+    assert root(s.tensors, "conv.grad") == "bn.grad" and root(s.tensors, "scale.grad") == "soft.grad"
+    params = _params(g)
+    base = _execute(g, params, "baseline", "dynamic", classes=5)
+    for placement in ("dynamic", "planned"):
+        plan, (peak, arena), loss, grads = _execute(g, params, "liveness", placement, classes=5)
+        assert loss == base[2] and (peak, arena) == (plan.peak_bytes, plan.arena_bytes)
+        for name, grad in base[3].items():
+            np.testing.assert_array_equal(grads[name], grad, err_msg=name)

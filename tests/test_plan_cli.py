@@ -1,0 +1,114 @@
+"""sn-plan: its figures, JSON, exit status, the overflow line, the timeline and the trace."""
+
+import json
+
+import pytest
+
+from superneuron.cli.plan import main
+from superneuron.graph import Graph
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.policy import apply_policy
+from superneuron.scheduler.simulate import simulate
+from superneuron.spec import load_spec
+
+TINY = "tests/nets/tiny.yaml"
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_prints_the_plan_figures(capsys):
+    status, out, _ = run(capsys, TINY, "--policy", "liveness")
+    assert status == 0
+    for field in ("peak", "resident", "lower bound", "peak / lower bound", "arena",
+                  "dynamic", "planned", "budget", "steps"):
+        assert field in out, field
+
+
+def test_json_agrees_with_the_simulator(capsys):
+    status, out, _ = run(capsys, TINY, "--policy", "liveness", "--batch", "2", "--json",
+                         "--memory", "1GiB")
+    info = json.loads(out)
+    plan = simulate(apply_policy(lower(Graph(load_spec(TINY, batch=2))), "liveness"))
+    assert status == 0 and info["fits"] is True and info["overflow"] is None
+    assert info["policy"] == "liveness" and info["batch"] == 2 and info["steps"] == plan.steps
+    assert (info["peak_bytes"], info["resident_bytes"], info["lower_bound_bytes"], info["arena_bytes"]) \
+        == (plan.peak_bytes, plan.resident_bytes, plan.lower_bound_bytes, plan.arena_bytes)
+    assert info["arena_bytes_dynamic"] == plan.arena_bytes and info["arena_bytes_planned"] >= plan.peak_bytes
+    assert info["lower_bound_bytes"] <= info["peak_bytes"] <= info["arena_bytes"]
+    assert info["budget_bytes"] == 2**30
+
+
+def test_liveness_needs_less_than_baseline(capsys):
+    peaks = {}
+    for policy in ("baseline", "liveness"):
+        _, out, _ = run(capsys, TINY, "--policy", policy, "--json")
+        peaks[policy] = json.loads(out)["peak_bytes"]
+    assert peaks["liveness"] < peaks["baseline"]
+
+
+@pytest.mark.parametrize("placement", ["dynamic", "planned"])
+def test_over_budget_exits_3_and_names_the_step(capsys, placement):
+    _, out, _ = run(capsys, TINY, "--json", "--placement", placement)
+    peak = json.loads(out)["peak_bytes"]
+    budget = peak - 4096
+    status, out, _ = run(capsys, TINY, "--memory", str(budget), "--placement", placement)
+    assert status == 3
+    line = next(x for x in out.splitlines() if x.startswith("needs "))
+    # the step is where the live bytes first pass the budget: a compute step of the net
+    assert " at Forward(" in line or " at Backward(" in line, line
+    assert "; budget " in line and " over)" in line
+    status, out, _ = run(capsys, TINY, "--memory", str(budget), "--json", "--placement", placement)
+    info = json.loads(out)
+    assert status == 3 and info["fits"] is False
+    assert info["overflow"]["step"] in line and info["overflow"]["needs_bytes"] > budget
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nets/nope.yaml"], "cannot read"),
+    ([TINY, "--policy", "lifeness"], "unknown policy 'lifeness'; known: baseline, liveness"),
+    ([TINY, "--memory", "12 parsecs"], "bad size"),
+    ([TINY, "--set", "width=0"], "layer 'conv1' (Convolution): num_output (0)"),
+])
+def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
+    status, out, err = run(capsys, *argv)
+    assert status == 2 and message in err and "Traceback" not in err, err
+
+
+def test_layers_and_steps_tables(capsys):
+    status, out, _ = run(capsys, TINY, "--policy", "liveness", "--layers", "--steps")
+    assert status == 0
+    assert "fwd working set" in out and "bwd working set" in out
+    lines = out.splitlines()
+    assert any(x.startswith("conv1 ") and "Convolution" in x for x in lines)
+    assert any("Backward(conv1)" in x for x in lines) and any("Alloc(data)" in x for x in lines)
+
+
+def test_timeline_writes_a_png(capsys, tmp_path):
+    path = tmp_path / "memory.png"
+    status, _, err = run(capsys, TINY, "--memory", "1MiB", "--timeline", str(path))
+    assert status == 0 and "wrote" in err
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trace_is_json_with_spans_and_counters(capsys, tmp_path):
+    path = tmp_path / "trace.json"
+    status, _, _ = run(capsys, TINY, "--policy", "liveness", "--trace", str(path))
+    assert status == 0
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    counters = [e for e in events if e["ph"] == "C"]
+    assert spans and counters
+    assert any(e["name"].startswith("Backward(conv1)") for e in spans)
+    assert all(e["dur"] > 0 and e["ts"] >= 0 for e in spans)
+    # one compute track: each span starts where the one before ends (times rounded to ns)
+    assert all(abs(a["ts"] + a["dur"] - b["ts"]) < 0.002 for a, b in zip(spans, spans[1:]))
+    assert all(c["args"]["live"] > 0 for c in counters)
+
+
+def test_unwritable_output_is_a_clean_error(capsys, tmp_path):
+    status, _, err = run(capsys, TINY, "--trace", str(tmp_path / "no" / "dir" / "t.json"))
+    assert status == 2 and "cannot write" in err
