@@ -68,6 +68,7 @@ class Graph:
         self.name = spec.name
         self.tensors = {}
         self.nodes = []
+        self._by_name = {}
         self._problems = []
         layers = self._instantiate(spec)
         order = self._resolve(layers)
@@ -94,10 +95,7 @@ class Graph:
 
     def node(self, name):
         """The node of the layer called ``name``."""
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        return self._by_name[name]
 
     @property
     def inputs(self):
@@ -173,6 +171,12 @@ class Graph:
         for pos, (_, _, bottoms, _) in enumerate(order):
             for b in bottoms:
                 readers.setdefault(b, []).append(pos)
+        backward_readers = {}  # version -> [(LayerSpec, Layer)] whose backward reads it
+        for ls, layer, bottoms, tops in order:
+            if layer.BACKWARD:
+                reads_b, reads_t = layer.backward_reads()
+                for v in [bottoms[i] for i in reads_b] + [tops[i] for i in reads_t]:
+                    backward_readers.setdefault(v, []).append((ls, layer))
         shapes = {}
         failed = set()
         for pos, (ls, layer, bottoms, tops) in enumerate(order):
@@ -193,7 +197,7 @@ class Graph:
             layer.top_shapes = [tuple(s) for s in top_shapes]
             for t, s in zip(tops, top_shapes):
                 shapes[t] = tuple(s)
-            self._check_inplace(ls, layer, bottoms, tops, readers, order)
+            self._check_inplace(ls, layer, bottoms, tops, backward_readers)
         if self._problems:
             return
         # Insert Splits where a version is read more than once; each read gets its own top.
@@ -211,9 +215,8 @@ class Graph:
     def _split_of(self, version, shape, count, split_cls):
         """The Split node for ``version``, created just before its first reader."""
         name = f"{version}_split"
-        for n in reversed(self.nodes):
-            if n.name == name:
-                return n
+        if name in self._by_name:
+            return self._by_name[name]
         tops = [f"{version}_split_{k}" for k in range(count)]
         layer = split_cls(name, [version], tops, split_cls.config({}), dtype=self.dtype)
         layer.bottom_shapes = [shape]
@@ -242,9 +245,10 @@ class Graph:
         elif ls is not None and ls.loss_weight:
             self._problem(ls, "loss_weight is only allowed on loss layers")
         self.nodes.append(node)
+        self._by_name[layer.name] = node
         return node
 
-    def _check_inplace(self, ls, layer, bottoms, tops, readers, order):
+    def _check_inplace(self, ls, layer, bottoms, tops, backward_readers):
         """An in-place top must not destroy data that some backward still reads."""
         for k, t in enumerate(tops):
             if "@" not in t:
@@ -256,12 +260,8 @@ class Graph:
             if k != 0 or ls.tops[0] != ls.bottoms[0]:
                 self._problem(ls, "only the first top may be written in place, over the first bottom")
                 continue
-            victim = bottoms[0]
-            for rls, rlayer, rbottoms, rtops in order:
-                if rlayer is layer or not rlayer.BACKWARD:
-                    continue
-                reads_b, reads_t = rlayer.backward_reads()
-                if victim in [rbottoms[i] for i in reads_b] or victim in [rtops[i] for i in reads_t]:
+            for rls, rlayer in backward_readers.get(bottoms[0], []):
+                if rlayer is not layer:
                     self._problem(ls, f"cannot run in place on '{ls.bottoms[0]}': the backward of "
                                       f"layer '{rls.name}' (line {rls.line}) reads it; give this "
                                       f"layer its own top")
@@ -307,7 +307,8 @@ class Graph:
                 self.tensors[g] = TensorInfo(g, self.tensors[n.params[k]].shape, self.dtype, "param_grad")
         # An in-place layer writes its bottom's gradient over its top's.
         for n in self.nodes:
-            if n.backward and "@" in n.tops[0] and n.bottom_grads[0] is not None:
+            if (n.backward and not n.layer.ALIAS_TOPS and "@" in n.tops[0]
+                    and n.bottom_grads[0] is not None):
                 self.tensors[n.bottom_grads[0]].alias = n.top_grads[0]
 
 

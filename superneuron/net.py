@@ -16,7 +16,8 @@ from .graph import Graph
 from .report import human_bytes
 from .runtime.executor import Runtime
 from .scheduler.lower import lower
-from .scheduler.simulate import simulate
+from .scheduler.policy import apply_policy
+from .scheduler.simulate import overflow_at, simulate
 from .spec import load_spec
 
 
@@ -25,27 +26,29 @@ class Net:
 
     ``optimizer`` (an optim.Optimizer) adds its state to the resident region and lets
     :meth:`train_step` update the parameters. ``memory`` caps the arena (bytes); by default it
-    is sized from the plan.
+    is sized from the plan. ``policy`` and ``placement`` choose the memory passes and the
+    allocator (scheduler.policy); every policy computes the same results as ``baseline``, but
+    under the others a tensor freed early may be overwritten before :meth:`blob` reads it.
     """
 
-    def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None):
+    def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
+                 policy="baseline", placement="dynamic"):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype))
         self.optimizer = optimizer
         self.seed = seed
+        self.policy = policy
         self.schedules = {
-            "train": lower(self.graph, train=True, optimizer=optimizer),
-            "test": lower(self.graph, train=False, optimizer=optimizer),
+            "train": apply_policy(lower(self.graph, train=True, optimizer=optimizer), policy, placement),
+            "test": apply_policy(lower(self.graph, train=False, optimizer=optimizer), policy, placement),
         }
         self.plans = {k: simulate(s) for k, s in self.schedules.items()}
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
-            plan = self.plans["train"]
-            step, need = plan.overflow(self.schedules["train"], memory)
-            where = self.schedules["train"].steps[step].describe(self.graph) if step is not None else "start-up"
+            where, _, need = overflow_at(self.schedules["train"], self.plans["train"], memory)
             raise SNError(f"needs {human_bytes(max(need, needed))} at {where}; "
-                          f"budget {human_bytes(memory)}")
+                          f"budget {human_bytes(memory)} (policy {policy})")
         self.runtime = Runtime(list(self.schedules.values()), self.backend,
                                capacity=memory or needed, seed=seed)
         self._init_params(seed)

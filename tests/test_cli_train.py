@@ -56,3 +56,31 @@ def test_user_errors_are_one_line_with_status_2(tmp_path, capsys, make_args, mes
     assert message in err and "Traceback" not in err, err
     if "bad.yaml" in message:
         assert "did you mean 'Convolution'?" in err
+
+
+def test_policies_train_identically_and_peaks_match_sn_plan(tmp_path, capsys):
+    """sn-train under liveness gives bit-identical losses to baseline with a lower peak, and
+    the peak it reaches is the one sn-plan prints for the same net, policy and solver."""
+    import json as _json
+
+    from superneuron.cli.plan import main as plan_main
+    runs = {}
+    for policy in ("baseline", "liveness"):
+        log = tmp_path / f"{policy}.jsonl"
+        assert main([TINY, "--iters", "4", "--display", "1", "--policy", policy, "--log", str(log)]) == 0
+        records = [_json.loads(line) for line in open(log) if '"loss"' in line and "test_loss" not in line]
+        capsys.readouterr()
+        assert plan_main([TINY, "--policy", policy, "--json"]) == 0
+        planned = _json.loads(capsys.readouterr().out)["peak_bytes"]
+        runs[policy] = ([r["loss"] for r in records], records[-1]["peak_bytes"], planned)
+    assert runs["liveness"][0] == runs["baseline"][0]
+    for losses, real, planned in runs.values():
+        assert real == planned
+    assert runs["liveness"][1] < runs["baseline"][1]
+
+
+def test_budget_too_small_names_the_step(capsys):
+    assert main([TINY, "--policy", "liveness", "--memory", "20KiB"]) == 2
+    err = capsys.readouterr().err
+    assert "needs" in err and " at " in err and "budget 20.0 KiB (policy liveness)" in err
+    assert "Forward(" in err or "Backward(" in err or "Update(" in err

@@ -32,7 +32,10 @@ def test_json_agrees_with_the_simulator(capsys):
     status, out, _ = run(capsys, TINY, "--policy", "liveness", "--batch", "2", "--json",
                          "--memory", "1GiB")
     info = json.loads(out)
-    plan = simulate(apply_policy(lower(Graph(load_spec(TINY, batch=2))), "liveness"))
+    # sn-plan counts the optimiser's state, as sn-train allocates it (default: SGD with momentum)
+    from superneuron.optim import SolverConfig, make_optimizer
+    optimizer = make_optimizer(SolverConfig())
+    plan = simulate(apply_policy(lower(Graph(load_spec(TINY, batch=2)), optimizer=optimizer), "liveness"))
     assert status == 0 and info["fits"] is True and info["overflow"] is None
     assert info["policy"] == "liveness" and info["batch"] == 2 and info["steps"] == plan.steps
     assert (info["peak_bytes"], info["resident_bytes"], info["lower_bound_bytes"], info["arena_bytes"]) \

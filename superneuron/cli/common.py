@@ -6,7 +6,7 @@ from ..errors import SNError
 
 
 def net_arguments(parser):
-    """Add NET.yaml, --batch, --set, --device and --memory to ``parser``."""
+    """Add NET.yaml, --batch, --set, --device, --memory, --policy and --placement to ``parser``."""
     parser.add_argument("net", metavar="NET.yaml", help="network file")
     parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="K=V",
@@ -14,6 +14,12 @@ def net_arguments(parser):
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to run (default cpu)")
     parser.add_argument("--memory", metavar="SIZE",
                         help="device memory budget for the arena, e.g. 12GiB or 500MB (default: the plan's peak)")
+    from ..scheduler.placement import PLACEMENTS
+    from ..scheduler.policy import POLICIES
+    parser.add_argument("--policy", default="baseline", metavar="P",
+                        help=f"memory policy: {', '.join(POLICIES)} (default baseline)")
+    parser.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
+                        help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
 
 
 def load_spec_from_args(args):

@@ -13,20 +13,18 @@ import json
 import sys
 
 from ..errors import SNError
-from .common import fail, load_spec_from_args, net_arguments
+from ..optim import make_optimizer
+from .common import fail, load_spec_from_args, net_arguments, solver_from_args
 
 
 def build_parser():
-    from ..scheduler.placement import PLACEMENTS
-    from ..scheduler.policy import POLICIES
     p = argparse.ArgumentParser(
         prog="sn-plan", description="Plan one training iteration's device memory (no kernels run).",
         epilog="Exit status: 0 fits, 3 does not fit the --memory budget, 2 bad input.")
     net_arguments(p)
-    p.add_argument("--policy", default="baseline", metavar="P",
-                   help=f"memory policy: {', '.join(POLICIES)} (default baseline)")
-    p.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
-                   help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
+    p.add_argument("--solver", metavar="FILE",
+                   help="solver YAML: its optimiser state is resident (default: the net's solver: "
+                        "section, else SGD with momentum, as sn-train)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--steps", action="store_true", help="print every step with the bytes live after it")
     p.add_argument("--layers", action="store_true", help="print a per-layer table of working sets")
@@ -51,8 +49,10 @@ def plan_from_args(args):
     from ..scheduler.policy import apply_policy
     from ..scheduler.simulate import simulate
     budget = parse_size(args.memory) if args.memory else None
-    graph = Graph(load_spec_from_args(args))
-    schedule = apply_policy(lower(graph, train=True), args.policy, args.placement)
+    spec = load_spec_from_args(args)
+    optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
+    graph = Graph(spec)
+    schedule = apply_policy(lower(graph, train=True, optimizer=optimizer), args.policy, args.placement)
     plan = simulate(schedule)
     return schedule, plan, figures(schedule, plan, budget)
 
@@ -60,26 +60,21 @@ def plan_from_args(args):
 def figures(schedule, plan, budget):
     """The plan's figures as a JSON-ready dict (both allocators' arenas, the fit)."""
     from ..scheduler.placement import PLACEMENTS, arena_bytes
+    from ..scheduler.simulate import compute_step, overflow_at
     graph = schedule.graph
     placement = "dynamic" if schedule.offsets is None else "planned"
     arenas = {k: plan.arena_bytes if k == placement else arena_bytes(schedule, k) for k in PLACEMENTS}
     fits = plan.fits(budget)
     overflow = None
     if not fits:
-        # where the bytes live first exceed the budget (no placement could fit them), else,
-        # when only the placement's holes overflow it, where the arena first grows past it
-        step = next((i for i, x in enumerate(plan.live) if plan.resident_bytes + x > budget), None)
-        need = plan.peak_bytes
-        if step is None:
-            step, need = plan.overflow(schedule, budget)
-        where = _compute_step(schedule, step) if step is not None else "start-up"
-        overflow = {"step": where, "step_index": step, "needs_bytes": max(need, plan.arena_bytes)}
+        where, step, need = overflow_at(schedule, plan, budget)
+        overflow = {"step": where, "step_index": step, "needs_bytes": need}
     data = graph.inputs[0].tops[0] if graph.inputs else None
     return {
         "net": graph.name, "batch": graph.tensors[data].shape[0] if data else None,
         "policy": schedule.policy, "placement": placement, "steps": plan.steps,
         "peak_bytes": plan.peak_bytes,
-        "peak_step": _compute_step(schedule, plan.peak_step),
+        "peak_step": compute_step(schedule, plan.peak_step),
         "resident_bytes": plan.resident_bytes, "lower_bound_bytes": plan.lower_bound_bytes,
         "peak_over_lower_bound": round(plan.peak_bytes / max(plan.lower_bound_bytes, 1), 4),
         "arena_bytes": plan.arena_bytes,
@@ -88,21 +83,6 @@ def figures(schedule, plan, budget):
         **{f"fragmentation_{k}": round(v / max(plan.peak_bytes, 1), 4) for k, v in arenas.items()},
         "budget_bytes": budget, "fits": fits, "overflow": overflow,
     }
-
-
-def _compute_step(schedule, index):
-    """The compute step that the step at ``index`` serves (an Alloc is for the next compute
-    step, a Free for the previous one), as ``Forward(conv1)``."""
-    steps = schedule.steps
-    if not steps:
-        return "-"
-    if steps[index].kind == "free":
-        while index > 0 and steps[index].kind in ("alloc", "free"):
-            index -= 1
-    else:
-        while index < len(steps) - 1 and steps[index].kind in ("alloc", "free"):
-            index += 1
-    return steps[index].describe(schedule.graph).split(" [")[0]
 
 
 def run(args):

@@ -58,7 +58,8 @@ def run(args):
     data_cfg = _data_config(spec, args, source_config)
     optimizer = make_optimizer(solver)
     memory = parse_size(args.memory) if args.memory else None
-    net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory)
+    net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
+              policy=args.policy, placement=args.placement)
     classes = _classes(net)
     if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         data_cfg = _synthetic_like(net, classes, source_config)
@@ -85,8 +86,9 @@ def run(args):
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
-    print(f"memory: plan peak {human_bytes(plan.peak_bytes)} (resident {human_bytes(plan.resident_bytes)}, "
-          f"{plan.steps} steps); allocating arena of {human_bytes(net.arena_bytes)}")
+    print(f"memory: policy {args.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
+          f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
+          f"{human_bytes(net.arena_bytes)}")
 
     printer = _Printer(solver.max_iter, start=trainer.iteration)
     started = time.perf_counter()

@@ -91,3 +91,31 @@ def step_seconds(schedule, step):
     if step.kind == "update":  # reads params, grads and state, writes params and state
         return 3 * sum(schedule.tensors[t].nbytes for t in schedule.resident) / ASSUMED_BANDWIDTH
     return 0.0
+
+
+def compute_step(schedule, index):
+    """The compute step that the step at ``index`` serves (an Alloc is for the next compute
+    step, a Free for the previous one), as ``Forward(conv1)``."""
+    steps = schedule.steps
+    if not steps:
+        return "-"
+    if steps[index].kind == "free":
+        while index > 0 and steps[index].kind in MEMORY:
+            index -= 1
+    else:
+        while index < len(steps) - 1 and steps[index].kind in MEMORY:
+            index += 1
+    return steps[index].describe(schedule.graph).split(" [")[0]
+
+
+def overflow_at(schedule, plan, budget):
+    """Where a plan first overflows ``budget``: ``(compute step, step index, bytes needed)``.
+
+    That is where the bytes live first exceed the budget (no placement could fit them), or,
+    when only the placement's holes overflow it, where the arena first grows past it."""
+    step = next((i for i, x in enumerate(plan.live) if plan.resident_bytes + x > budget), None)
+    need = plan.peak_bytes
+    if step is None:
+        step, need = plan.overflow(schedule, budget)
+    where = compute_step(schedule, step) if step is not None else "start-up"
+    return where, step, max(need, plan.arena_bytes)
