@@ -71,11 +71,12 @@ def test_every_tensor_is_a_view_of_the_arena():
     assert buf.nbytes == net.arena_bytes
 
 
-def test_steady_state_iterations_allocate_only_bookkeeping():
+@pytest.mark.parametrize("policy", ["baseline", "liveness"])
+def test_steady_state_iterations_allocate_only_bookkeeping(policy):
     """Outside the arena, an iteration allocates only small bookkeeping (views, contexts, the
     NumPy buffers of strided ufuncs — at most a few hundred KiB, independent of the batch),
     far below the net's activations."""
-    net = small_net("nets/resnet_cifar.yaml", batch=8)
+    net = small_net("nets/resnet_cifar.yaml", batch=8, policy=policy)
     feed = feed_for(net)
     net.forward_backward(feed)
     tracemalloc.start()
