@@ -1,31 +1,47 @@
 """Solvers in Caffe's vocabulary: SGD (with momentum), Nesterov and Adam, learning-rate policies
-with warm-up, and solver files.
+with warm-up, gradient clipping, and solver files.
 
-Updates follow PyTorch's formulas (``torch.optim.SGD``/``Adam``), so results compare one to one:
-SGD keeps ``v = momentum * v + (g + wd * w)`` and steps ``w -= lr * v`` (Caffe scales by lr
-before accumulating; the two agree while lr is fixed). Caffe's per-parameter ``lr_mult`` and
-``decay_mult`` scale the learning rate and the weight decay. Every update writes in place and
-uses only the scratch it declares (``workspace_bytes``): no allocation proportional to a
-parameter.
+Updates follow PyTorch's formulas, so results compare one to one with ``torch.optim``:
+
+- SGD keeps ``v = momentum * v + (g + wd * w)`` and steps ``w -= lr * v`` (``torch.optim.SGD``).
+  Caffe scales by lr before accumulating, ``v = momentum * v + lr * (g + wd * w)``; the two agree
+  while lr is fixed and differ only in how a change of lr reaches the history.
+- Nesterov is ``torch.optim.SGD(nesterov=True)``: the step is ``g + wd * w + momentum * v``.
+- Adam is ``torch.optim.Adam``: L2 weight decay added to the gradient, bias corrections with
+  step ``t = it + 1``; ``momentum``/``momentum2``/``delta`` are beta1/beta2/eps.
+- ``clip_gradients`` is ``torch.nn.utils.clip_grad_norm_``: when the global L2 norm of the
+  gradients exceeds it, every gradient is scaled by ``clip / (norm + 1e-6)`` (Caffe omits the 1e-6).
+
+Caffe's per-parameter ``lr_mult`` and ``decay_mult`` scale the learning rate and the weight
+decay, as a torch parameter group with ``lr * lr_mult`` and ``weight_decay * decay_mult`` would;
+a parameter with ``lr_mult`` 0 is frozen (its gradient takes no part in clipping either).
+Every update writes in place and uses only the scratch it declares (``workspace_bytes``): nothing
+proportional to a parameter is allocated. The gradient is overwritten: it is scratch once read.
 """
 
 import dataclasses
 import difflib
 import math
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass
 
-import numpy as np
 import yaml
 
-from .errors import SpecError, where
+from .errors import SNError, SpecError, where
 
 TYPES = ("SGD", "Nesterov", "Adam")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine")
+ALIASES = {"lr": "base_lr", "iters": "max_iter"}  # command-line names of solver keys
 
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """Caffe solver keys (``momentum2`` and ``delta`` are Adam's beta2 and epsilon)."""
+    """Caffe solver keys (``momentum2`` and ``delta`` are Adam's beta2 and epsilon).
+
+    ``epochs``, when set, is turned into ``max_iter`` by :meth:`with_epochs` once the size of
+    the training set is known; ``clip_gradients`` <= 0 means no clipping.
+    """
 
     type: str = "SGD"
     base_lr: float = 0.01
@@ -36,43 +52,47 @@ class SolverConfig:
     lr_policy: str = "fixed"
     gamma: float = 0.1
     stepsize: int = 0
-    stepvalue: tuple = ()
+    stepvalue: typing.Tuple[int, ...] = ()
     power: float = 1.0
     min_lr: float = 0.0
     warmup_iter: int = 0
     max_iter: int = 1000
+    epochs: typing.Optional[float] = None
+    clip_gradients: float = -1.0
     display: int = 50
     test_interval: int = 0
     test_iter: int = 0
     snapshot: int = 0
     snapshot_prefix: str = ""
-    problems: tuple = field(default=(), compare=False, repr=False)
 
     def __post_init__(self):
-        problems = list(self.check())
+        problems = [msg for _, msg in check(self)]
         if problems:
             raise SpecError(problems)
 
-    def check(self):
-        """What is wrong with these values, as messages (empty when all is well)."""
-        if self.type not in TYPES:
-            yield f"type: expected one of {', '.join(TYPES)}, got {self.type!r}"
-        if self.lr_policy not in POLICIES:
-            yield f"lr_policy: expected one of {', '.join(POLICIES)}, got {self.lr_policy!r}"
-        if self.lr_policy == "step" and self.stepsize <= 0:
-            yield "lr_policy step needs stepsize > 0"
-        if self.lr_policy == "multistep" and (not self.stepvalue or list(self.stepvalue) != sorted(self.stepvalue)):
-            yield "lr_policy multistep needs stepvalue: an ascending list of iterations"
-        if self.base_lr < 0:
-            yield f"base_lr must be >= 0, got {self.base_lr}"
-        if not 0 <= self.momentum < 1 or not 0 <= self.momentum2 < 1:
-            yield "momentum and momentum2 must be in [0, 1)"
-        if self.max_iter < 0:
-            yield f"max_iter must be >= 0, got {self.max_iter}"
-
     def with_overrides(self, **values):
-        """A copy with some values replaced (command-line flags)."""
-        return dataclasses.replace(self, **values)
+        """A copy with some values replaced (command-line flags; ``lr`` and ``iters`` are
+        accepted for ``base_lr`` and ``max_iter``); SpecError naming every bad flag."""
+        problems, clean = [], {}
+        for key, value in values.items():
+            key = ALIASES.get(key, key)
+            if key not in _KINDS:
+                problems.append(f"unknown solver key '{key}'" + _hint(key, list(_KINDS) + list(ALIASES)))
+                continue
+            try:
+                clean[key] = _convert(key, value)
+            except ValueError as e:
+                problems.append(f"'{key}': {e}")
+        if problems:
+            raise SpecError(problems)
+        return dataclasses.replace(self, **clean)
+
+    def with_epochs(self, samples, batch):
+        """With ``epochs`` set: a copy whose ``max_iter`` covers that many passes over ``samples``
+        training samples in batches of ``batch`` (at least one iteration); else ``self``."""
+        if self.epochs is None:
+            return self
+        return dataclasses.replace(self, max_iter=max(1, math.ceil(self.epochs * samples / batch)))
 
     def describe(self):
         """A one-line summary, e.g. ``SGD lr 0.01 momentum 0.9 weight_decay 0.0005 (fixed)``."""
@@ -81,34 +101,93 @@ class SolverConfig:
             text += f" momentum {self.momentum:g}"
         if self.type == "Adam":
             text += f" momentum2 {self.momentum2:g}"
-        text += f" weight_decay {self.weight_decay:g} ({self.lr_policy}"
-        text += f", warm-up {self.warmup_iter})" if self.warmup_iter else ")"
-        return text
+        text += f" weight_decay {self.weight_decay:g}"
+        if self.clip_gradients > 0:
+            text += f" clip {self.clip_gradients:g}"
+        text += f" ({self.lr_policy}"
+        return text + (f", warm-up {self.warmup_iter})" if self.warmup_iter else ")")
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(SolverConfig) if f.name != "problems"}
+def check(c):
+    """What is wrong with the solver values of ``c`` (a SolverConfig or any object with its
+    attributes), as ``(key, message)`` pairs; none when all is well."""
+    for key in ("type", "lr_policy"):
+        value, allowed = getattr(c, key), TYPES if key == "type" else POLICIES
+        if value not in allowed:
+            yield key, f"{key}: expected one of {', '.join(allowed)}, got {value!r}" + _hint(value, allowed)
+    if c.lr_policy == "step" and c.stepsize <= 0:
+        yield "lr_policy", "lr_policy step needs stepsize > 0"
+    if c.lr_policy == "multistep" and (not c.stepvalue or any(
+            b <= a for a, b in zip(c.stepvalue, c.stepvalue[1:]))):
+        yield "lr_policy", "lr_policy multistep needs stepvalue: a strictly ascending list of iterations"
+    if c.lr_policy in ("poly", "cosine") and c.max_iter <= 0:
+        yield "lr_policy", f"lr_policy {c.lr_policy} needs max_iter > 0"
+    if c.type == "Nesterov" and c.momentum <= 0:
+        yield "momentum", "type Nesterov needs momentum > 0"
+    for key in ("momentum", "momentum2"):
+        if not 0 <= getattr(c, key) < 1:
+            yield key, f"{key} must be in [0, 1), got {getattr(c, key)}"
+    for key in ("base_lr", "weight_decay", "min_lr", "power", "stepsize", "warmup_iter", "max_iter",
+                "display", "test_interval", "test_iter", "snapshot"):
+        if getattr(c, key) < 0:
+            yield key, f"{key} must be >= 0, got {getattr(c, key)}"
+    if any(v < 0 for v in c.stepvalue):
+        yield "stepvalue", "stepvalue must hold iterations >= 0"
+    if c.gamma <= 0:
+        yield "gamma", f"gamma must be > 0, got {c.gamma}"
+    if c.delta <= 0:
+        yield "delta", f"delta must be > 0, got {c.delta}"
+    if c.epochs is not None and c.epochs <= 0:
+        yield "epochs", f"epochs must be > 0, got {c.epochs}"
+
+
+def _hint(word, choices):
+    close = difflib.get_close_matches(str(word), choices, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _kind(hint):
+    """``(python type, optional)`` of a field's annotation."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union:
+        return args[0], True
+    return typing.get_origin(hint) or hint, False
+
+
+_KINDS = {name: _kind(hint) for name, hint in typing.get_type_hints(SolverConfig).items()}
+
+
+def _number(value):
+    """``value`` as a finite float; YAML reads ``1e-3`` (no dot) as a string, so numeric strings count."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError
+    return value
 
 
 def _convert(key, value):
     """``value`` converted to the type of solver key ``key``; ValueError saying what was expected."""
-    default = _FIELDS[key].default
-    if isinstance(default, bool) or isinstance(value, bool):
-        raise ValueError(f"expected a {type(default).__name__}, got {value!r}")
-    if isinstance(default, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int):
-            raise ValueError(f"expected an integer, got {value!r}")
-        return value
-    if isinstance(default, float):
-        if not isinstance(value, (int, float)):
-            raise ValueError(f"expected a number, got {value!r}")
-        return float(value)
-    if isinstance(default, tuple):
-        items = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-            raise ValueError(f"expected a list of integers, got {value!r}")
-        return tuple(items)
+    kind, optional = _KINDS[key]
+    if value is None and optional:
+        return None
+    try:
+        if kind is float:
+            return float(_number(value))
+        if kind is int:
+            value = _number(value)
+            if float(value).is_integer():
+                return int(value)
+            raise ValueError
+        if kind is tuple:
+            items = value if isinstance(value, (list, tuple)) else [value]
+            return tuple(_convert("stepsize", v) for v in items)
+    except ValueError:
+        want = {float: "a number", int: "an integer", tuple: "a list of integers"}[kind]
+        raise ValueError(f"expected {want}, got {value!r}") from None
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
     return value
@@ -116,49 +195,76 @@ def _convert(key, value):
 
 def solver_from_mapping(mapping, file="<solver>", lines=None):
     """A SolverConfig from a mapping of solver keys; every problem in one SpecError, each as
-    ``file:line: what`` (``lines`` maps keys to line numbers when known)."""
-    lines = lines or {}
-    values, problems = {}, []
+    ``file:line: what``. ``lines`` maps keys to line numbers, or is the line of the whole
+    mapping (a net file's ``solver:`` section)."""
+    at_line = lines if isinstance(lines, dict) else {}
+    default_line = None if isinstance(lines, dict) else lines
     if not isinstance(mapping, dict):
-        raise SpecError(where(file, 1) + "a solver is a mapping of solver keys (base_lr: 0.01, ...)")
+        raise SpecError(where(file, default_line) + "a solver is a mapping of solver keys (base_lr: 0.01, ...)")
+
+    def at(key):
+        return where(file, at_line.get(key, default_line))
+
+    values, problems = {}, []
     for key, value in mapping.items():
-        at = where(file, lines.get(key, None))
-        if key not in _FIELDS:
-            close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
-            problems.append(at + f"unknown solver key '{key}'" + (f"; did you mean '{close[0]}'?" if close else ""))
+        if key not in _KINDS:
+            problems.append(at(key) + f"unknown solver key '{key}'" + _hint(key, list(_KINDS)))
             continue
         try:
             values[key] = _convert(key, value)
         except ValueError as e:
-            problems.append(at + f"'{key}': {e}")
-    if problems:
-        raise SpecError(problems)
-    try:
-        return SolverConfig(**values)
-    except SpecError as e:
-        raise SpecError([where(file) + p for p in e.problems]) from None
+            problems.append(at(key) + f"'{key}': {e}")
+    if "epochs" in mapping and "max_iter" in mapping:
+        problems.append(at("epochs") + "give max_iter or epochs, not both")
+    if not problems:
+        try:
+            return SolverConfig(**values)
+        except SpecError:  # values that do not fit together: put each at the key it is about
+            merged = types.SimpleNamespace(**dict(dataclasses.asdict(SolverConfig()), **values))
+            problems = [at(key) + msg for key, msg in check(merged)]
+    raise SpecError(problems)
 
 
 def load_solver(path):
-    """Read a solver YAML file (Caffe solver keys); SpecError with file and line on problems."""
+    """Read a solver YAML file (Caffe solver keys); one SpecError listing every problem, each
+    as ``file:line: what is wrong``."""
     try:
         with open(path) as f:
-            node = yaml.compose(f)
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such solver file") from None
+            text = f.read()
+    except OSError as e:
+        raise SNError(f"{path}: no such solver file" if isinstance(e, FileNotFoundError)
+                      else f"{path}: cannot read solver file ({e.strerror})") from None
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        mapping = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        raise SpecError(where(path, line) + f"not valid YAML ({getattr(e, 'problem', e)})") from None
-    if node is None or not isinstance(node, yaml.MappingNode):
+        raise SpecError(where(path, mark.line + 1 if mark else None)
+                        + f"not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    finally:
+        loader.dispose()
+    if not isinstance(node, yaml.MappingNode):
         raise SpecError(where(path, 1) + "a solver file is a mapping of solver keys (base_lr: 0.01, ...)")
-    lines = {k.value: k.start_mark.line + 1 for k, _ in node.value}
-    mapping = yaml.safe_load(open(path))
-    return solver_from_mapping(mapping, path, lines)
+    lines, duplicates = {}, []
+    for key, _ in node.value:
+        line = key.start_mark.line + 1
+        if key.value in lines:
+            duplicates.append(where(path, line) + f"solver key '{key.value}' given twice (first on line "
+                                                  f"{lines[key.value]})")
+        lines.setdefault(key.value, line)
+    try:
+        cfg = solver_from_mapping(mapping, path, lines)
+    except SpecError as e:
+        raise SpecError(duplicates + e.problems) from None
+    if duplicates:
+        raise SpecError(duplicates)
+    return cfg
 
 
 def learning_rate(cfg, it):
-    """The learning rate at 0-based iteration ``it`` (Caffe's policies, then linear warm-up)."""
+    """The learning rate at 0-based iteration ``it``: Caffe's policy, then linear warm-up
+    (``(it + 1) / warmup_iter`` of it while ``it < warmup_iter``)."""
     base, policy = cfg.base_lr, cfg.lr_policy
     if policy == "fixed":
         lr = base
@@ -167,22 +273,22 @@ def learning_rate(cfg, it):
     elif policy == "multistep":
         lr = base * cfg.gamma ** sum(1 for s in cfg.stepvalue if it >= s)
     elif policy == "poly":
-        lr = base * max(0.0, 1 - it / max(cfg.max_iter, 1)) ** cfg.power
-    else:  # cosine
-        lr = cfg.min_lr + (base - cfg.min_lr) * (1 + math.cos(math.pi * min(it, cfg.max_iter)
-                                                               / max(cfg.max_iter, 1))) / 2
+        lr = base * (1 - min(it, cfg.max_iter) / cfg.max_iter) ** cfg.power
+    else:  # cosine, held at min_lr after max_iter
+        lr = cfg.min_lr + (base - cfg.min_lr) * (1 + math.cos(math.pi * min(it, cfg.max_iter) / cfg.max_iter)) / 2
     if it < cfg.warmup_iter:
         lr *= (it + 1) / cfg.warmup_iter
     return lr
 
 
 class Optimizer:
-    """Updates parameters in place: ``update(xp, it, entries, scratch)``, where ``entries`` are
-    ``(param, grad, [state arrays], lr_mult, decay_mult)`` and ``scratch(shape, dtype)`` gives
-    workspace views. The gradient is overwritten (it is scratch once the update has read it)."""
+    """The solver of a SolverConfig. ``update(xp, it, entries, scratch)`` takes ``entries`` of
+    ``(param, grad, [state arrays], lr_mult, decay_mult)`` and ``scratch(shape, dtype)`` giving
+    views of the workspace declared by ``workspace_bytes``."""
 
     def __init__(self, cfg):
         self.cfg = cfg
+        self.grad_norm = None  # the global gradient norm of the last update, when clipping
 
     @property
     def type(self):
@@ -190,36 +296,45 @@ class Optimizer:
 
     @property
     def slots(self):
-        """State arrays per learnable parameter."""
+        """State arrays per learnable parameter (SGD without momentum keeps none)."""
         if self.cfg.type == "Adam":
             return 2
         return 1 if self.cfg.momentum else 0
 
     def state_name(self, k):
+        """The name of state array ``k`` (torch's names), for snapshots and the arena."""
         return ("exp_avg", "exp_avg_sq")[k] if self.cfg.type == "Adam" else "momentum"
 
+    def state_names(self):
+        """The names of the state arrays of one parameter, in slot order."""
+        return tuple(self.state_name(k) for k in range(self.slots))
+
     def workspace_bytes(self, shapes, dtype):
-        """Scratch for one update: one array as large as the largest parameter."""
-        if not shapes:
+        """Scratch for one update: one array as large as the largest parameter, or none for SGD
+        without weight decay (the gradient itself is the scratch there)."""
+        if not shapes or (self.cfg.type == "SGD" and not self.cfg.weight_decay):
             return 0
         from .layers.base import workspace_bytes
-        return workspace_bytes((max(shapes, key=lambda s: int(np.prod(s))), dtype))
+        return workspace_bytes((max(shapes, key=lambda s: math.prod(s)), dtype))
 
     def lr(self, it):
         """The learning rate at 0-based iteration ``it``."""
         return learning_rate(self.cfg, it)
 
     def update(self, xp, it, entries, scratch):
-        """One step for every ``(param, grad, state, lr_mult, decay_mult)`` in ``entries``."""
+        """One step at 0-based iteration ``it`` for every entry; grads are left overwritten."""
         cfg, lr = self.cfg, self.lr(it)
-        if not entries:
+        live = [e for e in entries if e[3] != 0]  # lr_mult 0: frozen
+        if not live:
             return
-        largest = max(entries, key=lambda e: e[0].size)[0]
-        buffer = scratch((largest.size,), largest.dtype)  # one buffer, reused by every parameter
-        for w, g, state, lr_mult, decay_mult in entries:
-            if lr_mult == 0:
-                continue
-            tmp = buffer[:w.size].reshape(w.shape)
+        if cfg.clip_gradients > 0:
+            self._clip(xp, [e[1] for e in live])
+        buffer = None
+        if self.workspace_bytes([e[0].shape for e in live], live[0][0].dtype):
+            largest = max(live, key=lambda e: e[0].size)[0]
+            buffer = scratch((largest.size,), largest.dtype)  # one buffer, reused by every parameter
+        for w, g, state, lr_mult, decay_mult in live:
+            tmp = None if buffer is None else buffer[:w.size].reshape(w.shape)
             decay = cfg.weight_decay * decay_mult
             if decay:  # g + wd * w, as torch's weight_decay
                 xp.multiply(w, decay, out=tmp)
@@ -229,6 +344,15 @@ class Optimizer:
             else:
                 self._sgd(xp, w, g, state, lr * lr_mult, tmp)
 
+    def _clip(self, xp, grads):
+        # torch's clip_grad_norm_: the norm of the per-tensor norms, scale by max / (norm + 1e-6)
+        norm = math.sqrt(sum(float(xp.vdot(g.reshape(-1), g.reshape(-1))) for g in grads))
+        self.grad_norm = norm
+        coef = self.cfg.clip_gradients / (norm + 1e-6)
+        if coef < 1:
+            for g in grads:
+                g *= g.dtype.type(coef)
+
     def _sgd(self, xp, w, g, state, lr, tmp):
         mu = self.cfg.momentum
         step = g
@@ -236,25 +360,25 @@ class Optimizer:
             v = state[0]
             v *= mu
             v += g
-            if self.cfg.type == "Nesterov":
+            if self.cfg.type == "Nesterov":  # g + mu * v
                 xp.multiply(v, mu, out=tmp)
                 g += tmp
             else:
                 step = v
-        xp.multiply(step, lr, out=tmp)
-        w -= tmp
+        xp.multiply(step, lr, out=g)  # g is free now: it holds the step
+        w -= g
 
     def _adam(self, xp, it, w, g, state, lr, tmp):
         b1, b2, t = self.cfg.momentum, self.cfg.momentum2, it + 1
         m, v = state
-        m *= b1
-        xp.multiply(g, 1 - b1, out=tmp)
+        xp.subtract(g, m, out=tmp)  # m.lerp_(g, 1 - b1), as torch: m + (1 - b1) * (g - m)
+        tmp *= 1 - b1
         m += tmp
+        v *= b2
         xp.multiply(g, g, out=tmp)
         tmp *= 1 - b2
-        v *= b2
         v += tmp
-        xp.sqrt(v, out=g)
+        xp.sqrt(v, out=g)  # denominator sqrt(v) / sqrt(1 - b2^t) + eps, in g
         g /= math.sqrt(1 - b2 ** t)
         g += self.cfg.delta
         xp.divide(m, g, out=tmp)

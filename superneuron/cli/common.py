@@ -37,11 +37,14 @@ def solver_from_args(args, spec):
     if getattr(args, "solver", None):
         solver = load_solver(args.solver)
     elif getattr(spec, "solver", None):
-        solver = solver_from_mapping(spec.solver, spec.file)
+        solver = solver_from_mapping(spec.solver, spec.file, spec.solver_line)
     else:
         solver = SolverConfig()
     overrides = {}
-    for flag, key in (("lr", "base_lr"), ("iters", "max_iter"), ("display", "display"),
+    if getattr(args, "iters", None) is not None and solver.epochs is not None:
+        solver = solver.with_overrides(epochs=None)  # --iters wins over the file's epochs
+    for flag, key in (("lr", "base_lr"), ("iters", "max_iter"), ("epochs", "epochs"),
+                      ("display", "display"),
                       ("test_interval", "test_interval"), ("snapshot_interval", "snapshot")):
         value = getattr(args, flag, None)
         if value is not None:

@@ -68,9 +68,8 @@ def run(args):
         check_labels(train_set, classes, data_cfg["source"])
         check_labels(test_set, classes, data_cfg["source"])
     _check_sample_shape(net, train_set, data_cfg["source"])
-    if args.epochs is not None:
-        iters = max(1, math.ceil(args.epochs * len(train_set) / _batch(spec)))
-        solver = solver.with_overrides(max_iter=iters)  # the optimiser's own copy only sets lr
+    solver = solver.with_epochs(len(train_set), _batch(spec))
+    optimizer.cfg = solver  # max_iter shapes poly and cosine learning rates
     batch = _batch(spec)
     train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
     test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
