@@ -25,6 +25,7 @@ import yaml
 
 from .errors import SpecError, where
 
+
 def _error(message):
     """``${... if ok else error("why")}``: stop with the file's own message."""
     raise ExprError(str(message))

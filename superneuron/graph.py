@@ -127,7 +127,7 @@ class Graph:
 
         Returns ``[(LayerSpec, Layer, bottom_versions, top_versions)]`` in execution order."""
         producers = {}  # name -> [(position, LayerSpec)]
-        for pos, (ls, layer) in enumerate(layers):
+        for pos, (ls, _) in enumerate(layers):
             for t in ls.tops:
                 producers.setdefault(t, []).append((pos, ls))
         for t, prods in producers.items():
@@ -139,7 +139,7 @@ class Graph:
                                       f"may write it again")
         resolved = []
         version = {}  # name -> latest version name, in file order
-        for pos, (ls, layer) in enumerate(layers):
+        for ls, layer in layers:
             bottoms = []
             for b in ls.bottoms:
                 if b in version:
@@ -179,7 +179,7 @@ class Graph:
                     backward_readers.setdefault(v, []).append((ls, layer))
         shapes = {}
         failed = set()
-        for pos, (ls, layer, bottoms, tops) in enumerate(order):
+        for ls, layer, bottoms, tops in order:
             if any(b in failed for b in bottoms):
                 failed.update(tops)
                 continue

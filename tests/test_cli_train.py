@@ -74,7 +74,7 @@ def test_policies_train_identically_and_peaks_match_sn_plan(tmp_path, capsys):
         planned = _json.loads(capsys.readouterr().out)["peak_bytes"]
         runs[policy] = ([r["loss"] for r in records], records[-1]["peak_bytes"], planned)
     assert runs["liveness"][0] == runs["baseline"][0]
-    for losses, real, planned in runs.values():
+    for _, real, planned in runs.values():
         assert real == planned
     assert runs["liveness"][1] < runs["baseline"][1]
 

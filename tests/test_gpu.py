@@ -4,8 +4,8 @@ holding every tensor."""
 
 import numpy as np
 import pytest
-
 from layer_harness import build
+
 from superneuron.layers.base import Context
 
 pytestmark = pytest.mark.gpu
@@ -65,9 +65,9 @@ def test_layer_on_gpu_matches_cpu(type_name, shapes, cfg):
 
 @pytest.mark.parametrize("path", ["nets/resnet.yaml", "nets/lenet.yaml"])
 def test_net_on_gpu_matches_pytorch_and_plan_equals_run(path):
+    import cupy
     from test_net import feed_for, small_net
     from torch_ref import run_torch
-    import cupy
     net = small_net(path, device="gpu")
     feed = feed_for(net)
     loss = net.forward_backward(feed)

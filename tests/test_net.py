@@ -4,9 +4,9 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from torch_ref import run_torch
 
 from superneuron import load_net
-from torch_ref import run_torch
 
 # Small sizes so a whole iteration of each net runs in a moment on the CPU.
 SMALL = {

@@ -29,7 +29,7 @@ def run_torch(net, feed, dtype=torch.float32):
     graph = net.graph
     values, params = {}, {}
     for node in graph.nodes:
-        for k, t in node.params.items():
+        for t in node.params.values():
             params[t] = torch.tensor(net.param(t), dtype=dtype,
                                      requires_grad=graph.tensors[t].kind == "param")
     loss = 0.0

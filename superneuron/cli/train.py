@@ -48,7 +48,7 @@ def main(argv=None):
 
 
 def run(args):
-    from ..data import Loader, open_source, source_config, check_labels
+    from ..data import Loader, check_labels, open_source, source_config
     from ..net import Net
     from ..optim import make_optimizer
     from ..train import Trainer

@@ -20,7 +20,7 @@ overwriting, never accumulating. Scratch memory comes from ``ctx.scratch`` (a vi
 step's workspace), never from a hidden allocation proportional to the tensors.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -77,7 +77,7 @@ class Arena:
         if self.planned is not None:
             return self._alloc_planned(name, nbytes, size)
         best = None
-        for i, (off, sz) in enumerate(self.free_blocks):
+        for i, (_, sz) in enumerate(self.free_blocks):
             if sz >= size and (best is None or sz < self.free_blocks[best][1]):
                 best = i
         if best is not None:
