@@ -29,10 +29,12 @@ class Net:
     is sized from the plan. ``policy`` and ``placement`` choose the memory passes and the
     allocator (scheduler.policy); every policy computes the same results as ``baseline``, but
     under the others a tensor freed early may be overwritten before :meth:`blob` reads it.
+    Each step runs the fastest algorithm whose workspace fits ``memory`` and, where a layer has
+    a choice, ``workspace_limit`` bytes (scheduler/workspace.py).
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
-                 policy="baseline", placement="dynamic"):
+                 policy="baseline", placement="dynamic", workspace_limit=None):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype))
@@ -40,8 +42,9 @@ class Net:
         self.seed = seed
         self.policy = policy
         self.schedules = {
-            "train": apply_policy(lower(self.graph, train=True, optimizer=optimizer), policy, placement),
-            "test": apply_policy(lower(self.graph, train=False, optimizer=optimizer), policy, placement),
+            k: apply_policy(lower(self.graph, train=k == "train", optimizer=optimizer), policy,
+                            placement, budget=memory, workspace_limit=workspace_limit)
+            for k in ("train", "test")
         }
         self.plans = {k: simulate(s) for k, s in self.schedules.items()}
         needed = max(p.arena_bytes for p in self.plans.values())

@@ -57,7 +57,7 @@ def test_liveness_needs_less_than_baseline(capsys):
 def test_over_budget_exits_3_and_names_the_step(capsys, placement):
     _, out, _ = run(capsys, TINY, "--json", "--placement", placement)
     peak = json.loads(out)["peak_bytes"]
-    budget = peak - 4096
+    budget = peak // 2  # well under: smaller convolution workspaces alone cannot make it fit
     status, out, _ = run(capsys, TINY, "--memory", str(budget), "--placement", placement)
     assert status == 3
     line = next(x for x in out.splitlines() if x.startswith("needs "))

@@ -3,6 +3,11 @@ policy, without running a kernel or allocating the arena.
 
     sn-plan nets/resnet.yaml --set depth=152 --policy liveness --memory 12GiB
     sn-plan nets/vgg16.yaml --layers --timeline vgg.png --trace vgg.json
+    sn-plan nets/lenet.yaml --profile        # time each layer on this CPU (cached) first
+
+The estimated iteration time comes from the cost model (scheduler/cost.py): the layers' flops
+and bytes at --device's assumed rates, or, with --profile, each kernel timed once on the CPU
+backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR).
 
 Exit status: 0 when the plan fits the budget (or none is given), 3 when it does not, 2 for a
 bad network file or option.
@@ -30,6 +35,9 @@ def build_parser():
     p.add_argument("--layers", action="store_true", help="print a per-layer table of working sets")
     p.add_argument("--timeline", metavar="FILE.png", help="plot the bytes live over the steps")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of the steps")
+    p.add_argument("--profile", action="store_true",
+                   help="time each layer's algorithms on the CPU backend (cached) and plan with "
+                        "those times instead of estimates")
     return p
 
 
@@ -42,19 +50,34 @@ def main(argv=None):
 
 
 def plan_from_args(args):
-    """``(schedule, plan, figures)`` for the network, policy and placement in ``args``."""
+    """``(schedule, plan, figures)`` for the network, policy, placement, budget and workspace
+    limit in ``args``; with ``args.profile``, algorithms are ranked and timed by measurement."""
     from ..graph import Graph
     from ..report import parse_size
+    from ..scheduler.cost import CostModel
     from ..scheduler.lower import lower
     from ..scheduler.policy import apply_policy
     from ..scheduler.simulate import simulate
     budget = parse_size(args.memory) if args.memory else None
+    limit = parse_size(args.workspace_limit) if args.workspace_limit else None
     spec = load_spec_from_args(args)
     optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
     graph = Graph(spec)
-    schedule = apply_policy(lower(graph, train=True, optimizer=optimizer), args.policy, args.placement)
+    model, profile = CostModel(args.device), None
+    if getattr(args, "profile", False):
+        from ..backend import Backend
+        from ..scheduler.cost import load_or_measure
+        table, path, measured = load_or_measure(graph, Backend())
+        model = CostModel("cpu", table)
+        profile = {"cache": path, "measured": measured, "entries": len(table)}
+    schedule = apply_policy(lower(graph, train=True, optimizer=optimizer), args.policy, args.placement,
+                            budget=budget, workspace_limit=limit, costs=model)
     plan = simulate(schedule)
-    return schedule, plan, figures(schedule, plan, budget)
+    info = figures(schedule, plan, budget)
+    info["est_seconds"] = model.iteration_seconds(schedule)
+    info["cost_model"] = "measured" if profile else f"estimate ({model.device.name})"
+    info["profile"] = profile
+    return schedule, plan, info
 
 
 def figures(schedule, plan, budget):
@@ -92,6 +115,10 @@ def run(args):
         print(json.dumps(info, indent=1))
     else:
         print(report.plan_summary(info))
+        print(f"est. time     {info['est_seconds'] * 1e3:.3f} ms per iteration ({info['cost_model']})")
+        if info["profile"]:
+            verb = "measured and wrote" if info["profile"]["measured"] else "read"
+            print(f"profile       {verb} {info['profile']['cache']}")
         if args.layers:
             print()
             print(report.layers_table(schedule, plan))

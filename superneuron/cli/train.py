@@ -59,7 +59,8 @@ def run(args):
     optimizer = make_optimizer(solver)
     memory = parse_size(args.memory) if args.memory else None
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
-              policy=args.policy, placement=args.placement)
+              policy=args.policy, placement=args.placement,
+              workspace_limit=parse_size(args.workspace_limit) if args.workspace_limit else None)
     classes = _classes(net)
     if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         data_cfg = _synthetic_like(net, classes, source_config)

@@ -7,6 +7,7 @@ the run's figures to the byte (plan equals run)."""
 from dataclasses import dataclass, field
 
 from ..runtime.arena import Arena, aligned
+from .cost import step_seconds  # noqa: F401  (step times: the cost model; the trace imports it here)
 from .liveness import Roots, step_roots
 from .schedule import MEMORY
 
@@ -72,25 +73,6 @@ def simulate(schedule):
     return Plan(peak_bytes=arena.peak_bytes, resident_bytes=arena.resident_end,
                 arena_bytes=arena.high_water, lower_bound_bytes=arena.resident_end + largest,
                 steps=len(schedule.steps), live=live, peak_step=peak_step)
-
-
-# An assumed device for time estimates (sn-plan --trace) until steps are measured: roughly a
-# current GPU's sustained convolution rate and memory bandwidth.
-ASSUMED_FLOPS = 20e12
-ASSUMED_BANDWIDTH = 1.5e12
-
-
-def step_seconds(schedule, step):
-    """Estimated time of a step: its layer's flops or bytes moved at the assumed rates,
-    whichever takes longer; memory steps take none."""
-    if step.kind in ("forward", "recompute", "backward"):
-        cost = schedule.graph.nodes[step.target].layer.cost()
-        if step.kind == "backward":
-            return max(cost.bwd_flops / ASSUMED_FLOPS, cost.bwd_bytes / ASSUMED_BANDWIDTH)
-        return max(cost.fwd_flops / ASSUMED_FLOPS, cost.fwd_bytes / ASSUMED_BANDWIDTH)
-    if step.kind == "update":  # reads params, grads and state, writes params and state
-        return 3 * sum(schedule.tensors[t].nbytes for t in schedule.resident) / ASSUMED_BANDWIDTH
-    return 0.0
 
 
 def compute_step(schedule, index):

@@ -1,0 +1,210 @@
+"""The cost model: how long each step of a schedule takes.
+
+Without measurements a step's time is estimated from its layer's ``cost()`` (flops and bytes
+moved) at a device's assumed rates (:class:`DeviceModel`), whichever takes longer, divided by
+the chosen algorithm's relative ``speed``. :func:`measure_costs` times each distinct
+(layer type, shapes, configuration, algorithm, phase) once on a backend instead; its table is
+cached as JSON under ``~/.cache/superneuron/`` (``$SN_CACHE_DIR`` overrides the folder), keyed
+by device and the network's shape signature, and :class:`CostModel` prefers it where it has
+an entry. The workspace pass ranks algorithms with this model; sn-plan sums it into an
+estimated iteration time; the trace times its spans with it.
+"""
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """A device's assumed sustained rates: ``flops`` per second and ``bandwidth`` in bytes per
+    second."""
+
+    name: str
+    flops: float
+    bandwidth: float
+
+    def seconds(self, flops, nbytes):
+        """Time of work that is compute-bound or memory-bound, whichever takes longer."""
+        return max(flops / self.flops, nbytes / self.bandwidth)
+
+
+DEVICES = {
+    # Measured once on the 2-core development machine: float32 1024² GEMM through NumPy ran
+    # at ~230 GFLOP/s, an elementwise add over 128 MiB at ~47 GB/s (read + write). Layers
+    # reach about half of either (im2col copies, small GEMMs, temporaries), hence these.
+    "cpu": DeviceModel("cpu", flops=100e9, bandwidth=20e9),
+    # An H100-class GPU: what float32 convolutions sustain through cuDNN (well under the
+    # 67 TFLOP/s peak without TF32) and about half of HBM3's 3.35 TB/s.
+    "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12),
+}
+
+
+def phase_of(step):
+    """The layer phase a compute step runs: a recompute is a forward."""
+    return "backward" if step.kind == "backward" else "forward"
+
+
+def estimate(layer, phase, algo, device):
+    """Estimated seconds of ``layer``'s ``phase`` with Algo ``algo`` on DeviceModel ``device``."""
+    cost = layer.cost()
+    if phase == "backward":
+        base = device.seconds(cost.bwd_flops, cost.bwd_bytes)
+    else:
+        base = device.seconds(cost.fwd_flops, cost.fwd_bytes)
+    return base / max(algo.speed, 1e-9)
+
+
+def entry_key(layer, algo_name, phase):
+    """The measured table's key of one (layer type, shapes, configuration, algorithm, phase)."""
+    cfg = hashlib.sha1(json.dumps(layer.cfg, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    shapes = "x".join(str(list(s)) for s in layer.bottom_shapes)
+    return f"{layer.type}|{shapes}|{layer.dtype.name}|{cfg}|{algo_name}|{phase}"
+
+
+class CostModel:
+    """Step times on ``device`` (a DeviceModel or a name in :data:`DEVICES`), from the measured
+    ``table`` (:func:`measure_costs`) where it has the entry, else estimated."""
+
+    def __init__(self, device="gpu", table=None):
+        self.device = DEVICES[device] if isinstance(device, str) else device
+        self.table = table or {}
+
+    def algo_seconds(self, layer, phase, algo):
+        """Seconds of ``layer``'s ``phase`` with Algo ``algo``."""
+        measured = self.table.get(entry_key(layer, algo.name, phase))
+        return measured if measured is not None else estimate(layer, phase, algo, self.device)
+
+    def step_seconds(self, schedule, step):
+        """Seconds of one step; memory steps take none (copies are timed by their own passes)."""
+        if step.kind in ("forward", "recompute", "backward"):
+            layer = schedule.graph.nodes[step.target].layer
+            phase = phase_of(step)
+            algos = layer.algorithms(phase)
+            algo = next((a for a in algos if a.name == step.algo), algos[0])
+            return self.algo_seconds(layer, phase, algo)
+        if step.kind == "update":  # reads params, grads and state, writes params and state
+            nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
+            return 3 * nbytes / self.device.bandwidth
+        return 0.0
+
+    def iteration_seconds(self, schedule):
+        """Estimated seconds of one iteration: the sum of its steps."""
+        return sum(self.step_seconds(schedule, s) for s in schedule.steps)
+
+
+def as_model(costs):
+    """A CostModel from ``costs``: a CostModel, a measured table (dict), or None (estimates)."""
+    if isinstance(costs, CostModel):
+        return costs
+    return CostModel(table=costs)
+
+
+def step_seconds(schedule, step, model=None):
+    """Seconds of ``step`` under ``model`` (default: the GPU estimate)."""
+    return (model or CostModel()).step_seconds(schedule, step)
+
+
+# -- measuring -----------------------------------------------------------------------------
+
+def _entries(graph, train=True):
+    """``{key: (layer, phase, algo)}`` for every distinct measurable kernel of ``graph``."""
+    out = {}
+    for node in graph.nodes:
+        layer = node.layer
+        if layer.ALIAS_TOPS or not node.bottoms:  # Split does nothing; inputs copy a feed
+            continue
+        phases = ("forward", "backward") if train and node.backward else ("forward",)
+        for phase in phases:
+            for algo in layer.algorithms(phase):
+                out.setdefault(entry_key(layer, algo.name, phase), (layer, phase, algo))
+    return out
+
+
+def measure_costs(graph, backend, repeats=2, train=True):
+    """``{key: seconds}``: each distinct (layer type, shapes, algorithm, phase) of ``graph``
+    timed on ``backend`` (the best of ``repeats`` runs after one to warm up), on arrays of
+    its own (measuring is done once, before any arena exists)."""
+    rng = np.random.default_rng(0)
+    table = {}
+    for key, (layer, phase, algo) in _entries(graph, train).items():
+        run = _kernel(layer, phase, algo, backend, rng, train)
+        best = float("inf")
+        for k in range(repeats + 1):
+            backend.synchronize()
+            start = time.perf_counter()
+            run()
+            backend.synchronize()
+            if k:  # the first run warms caches and compiles kernels
+                best = min(best, time.perf_counter() - start)
+        table[key] = best
+    return table
+
+
+def _kernel(layer, phase, algo, backend, rng, train):
+    """A function running ``layer``'s ``phase`` with ``algo`` on arrays made for it (labels
+    are zeros, a valid class; the backward's inputs come from one forward)."""
+    from ..layers.base import Context, fill
+    xp = backend.xp
+
+    def array(shape, label=False):
+        host = np.zeros(shape, layer.dtype) if label else rng.standard_normal(shape).astype(layer.dtype)
+        dev = xp.empty(shape, layer.dtype)
+        backend.copy_from_host(dev, host)
+        return dev
+
+    def ctx(a):
+        """A fresh Context per run (its scratch carving starts over) on one workspace."""
+        ws = xp.empty(max(a.workspace, 1), np.uint8)
+        return lambda: Context(xp, train=train, workspace=ws, algo=a.name, backend=backend)
+
+    specs = layer.param_specs()
+    bottoms = [array(s, i in layer.LABEL_BOTTOMS) for i, s in enumerate(layer.bottom_shapes)]
+    tops = [array(s) for s in layer.top_shapes]
+    params = {p.name: array(p.shape) for p in specs}
+    for p in specs:  # fillers give state buffers (variances) sane values
+        backend.copy_from_host(params[p.name], fill(rng, p.shape, p.filler, p.fan_in, p.fan_out, layer.dtype))
+    if phase == "forward":
+        fctx = ctx(algo)
+        return lambda: layer.forward(fctx(), bottoms, tops, params)
+    layer.forward(ctx(layer.algorithms("forward")[0])(), bottoms, tops, params)
+    reads_b, reads_t = layer.backward_reads()
+    b_in = [b if i in reads_b else None for i, b in enumerate(bottoms)]
+    t_in = [t if i in reads_t else None for i, t in enumerate(tops)]
+    top_grads = [array(s) for s in layer.top_shapes]
+    bottom_grads = [None if i in layer.LABEL_BOTTOMS else array(s) for i, s in enumerate(layer.bottom_shapes)]
+    param_grads = {p.name: array(p.shape) for p in specs if p.learnable}
+    bctx = ctx(algo)
+    return lambda: layer.backward(bctx(), b_in, t_in, top_grads, bottom_grads, params, param_grads)
+
+
+def cache_dir():
+    """Where measured tables are kept: ``$SN_CACHE_DIR``, else ``~/.cache/superneuron``."""
+    return os.environ.get("SN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "superneuron")
+
+
+def cache_path(graph, device_name, train=True):
+    """The cache file of ``graph``'s table on ``device_name``: named by a hash of its keys."""
+    sig = hashlib.sha1("\n".join(sorted(_entries(graph, train))).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(), f"costs-{device_name}-{sig}.json")
+
+
+def load_or_measure(graph, backend, device_name=None, train=True):
+    """``(table, path, measured)``: the cached table of ``graph`` on this device, measuring
+    and writing it (to a temporary file, then renamed) when there is none."""
+    device_name = device_name or backend.name
+    path = cache_path(graph, device_name, train)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["costs"], path, False
+    table = measure_costs(graph, backend, train=train)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"device": device_name, "costs": table}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return table, path, True

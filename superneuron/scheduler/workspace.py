@@ -1,0 +1,154 @@
+"""Dynamic convolution workspace (SuperNeurons, Wang et al. 2018): each compute step runs the
+fastest algorithm whose workspace fits the memory free at that step.
+
+Workspaces get only what tensors leave. At a step, the bytes free are the budget less the
+resident bytes and the scheduled bytes live there (the step's own workspace aside), so the
+chosen workspace never lifts the peak over the budget when a smaller algorithm would have
+fitted. Without a budget every step gets its fastest algorithm. ``limit`` caps any one
+workspace where the layer offers a choice (Caffe's ``--workspace-limit``); the workspace of a
+layer with a single algorithm is part of that layer, not a choice, and is left alone.
+
+The pass runs after liveness and before placement. It rewrites a step's ``algo`` and its
+workspace tensor (a new TensorInfo of the chosen size, allocated right before the step and
+freed right after it, or none when the algorithm needs none), so the Simulator and the
+Runtime simply follow it. Algorithms are ranked by the cost model (scheduler/cost.py).
+One sweep over the steps: linear in their number.
+"""
+
+import functools
+
+from ..errors import SNError
+from ..graph import TensorInfo
+from ..report import human_bytes
+from ..runtime.arena import aligned
+from .cost import as_model, phase_of
+from .schedule import MEMORY, Alloc, Free, Step
+
+CHOOSING = ("forward", "backward", "recompute")  # compute steps whose layer has algorithms
+
+
+def _live_at_steps(schedule):
+    """``{step index: scheduled bytes live at that compute step, workspaces aside}``."""
+    tensors, live, out = schedule.tensors, 0, {}
+    for i, step in enumerate(schedule.steps):
+        if step.kind == "alloc" and tensors[step.target].kind != "workspace":
+            live += aligned(tensors[step.target].nbytes)
+        elif step.kind == "free" and tensors[step.target].kind != "workspace":
+            live -= aligned(tensors[step.target].nbytes)
+        elif step.kind in CHOOSING:
+            out[i] = live
+    return out
+
+
+def choose(algos, seconds, room=None, limit=None):
+    """The fastest of ``algos`` (``seconds(algo)``; ties keep the given order) whose workspace
+    is at most ``limit`` and, aligned, at most ``room`` bytes (None: no bound); when none fits
+    the room, the one with the smallest workspace under the limit; None when none is under it."""
+    allowed = [a for a in algos if limit is None or a.workspace <= limit]
+    if not allowed:
+        return None
+    fits = [a for a in allowed if room is None or aligned(a.workspace) <= room]
+    if not fits:
+        return min(allowed, key=lambda a: a.workspace)
+    return min(fits, key=seconds)
+
+
+def choose_workspaces(schedule, budget=None, limit=None, costs=None, caps=None):
+    """``schedule`` with each compute step's algorithm and workspace chosen to fit ``budget``
+    (bytes, resident included; None: the fastest), each workspace at most ``limit`` bytes where
+    the layer has a choice. ``costs``: a cost.CostModel, a measured table, or None (estimates).
+    ``caps``: ``{k: bytes}``, a tighter room for the k-th compute step (see :func:`fit`).
+    SNError when no algorithm of a step is within the limit."""
+    model = as_model(costs)
+    graph = schedule.graph
+    live = _live_at_steps(schedule)
+    free_at = None if budget is None else budget - schedule.resident_bytes
+    tensors = dict(schedule.tensors)
+    steps = list(schedule.steps)
+    changed = {}  # step index → (new step, old workspace)
+    caps = caps or {}
+    k = -1
+    for i, step in enumerate(steps):
+        if step.kind in MEMORY:
+            continue
+        k += 1
+        if step.kind not in CHOOSING:
+            continue
+        layer = graph.nodes[step.target].layer
+        phase = phase_of(step)
+        algos = layer.algorithms(phase)
+        if len(algos) < 2:
+            continue
+        room = None if free_at is None else free_at - live[i]
+        if k in caps:
+            room = caps[k] if room is None else min(room, caps[k])
+        algo = choose(algos, functools.partial(model.algo_seconds, layer, phase), room, limit)
+        if algo is None:
+            small = min(algos, key=lambda a: a.workspace)
+            raise SNError(f"{step.describe(graph).split(' [')[0]}: no algorithm fits the workspace limit "
+                          f"{human_bytes(limit)} (smallest: {small.name}, {human_bytes(small.workspace)})")
+        ws = step.workspace
+        if algo.name == step.algo and (tensors[ws].nbytes if ws else 0) == algo.workspace:
+            continue
+        name = None
+        if algo.workspace > 0:
+            name = f"ws:{layer.name}:{step.kind}:{algo.name}"
+            tensors[name] = TensorInfo(name, (algo.workspace,), "uint8", "workspace")
+        changed[i] = (Step(step.kind, step.target, algo.name, name), ws)
+    if not changed:
+        return schedule
+    return schedule.replace(_rewrite(steps, changed), tensors=tensors)
+
+
+def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8):
+    """:func:`choose_workspaces`, then placement (placement.place). The workspaces fit the
+    bytes live under ``budget``, but the dynamic allocator's holes may still lift the arena
+    over it: then the workspace whose Alloc crossed the budget gets a smaller algorithm, and
+    again, ``tries`` times at most (each one sweep)."""
+    from .placement import place
+    from .simulate import replay
+    caps = {}
+    while True:
+        placed = place(choose_workspaces(schedule, budget, limit, costs, caps), placement)
+        if budget is None or tries == 0:
+            return placed
+        stop = replay(placed, stop=lambda a: a.high_water > budget).stopped_at
+        if stop is None or placed.steps[stop].kind != "alloc":
+            return placed
+        ws = placed.steps[stop].target
+        if placed.tensors[ws].kind != "workspace":
+            return placed  # a tensor overflowed: no workspace to blame
+        k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
+        caps[k] = aligned(placed.tensors[ws].nbytes) - 1
+        tries -= 1
+
+
+def _rewrite(steps, changed):
+    """The steps with each changed compute step put in, its old workspace's Alloc (among the
+    memory steps just before it) and Free (just after) dropped and the new one's put right
+    around it."""
+    drop = set()
+    for i, (_, old) in changed.items():
+        if old is None:
+            continue
+        j = i - 1
+        while j >= 0 and steps[j].kind in MEMORY and steps[j] != Alloc(old):
+            j -= 1
+        k = i + 1
+        while k < len(steps) and steps[k].kind in MEMORY and steps[k] != Free(old):
+            k += 1
+        assert steps[j] == Alloc(old) and steps[k] == Free(old), f"workspace '{old}' outlives its step"
+        drop.update((j, k))
+    out = []
+    for i, step in enumerate(steps):
+        if i in drop:
+            continue
+        if i in changed:
+            new = changed[i][0]
+            if new.workspace:
+                out += [Alloc(new.workspace), new, Free(new.workspace)]
+            else:
+                out.append(new)
+        else:
+            out.append(step)
+    return out
