@@ -24,15 +24,7 @@ from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
 
 NETS = sorted(glob.glob("nets/*.yaml"))
-# Small sizes so a whole iteration of each net runs in a moment (as tests/test_net.py's SMALL).
-SMALL = {
-    "nets/lenet.yaml": {},
-    "nets/alexnet.yaml": {"size": 67, "classes": 10},
-    "nets/vgg16.yaml": {"size": 32, "classes": 10},
-    "nets/googlenet.yaml": {"size": 64, "classes": 10},
-    "nets/resnet.yaml": {"depth": 18, "size": 64, "classes": 10},
-    "nets/resnet_cifar.yaml": {"depth": 20},
-}
+from test_net import SMALL  # noqa: E402  small sizes: an iteration of each net runs in a moment
 
 HEAD = """\
 name: t

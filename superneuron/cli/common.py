@@ -62,3 +62,13 @@ def fail(error, status=2):
     """Print a user error without a traceback; return the exit status."""
     print(f"error: {error}" if "\n" not in str(error) else f"error:\n{error}", file=sys.stderr)
     return status
+
+
+def run_cli(parser, run, argv=None):
+    """Parse ``argv`` with ``parser`` and call ``run(args)``; a user error becomes one line on
+    stderr and exit status 2."""
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except SNError as e:
+        return fail(e)

@@ -19,7 +19,7 @@ import sys
 
 from ..errors import SNError
 from ..optim import make_optimizer
-from .common import fail, load_spec_from_args, net_arguments, solver_from_args
+from .common import load_spec_from_args, net_arguments, run_cli, solver_from_args
 
 
 def build_parser():
@@ -42,11 +42,7 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except SNError as e:
-        return fail(e)
+    return run_cli(build_parser(), run, argv)
 
 
 def plan_from_args(args):

@@ -12,7 +12,7 @@ import time
 from .. import __version__
 from ..errors import SNError
 from ..report import human_bytes, parse_size
-from .common import fail, load_spec_from_args, net_arguments, solver_from_args
+from .common import load_spec_from_args, net_arguments, run_cli, solver_from_args
 
 
 def build_parser():
@@ -40,11 +40,7 @@ def build_parser():
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except SNError as e:
-        return fail(e)
+    return run_cli(build_parser(), run, argv)
 
 
 def run(args):

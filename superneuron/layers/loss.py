@@ -11,7 +11,7 @@ import numpy as np
 from . import register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .join import shape_str
-from .norm import _ncl
+from .norm import _ncl, axis_setup
 
 
 def _softmax(xp, x, y, room):
@@ -41,11 +41,7 @@ class Softmax(Layer):
     CHEAP = True
 
     def setup(self, bottom_shapes):
-        shape, axis = tuple(bottom_shapes[0]), self.cfg["axis"]
-        if not -len(shape) <= axis < len(shape):
-            self.fail(f"axis {axis} is out of range for the {len(shape)}-D bottom {shape_str(shape)}")
-        self.ncl = _ncl(shape, axis % len(shape))
-        return [shape]
+        return axis_setup(self, bottom_shapes)
 
     def backward_reads(self):
         return (), (0,)

@@ -22,6 +22,16 @@ def _ncl(shape, axis=1):
             int(np.prod(shape[axis + 1:], dtype=np.int64)))
 
 
+def axis_setup(layer, bottom_shapes):
+    """Setup of a shape-keeping layer along ``cfg['axis']``: checks the axis, sets
+    ``layer.ncl`` and returns the top shapes (the bottom's)."""
+    shape, axis = tuple(bottom_shapes[0]), layer.cfg["axis"]
+    if not -len(shape) <= axis < len(shape):
+        layer.fail(f"axis {axis} is out of range for the {len(shape)}-D bottom {shape_str(shape)}")
+    layer.ncl = _ncl(shape, axis % len(shape))
+    return [shape]
+
+
 def _channel_dot(xp, a, b, scratch, out=None):
     """``sum(a * b)`` over axes 0 and 2 of two (N, C, L) arrays, through an (N, C) scratch."""
     n, c, _ = a.shape
@@ -137,11 +147,7 @@ class Scale(Layer):
     CHEAP = True
 
     def setup(self, bottom_shapes):
-        shape, axis = tuple(bottom_shapes[0]), self.cfg["axis"]
-        if not -len(shape) <= axis < len(shape):
-            self.fail(f"axis {axis} is out of range for the {len(shape)}-D bottom {shape_str(shape)}")
-        self.ncl = _ncl(shape, axis % len(shape))
-        return [shape]
+        return axis_setup(self, bottom_shapes)
 
     def param_specs(self):
         c = (self.ncl[1],)
