@@ -30,20 +30,27 @@ class Net:
     allocator (scheduler.policy); every policy computes the same results as ``baseline``, but
     under the others a tensor freed early may be overwritten before :meth:`blob` reads it.
     Each step runs the fastest algorithm whose workspace fits ``memory`` and, where a layer has
-    a choice, ``workspace_limit`` bytes (scheduler/workspace.py).
+    a choice, ``workspace_limit`` bytes (scheduler/workspace.py). Policies that offload keep at
+    most ``host_memory`` bytes on the host. ``costs`` (a scheduler.cost.CostModel or a measured
+    table; default: estimates for ``device``) times the steps for the passes that weigh them.
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
-                 policy="baseline", placement="dynamic", workspace_limit=None):
+                 policy="baseline", placement="dynamic", workspace_limit=None, host_memory=None,
+                 costs=None):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype))
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
+        if costs is None:
+            from .scheduler.cost import CostModel
+            costs = CostModel(self.backend.name)
         self.schedules = {
             k: apply_policy(lower(self.graph, train=k == "train", optimizer=optimizer), policy,
-                            placement, budget=memory, workspace_limit=workspace_limit)
+                            placement, budget=memory, workspace_limit=workspace_limit, costs=costs,
+                            host_memory=host_memory)
             for k in ("train", "test")
         }
         self.plans = {k: simulate(s) for k, s in self.schedules.items()}
@@ -52,8 +59,12 @@ class Net:
             where, _, need = overflow_at(self.schedules["train"], self.plans["train"], memory)
             raise SNError(f"needs {human_bytes(max(need, needed))} at {where}; "
                           f"budget {human_bytes(memory)} (policy {policy})")
+        host = max(p.host_bytes for p in self.plans.values())
+        if host_memory is not None and host > host_memory:
+            raise SNError(f"needs {human_bytes(host)} of host memory for offloaded tensors; "
+                          f"--host-memory {human_bytes(host_memory)} (policy {policy})")
         self.runtime = Runtime(list(self.schedules.values()), self.backend,
-                               capacity=memory or needed, seed=seed)
+                               capacity=memory or needed, seed=seed, host_capacity=host)
         self._init_params(seed)
         self.outputs = {}  # scalar tops (losses, accuracies) of the last run, by layer name
 
@@ -161,6 +172,11 @@ class Net:
     def peak_bytes(self):
         """The arena's real peak so far: resident plus the most scheduled bytes live at once."""
         return self.runtime.peak_bytes
+
+    @property
+    def host_bytes(self):
+        """The most host memory offloaded tensors have taken at once so far."""
+        return self.runtime.host_peak
 
     @property
     def arena_bytes(self):

@@ -32,12 +32,14 @@ class OutOfMemory(SNError):
 
 
 class Arena:
-    """Placement of named tensors in one block; ``capacity=None`` plans without a limit."""
+    """Placement of named tensors in one block; ``capacity=None`` plans without a limit.
+    ``host``: the block is host memory (pinned on a GPU) for offloaded tensors."""
 
-    def __init__(self, capacity=None, backend=None):
+    def __init__(self, capacity=None, backend=None, host=False):
         self.capacity = capacity
         self.backend = backend
-        self.buffer = None if backend is None else backend.empty_bytes(capacity)
+        make = None if backend is None else backend.host_bytes if host else backend.empty_bytes
+        self.buffer = None if make is None else make(capacity)
         self.resident = {}       # name -> (offset, nbytes)
         self.resident_end = 0
         self.reset()

@@ -3,11 +3,18 @@
 It makes the same allocator calls as the Simulator, in the same order, so the arena's peak
 is the plan's. Resident tensors (parameters, their gradients, optimiser state) are placed once
 at start-up; scheduled ones are placed as the steps allocate them, each iteration anew.
+
+Offloaded tensors go to a second arena in host memory (pinned on a GPU), through the
+backend's copy queues (runtime/copies.py): an Offload or a Prefetch starts a copy, a Wait
+blocks until it is done. A step that touches a tensor whose copy is still running without a
+Wait before it is a *stall*: the Runtime waits for the copy (results stay right) and counts
+it in ``stalls``; a correct plan has none. ``blocked`` counts the Waits that really had to wait.
 """
 
 import numpy as np
 
 from ..layers.base import Context
+from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.schedule import root
 
 
@@ -20,11 +27,12 @@ def step_seed(seed, iteration, node_index):
 class Runtime:
     """Runs schedules of one graph on one backend, in one arena of ``capacity`` bytes.
 
-    ``schedules`` are the schedules it will run (they share the resident layout); the arena is
-    sized for the largest unless ``capacity`` is given.
+    ``schedules`` are the schedules it will run (they share the resident layout); the arena
+    holds ``capacity`` bytes and the host arena of offloaded tensors ``host_capacity`` (by
+    default what the schedules need).
     """
 
-    def __init__(self, schedules, backend, capacity, seed=0):
+    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None):
         self.backend, self.xp, self.seed = backend, backend.xp, seed
         first = schedules[0]
         self.graph = first.graph
@@ -34,6 +42,14 @@ class Runtime:
             self.tensors.update(s.tensors)
         from .arena import Arena
         self.arena = Arena(capacity, backend)
+        if host_capacity is None:
+            from ..scheduler.simulate import replay
+            host_capacity = max(replay(s).host.high_water for s in schedules)
+        self.host = Arena(host_capacity, backend, host=True)
+        self.copies = None             # the copy queues, made on the first copy
+        self.pending = {}              # tensor → (Copy, 'offload' | 'prefetch')
+        self.stalls = self.blocked = 0
+        self.host_peak = 0
         self.resident = {}
         for name in first.resident:
             self.arena.place_resident(name, self.tensors[name].nbytes)
@@ -59,16 +75,29 @@ class Runtime:
         """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
 
         Returns the scalar outputs (losses, accuracies) by layer name, as floats."""
-        arena, graph = self.arena, self.graph
+        arena, graph, pending = self.arena, self.graph, self.pending
         arena.reset(schedule.offsets)
+        self.host.reset()
         self.schedule = schedule
+        roots = Roots(schedule)
         outputs = {}
         for step in schedule.steps:
             kind = step.kind
+            if pending and kind not in ("alloc", "wait"):
+                self._stall_on(schedule, step, roots)
             if kind == "alloc":
                 arena.alloc(step.target, schedule.tensors[step.target].nbytes)
             elif kind == "free":
                 arena.free(step.target)
+            elif kind == "offload" or kind == "prefetch":
+                self._start_copy(schedule, step.target, kind)
+            elif kind == "wait":
+                copy, what = pending.pop(step.target)
+                if not copy.done():
+                    self.blocked += 1
+                copy.wait()
+                if what == "prefetch":
+                    self.host.free(step.target)
             elif kind == "forward" or kind == "recompute":
                 node = graph.nodes[step.target]
                 ctx = self._context(step, node, iteration, schedule.train, kind == "recompute", feed)
@@ -86,9 +115,38 @@ class Runtime:
                 optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
             else:
                 raise AssertionError(f"unknown step {kind}")
+        assert not pending, f"copies never waited for: {sorted(pending)}"
         self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
         self.arena_bytes = max(self.arena_bytes, arena.high_water)
+        self.host_peak = max(self.host_peak, self.host.high_water)
         return outputs
+
+    def _start_copy(self, schedule, name, kind):
+        """Start offloading ``name`` to a new place in the host arena, or prefetching it back."""
+        nbytes = schedule.tensors[name].nbytes
+        if kind == "offload":
+            self.host.alloc(name, nbytes)
+        device = self.arena.view(name, (nbytes,), "uint8")
+        host = self.host.view(name, (nbytes,), "uint8")
+        if self.copies is None:
+            self.copies = self.backend.copies()
+        if kind == "offload":
+            copy = self.copies.start(host, device, "d2h")
+        else:
+            copy = self.copies.start(device, host, "h2d")
+        self.pending[name] = (copy, kind)
+
+    def _stall_on(self, schedule, step, roots):
+        """Wait for any copy still running on what ``step`` touches (a stall: the plan should
+        have put a Wait before it)."""
+        if step.kind == "free" or step.kind in ("offload", "prefetch"):
+            touched = [step.target]
+        else:
+            touched = step_roots(schedule, step, roots)
+        for name in touched:
+            if name in self.pending:
+                self.stalls += 1
+                self.pending[name][0].wait()
 
     def _context(self, step, node, iteration, train, recompute, feed):
         ws = self.view(step.workspace) if step.workspace else None

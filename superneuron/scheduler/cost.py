@@ -21,12 +21,13 @@ import numpy as np
 
 @dataclass(frozen=True)
 class DeviceModel:
-    """A device's assumed sustained rates: ``flops`` per second and ``bandwidth`` in bytes per
-    second."""
+    """A device's assumed sustained rates: ``flops`` per second, ``bandwidth`` (device memory)
+    and ``copy`` (host↔device, each direction) in bytes per second."""
 
     name: str
     flops: float
     bandwidth: float
+    copy: float
 
     def seconds(self, flops, nbytes):
         """Time of work that is compute-bound or memory-bound, whichever takes longer."""
@@ -37,10 +38,12 @@ DEVICES = {
     # Measured once on the 2-core development machine: float32 1024² GEMM through NumPy ran
     # at ~230 GFLOP/s, an elementwise add over 128 MiB at ~47 GB/s (read + write). Layers
     # reach about half of either (im2col copies, small GEMMs, temporaries), hence these.
-    "cpu": DeviceModel("cpu", flops=100e9, bandwidth=20e9),
+    # A "copy" to host memory on the CPU is a memcpy by the copy thread, ~5 GB/s on one core.
+    "cpu": DeviceModel("cpu", flops=100e9, bandwidth=20e9, copy=5e9),
     # An H100-class GPU: what float32 convolutions sustain through cuDNN (well under the
     # 67 TFLOP/s peak without TF32) and about half of HBM3's 3.35 TB/s.
-    "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12),
+    # Copies: pinned memory over PCIe 5.0 x16 sustains ~20 GB/s each way in practice.
+    "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12, copy=20e9),
 }
 
 
@@ -79,8 +82,14 @@ class CostModel:
         measured = self.table.get(entry_key(layer, algo.name, phase))
         return measured if measured is not None else estimate(layer, phase, algo, self.device)
 
+    def copy_seconds(self, nbytes):
+        """Seconds of one host↔device copy of ``nbytes`` (measured bandwidth where the table
+        has it, under the key ``copy``)."""
+        return nbytes / self.table.get("copy", self.device.copy)
+
     def step_seconds(self, schedule, step):
-        """Seconds of one step; memory steps take none (copies are timed by their own passes)."""
+        """Seconds of one step on the compute stream; memory and copy steps take none there
+        (copies run on their own streams: see :meth:`timeline`)."""
         if step.kind in ("forward", "recompute", "backward"):
             layer = schedule.graph.nodes[step.target].layer
             phase = phase_of(step)
@@ -92,9 +101,50 @@ class CostModel:
             return 3 * nbytes / self.device.bandwidth
         return 0.0
 
+    def timeline(self, schedule):
+        """The estimated :class:`Timeline` of one iteration: compute steps one after another
+        on the compute stream, Offloads queued on a device→host stream and Prefetches on a
+        host→device stream, each starting when issued or when its stream is free, and a Wait
+        holding the compute stream until its tensor's copy is done."""
+        now = d2h = h2d = stall = recompute = copied = 0.0
+        done, starts = {}, []
+        for step in schedule.steps:
+            starts.append(now)
+            kind = step.kind
+            if kind == "offload" or kind == "prefetch":
+                seconds = self.copy_seconds(schedule.tensors[step.target].nbytes)
+                copied += schedule.tensors[step.target].nbytes
+                if kind == "offload":
+                    d2h = done[step.target] = max(d2h, now) + seconds
+                else:
+                    h2d = done[step.target] = max(h2d, now) + seconds
+            elif kind == "wait":
+                if done[step.target] > now:
+                    stall += done[step.target] - now
+                    now = done[step.target]
+            else:
+                seconds = self.step_seconds(schedule, step)
+                now += seconds
+                if kind == "recompute":
+                    recompute += seconds
+        return Timeline(now, stall, recompute, copied, starts)
+
     def iteration_seconds(self, schedule):
-        """Estimated seconds of one iteration: the sum of its steps."""
-        return sum(self.step_seconds(schedule, s) for s in schedule.steps)
+        """Estimated seconds of one iteration (see :meth:`timeline`)."""
+        return self.timeline(schedule).seconds
+
+
+@dataclass
+class Timeline:
+    """An iteration's estimated time: ``seconds`` in all, of which ``stall`` waiting for
+    copies and ``recompute`` re-running forwards; ``copied`` bytes moved; ``starts``: each
+    step's start time on the compute stream."""
+
+    seconds: float
+    stall: float
+    recompute: float
+    copied: float
+    starts: list
 
 
 def as_model(costs):

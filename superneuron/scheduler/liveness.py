@@ -1,18 +1,24 @@
 """Liveness analysis (SuperNeurons, Wang et al. 2018): each tensor lives from the step that
 first uses it to the step that last uses it, instead of all iteration.
 
-One sweep over the compute steps finds the first and last use of every storage root (a
-tensor that aliases another takes no storage of its own; its uses count for its root). The
-pass then allocates each root right before its first use and frees it right after its last,
-so an activation that no backward reads is gone as soon as the layers after it have run, and
-a gradient is gone as soon as the backward below it has consumed it.
+One sweep over the steps finds the live intervals of every storage root (a tensor that aliases
+another takes no storage of its own; its uses count for its root). The pass then allocates
+each root right before an interval starts and frees it right after it ends, so an activation
+that no backward reads is gone as soon as the layers after it have run, and a gradient is gone
+as soon as the backward below it has consumed it.
+
+A root may live several intervals: a step that writes a root without reading it (a Recompute,
+a Prefetch, a workspace's step) makes its old contents dead, so the interval before ends at
+its last use and a new one starts there. That is what lets recomputation and offloading free
+a tensor between its forward and its backward uses.
 
 What a step uses is :func:`uses`: a forward reads its bottoms and writes its tops (a Split's
 tops are views of its bottom: its forward touches nothing); a backward reads the bottoms and
 tops its layer's ``backward_reads`` names and its top gradients, and writes its bottom
-gradients. The loss gradient, which the runtime fills just before the loss layer's backward,
-is thereby allocated right before that backward. Resident tensors (parameters, their
-gradients, optimiser state) are never scheduled.
+gradients; an Offload and a Wait read their tensor, a Prefetch writes it. The loss gradient,
+which the runtime fills just before the loss layer's backward, is thereby allocated right
+before that backward. Resident tensors (parameters, their gradients, optimiser state) are
+never scheduled.
 """
 
 from .schedule import MEMORY, Alloc, Free, root
@@ -24,6 +30,10 @@ def uses(graph, step):
     """``(reads, writes)``: the tensor names a compute step reads and writes (its workspace
     aside). Memory steps and the update (resident tensors only) use none."""
     kind = step.kind
+    if kind in ("offload", "wait"):
+        return (step.target,), ()
+    if kind == "prefetch":
+        return (), (step.target,)
     if kind in ("forward", "recompute"):
         node = graph.nodes[step.target]
         if node.layer.ALIAS_TOPS:
@@ -75,32 +85,50 @@ def step_roots(schedule, step, roots):
     return list(out)
 
 
-def first_last_uses(schedule, steps, roots):
-    """``(first, last)``: for each scheduled root, the indices in ``steps`` of the first and
-    last step that uses it (one sweep)."""
-    first, last = {}, {}
+def intervals(schedule, steps, roots):
+    """``[(root, start, end)]``: every live interval of every scheduled root in ``steps``
+    (indices into ``steps``; memory steps are skipped), in the order they start. A write that
+    does not read the root starts a new interval; a workspace lives for its one step."""
+    graph = schedule.graph
+    spans, open_ = [], {}
     for i, step in enumerate(steps):
-        for r in step_roots(schedule, step, roots):
-            first.setdefault(r, i)
-            last[r] = i
-    return first, last
+        if step.kind in MEMORY:
+            continue
+        reads, writes = uses(graph, step)
+        read_roots = [r for r in map(roots.scheduled, reads) if r is not None]
+        for name in writes:
+            r = roots.scheduled(name)
+            if r is None:
+                continue
+            span = open_.get(r)
+            if span is None or (span[1] < i and r not in read_roots):
+                open_[r] = span = [r, i, i]
+                spans.append(span)
+            span[2] = i
+        for r in read_roots:
+            span = open_.get(r)
+            if span is None:
+                open_[r] = span = [r, i, i]
+                spans.append(span)
+            span[2] = i
+        if step.workspace:
+            spans.append([step.workspace, i, i])
+    return [tuple(s) for s in spans]
 
 
 def liveness(schedule):
-    """The schedule with every scheduled root allocated right before its first use and freed
-    right after its last (the input's own Alloc and Free steps are dropped). Works on training
-    and test schedules alike."""
+    """The schedule with every scheduled root allocated right before each of its live
+    intervals and freed right after it (the input's own Alloc and Free steps are dropped).
+    Works on training and test schedules alike."""
     roots = Roots(schedule)
-    compute = [s for s in schedule.steps if s.kind not in MEMORY]
-    first, last = first_last_uses(schedule, compute, roots)
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
     starts, ends = {}, {}
-    for r, i in first.items():
-        starts.setdefault(i, []).append(r)
-    for r, i in last.items():
-        ends.setdefault(i, []).append(r)
-    steps = []
-    for i, step in enumerate(compute):
-        steps += [Alloc(r) for r in starts.get(i, ())]
-        steps.append(step)
-        steps += [Free(r) for r in ends.get(i, ())]
-    return schedule.replace(steps)
+    for r, a, b in intervals(schedule, steps, roots):
+        starts.setdefault(a, []).append(r)
+        ends.setdefault(b, []).append(r)
+    out = []
+    for i, step in enumerate(steps):
+        out += [Alloc(r) for r in starts.get(i, ())]
+        out.append(step)
+        out += [Free(r) for r in ends.get(i, ())]
+    return schedule.replace(out)

@@ -8,33 +8,74 @@ every Alloc and Free.
 - ``baseline``: no pass; every activation and gradient lives all iteration (as in Caffe).
 - ``liveness``: in-place reuse, then liveness (SuperNeurons' liveness analysis with Layrub's
   intra-layer reuse): each tensor lives from its first use to its last.
+- ``recompute``: liveness, with cheap layers' outputs recomputed in the backward pass instead
+  of kept (recompute.py).
+- ``offload``: liveness, with activations live across the forward/backward turn offloaded to
+  host memory and prefetched back (offload.py); under a budget, only as many as needed.
+- ``superneurons``: all of SuperNeurons: recompute, liveness and offload (of the checkpoints
+  recompute leaves), with the workspace choice every policy gets.
 
-Still to come: ``recompute``, ``offload``, ``superneurons``, ``gist``, ``optimal`` and ``auto``
-(the fastest policy that fits the budget); each is one more entry here.
+Still to come: ``gist``, ``optimal`` and ``auto`` (the fastest policy that fits the budget);
+each is one more entry here.
 """
 
+from dataclasses import dataclass
+
 from ..errors import SNError
+from .cost import as_model
 from .inplace import inplace
 from .liveness import liveness
+from .offload import offload
 from .placement import PLACEMENTS
+from .recompute import recompute
 from .workspace import fit
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a pass may need besides the schedule: the budget and host memory (bytes, None:
+    unbounded) and the cost model."""
+
+    budget: int = None
+    host_memory: int = None
+    model: object = None
+
+
+def _recompute(schedule, options):
+    return recompute(schedule)
+
+
+def _offload(schedule, options):
+    return offload(schedule, options.model, options.budget, options.host_memory)
+
+
+def _plain(apply):
+    return lambda schedule, options: apply(schedule)
+
 
 POLICIES = {
     "baseline": (),
-    "liveness": (inplace, liveness),
+    "liveness": (_plain(inplace), _plain(liveness)),
+    "recompute": (_recompute, _plain(inplace), _plain(liveness)),
+    "offload": (_plain(inplace), _plain(liveness), _offload),
+    "superneurons": (_recompute, _plain(inplace), _plain(liveness), _offload),
 }
 
 
-def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None):
+def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
+                 host_memory=None):
     """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
     workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
     ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
     a measured table, or None: estimates), then placed (``placement``: ``'dynamic'`` or
-    ``'planned'``). SNError for an unknown policy or placement."""
+    ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. SNError
+    for an unknown policy or placement."""
     if name not in POLICIES:
         raise SNError(f"unknown policy '{name}'; known: {', '.join(POLICIES)}")
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
+    model = as_model(costs)
+    options = Options(budget, host_memory, model)
     for apply in POLICIES[name]:
-        schedule = apply(schedule)
-    return fit(schedule.replace(policy=name), placement, budget, workspace_limit, costs)
+        schedule = apply(schedule, options)
+    return fit(schedule.replace(policy=name), placement, budget, workspace_limit, model)

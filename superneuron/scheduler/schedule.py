@@ -2,14 +2,18 @@
 
 Compute steps name a node of the graph (``Forward``, ``Backward``, ``Update``) and carry the
 algorithm chosen for them and the workspace tensor they use; memory steps name the tensor whose
-storage they take or give back (``Alloc``, ``Free``). Later passes add ``Offload``, ``Prefetch``,
-``Wait``, ``Recompute``, ``Encode`` and ``Decode``. A pass is a function Schedule → Schedule.
+storage they take or give back (``Alloc``, ``Free``); copy steps name the tensor they move
+between the device and the host (``Offload`` starts a device→host copy, ``Prefetch`` a
+host→device copy, ``Wait`` blocks until that tensor's copy is done). ``Recompute`` re-runs a
+layer's forward in the backward pass. A pass is a function Schedule → Schedule.
 """
 
 from dataclasses import dataclass, field
 
 COMPUTE = ("forward", "backward", "recompute", "update")
 MEMORY = ("alloc", "free")
+COPY = ("offload", "prefetch", "wait")
+LAYER_STEPS = ("forward", "backward", "recompute")  # compute steps that run one layer
 
 
 @dataclass(frozen=True)
@@ -24,8 +28,7 @@ class Step:
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col, ws 1.2 MiB]``."""
-        name = graph.nodes[self.target].name if self.kind in ("forward", "backward", "recompute") \
-            else (self.target or "")
+        name = graph.nodes[self.target].name if self.kind in LAYER_STEPS else (self.target or "")
         text = f"{self.kind.capitalize()}({name})"
         if self.algo:
             text += f" [{self.algo}]"
@@ -38,6 +41,22 @@ def Forward(node, algo=None, workspace=None):
 
 def Backward(node, algo=None, workspace=None):
     return Step("backward", node, algo, workspace)
+
+
+def Recompute(node, algo=None, workspace=None):
+    return Step("recompute", node, algo, workspace)
+
+
+def Offload(tensor):
+    return Step("offload", tensor)
+
+
+def Prefetch(tensor):
+    return Step("prefetch", tensor)
+
+
+def Wait(tensor):
+    return Step("wait", tensor)
 
 
 def Update(workspace=None):

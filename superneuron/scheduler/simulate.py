@@ -23,6 +23,7 @@ class Plan:
     steps: int
     live: list = field(default_factory=list)   # scheduled bytes live after each step
     peak_step: int = 0         # index of the step where the peak is first reached
+    host_bytes: int = 0        # the most host memory offloaded tensors take at once
 
     def fits(self, budget):
         return budget is None or self.arena_bytes <= budget
@@ -44,8 +45,12 @@ def working_set(schedule, step, roots=None):
 
 def replay(schedule, stop=None):
     """A planning Arena after making ``schedule``'s allocator calls (resident tensors first,
-    then every Alloc and Free with its placement); ``stop(arena)`` ends the replay early."""
+    then every Alloc and Free with its placement); ``stop(arena)`` ends the replay early.
+    ``arena.host`` is the host Arena of the offloaded tensors (an Offload takes host memory
+    for its tensor, the Wait after its Prefetch gives it back)."""
     arena = Arena(None)
+    arena.host = host = Arena(None)
+    pending = {}
     for name in schedule.resident:
         arena.place_resident(name, schedule.tensors[name].nbytes)
     arena.reset(schedule.offsets)
@@ -56,6 +61,13 @@ def replay(schedule, stop=None):
             arena.alloc(step.target, schedule.tensors[step.target].nbytes)
         elif step.kind == "free":
             arena.free(step.target)
+        elif step.kind == "offload":
+            host.alloc(step.target, schedule.tensors[step.target].nbytes)
+            pending[step.target] = "offload"
+        elif step.kind == "prefetch":
+            pending[step.target] = "prefetch"
+        elif step.kind == "wait" and pending.pop(step.target) == "prefetch":
+            host.free(step.target)
         arena.live_trace.append(arena.live)
         if stop is not None and stop(arena):
             arena.stopped_at = i
@@ -72,7 +84,8 @@ def simulate(schedule):
     largest = max((working_set(schedule, s, roots) for s in schedule.steps), default=0)
     return Plan(peak_bytes=arena.peak_bytes, resident_bytes=arena.resident_end,
                 arena_bytes=arena.high_water, lower_bound_bytes=arena.resident_end + largest,
-                steps=len(schedule.steps), live=live, peak_step=peak_step)
+                steps=len(schedule.steps), live=live, peak_step=peak_step,
+                host_bytes=arena.host.high_water)
 
 
 def compute_step(schedule, index):

@@ -100,6 +100,12 @@ def choose_workspaces(schedule, budget=None, limit=None, costs=None, caps=None):
     return schedule.replace(_rewrite(steps, changed), tensors=tensors)
 
 
+def smallest_workspaces(schedule):
+    """``schedule`` with every step on its algorithm of smallest workspace: what tensors alone
+    need, since workspaces get only what tensors leave (the offload pass sizes by it)."""
+    return choose_workspaces(schedule, budget=schedule.resident_bytes)
+
+
 def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8):
     """:func:`choose_workspaces`, then placement (placement.place). The workspaces fit the
     bytes live under ``budget``, but the dynamic allocator's holes may still lift the arena

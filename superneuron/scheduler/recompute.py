@@ -1,0 +1,141 @@
+"""Cost-aware recomputation (SuperNeurons, Wang et al. 2018): the outputs of cheap layers
+(ReLU, BatchNorm, Scale, Pooling, LRN, Dropout) are not kept from the forward to the backward
+pass; the backward re-runs the cheap layers from the nearest checkpoint instead.
+
+A storage root is *recomputable* when every layer that writes it is cheap, single-input and
+not a loss, the first of them reads the final contents of another root (a checkpoint, or a
+recomputable root in turn) and the others run in place on it. Everything else is a
+*checkpoint*: outputs of convolutions, inner products, joins (Eltwise, Concat) and the roots
+that a cheap layer modifies in place after an expensive one wrote them (Caffe's in-place
+BatchNorm on a convolution's output). A *segment* is the recomputable roots grown from one
+checkpoint.
+
+The pass inserts ``Recompute`` steps before the backward steps that read a recomputable root,
+in one of SuperNeurons' two modes, chosen per segment:
+
+- speed-centric: each root of the segment is recomputed once, before the first backward step
+  that needs it, and kept through that segment's backward (liveness frees it after its last
+  read);
+- memory-centric: before each backward step, just what that step reads (and the chain
+  leading to it) is recomputed, and freed right after.
+
+Speed-centric is chosen where the segment's bytes fit under the largest working set of any
+step (the peak that the largest layer sets anyway), memory-centric where they do not.
+
+Only compute steps change; the memory steps stay those of the input (``liveness`` afterwards
+frees each root between its forward and its recomputed uses: a Recompute writes without
+reading, so it starts a new live interval). A Recompute runs the layer's forward with
+``ctx.recompute`` set, which reproduces Dropout's mask and leaves BatchNorm's running
+statistics alone, so results are bit-identical.
+"""
+
+from ..graph import TensorInfo
+from .liveness import Roots, uses
+from .schedule import Alloc, Free, Recompute
+
+
+def _recomputable(graph, roots):
+    """``{root: [writer node indices, forward order]}`` for every recomputable root, and
+    ``{root: source root}`` (the root its first writer reads)."""
+    writers = {}
+    for node in graph.nodes:
+        if node.layer.ALIAS_TOPS:
+            continue
+        for t in node.tops:
+            r = roots.scheduled(t)
+            if r is not None:
+                writers.setdefault(r, []).append(node.index)
+    last_writer = {r: w[-1] for r, w in writers.items()}
+
+    def cheap(node):
+        layer = node.layer
+        data_bottoms = [b for i, b in enumerate(node.bottoms) if i not in layer.LABEL_BOTTOMS]
+        return (layer.CHEAP and not layer.LOSS and node.backward and len(data_bottoms) == 1
+                and len(node.bottoms) == 1 and len(node.tops) == 1)
+
+    ok, source = {}, {}
+    for r, ws in writers.items():  # writers' roots come in forward order: sources first
+        first = graph.nodes[ws[0]]
+        if not all(cheap(graph.nodes[w]) for w in ws):
+            continue
+        src = roots.scheduled(first.bottoms[0])
+        if src is None or src == r or last_writer.get(src, -1) > first.index:
+            continue  # reads a root that is rewritten later: its contents are gone
+        if any(roots(graph.nodes[w].bottoms[0]) != r for w in ws[1:]):
+            continue
+        ok[r], source[r] = ws, src
+    return ok, source
+
+
+def _chain(r, recomputable, source, have):
+    """The roots to recompute, sources first, so that ``r`` is valid again, given the roots
+    in ``have`` that are valid already."""
+    out = []
+    while r in recomputable and r not in have:
+        out.append(r)
+        r = source[r]
+    return out[::-1]
+
+
+def recompute(schedule, largest=None):
+    """The schedule with Recompute steps for every recomputable root a backward step reads.
+    ``largest``: the bytes of the largest working set (default: measured on ``schedule``),
+    which a segment must fit under to be recomputed speed-centric."""
+    from .simulate import working_set
+    graph = schedule.graph
+    if not schedule.train:
+        return schedule
+    roots = Roots(schedule)
+    recomputable, source = _recomputable(graph, roots)
+    if not recomputable:
+        return schedule
+    if largest is None:
+        largest = max((working_set(schedule, s, roots) for s in schedule.steps), default=0)
+
+    def checkpoint(r):
+        while r in recomputable:
+            r = source[r]
+        return r
+
+    segments = {}
+    for r in recomputable:
+        segments.setdefault(checkpoint(r), []).append(r)
+    nbytes = {r: schedule.tensors[r].nbytes for r in recomputable}
+    speed = {c: sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
+             for c, rs in segments.items()}
+
+    tensors = dict(schedule.tensors)
+    out = []
+    kept = set()       # recomputed speed-centric: valid until their last read
+    previous = set()   # recomputed for the previous backward step (memory-centric)
+    for step in schedule.steps:
+        if step.kind != "backward":
+            out.append(step)
+            continue
+        reads = {roots.scheduled(t) for t in uses(graph, step)[0]}
+        chain = set()
+        for r in reads:
+            if r in recomputable:
+                have = kept if speed[checkpoint(r)] else previous & reads
+                chain.update(_chain(r, recomputable, source, have | chain))
+        for r in sorted(chain, key=lambda r: recomputable[r][0]):
+            for w in recomputable[r]:
+                out += _recompute_step(graph, tensors, w)
+            if speed[checkpoint(r)]:
+                kept.add(r)
+        previous = chain | (previous & reads)
+        out.append(step)
+    return schedule.replace(out, tensors=tensors, policy=schedule.policy)
+
+
+def _recompute_step(graph, tensors, index):
+    """A Recompute of node ``index`` with its forward algorithm, between the Alloc and Free of
+    its workspace when it needs one."""
+    node = graph.nodes[index]
+    algo = node.layer.algorithms("forward")[0]
+    if algo.workspace <= 0:
+        return [Recompute(index, algo.name)]
+    ws = f"ws:{node.name}:recompute"
+    tensors[ws] = TensorInfo(ws, (algo.workspace,), "uint8", "workspace")
+    return [Alloc(ws), Recompute(index, algo.name, ws), Free(ws)]
+
