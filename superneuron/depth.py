@@ -15,9 +15,10 @@ block's parameters, gradients, optimiser state and activations, and a policy tha
 deeper one can treat the extra block as it treats its neighbours. (tests/test_depth.py checks
 this by brute force on small settings.)
 
-The search, per policy: plan depth 50; grow an upper bound (at least doubling the blocks,
-further where a straight line through the last two plans says the budget lies further) until
-a plan does not fit or the cap is reached; then narrow ``(fits, does not fit)`` to adjacent
+The search, per policy: plan depth 50, then 98; grow an upper bound to just past where a
+straight line through the last two plans meets the budget (arena bytes are close to linear in
+the blocks), going further each time the line falls short, until a plan does not fit or the
+cap is reached; then narrow ``(fits, does not fit)`` to adjacent
 depths, guessing by linear interpolation of the arena bytes while that halves the interval and
 bisecting otherwise. Each depth is loaded, built and lowered once for all policies: the
 searches run side by side and every depth asked for is planned under each policy that asks.
@@ -172,18 +173,20 @@ def search(budget, max_blocks, min_blocks=MIN_BLOCKS):
     lo = yield min_blocks
     if not lo.fits:
         return None, lo, False, probes
-    prev, hi = None, None
+    prev, hi, misses = None, None, 0
     while hi is None:               # grow an upper bound
         if lo.blocks >= max_blocks:
             return lo, None, True, probes
         n = 2 * lo.blocks
         if prev is not None and lo.arena_bytes > prev.arena_bytes:
-            # where a straight line through the last two plans meets the budget, 10% on
-            guess = _crossing(prev, lo, budget)
-            n = max(n, min(16 * lo.blocks, int(1.1 * guess) + 1))
+            # just past where the line through the last two plans meets the budget, but each
+            # time the line fell short (its guess fit) at least twice as far on as the last
+            least = lo.blocks + max(1, (lo.blocks << misses) // 16)
+            n = min(max(int(_crossing(prev, lo, budget)) + 1, least), 16 * lo.blocks)
         p = yield min(n, max_blocks)
         probes += 1
         if p.fits:
+            misses += prev is not None
             prev, lo = lo, p
         else:
             hi = p

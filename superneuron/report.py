@@ -71,6 +71,24 @@ def plan_summary(info):
     return "\n".join(lines)
 
 
+def time_summary(info):
+    """The lines on host memory and estimated time sn-plan prints (cli/plan.py's figures)."""
+    lines = []
+    if info["host_bytes"]:
+        line = (f"host          {human_bytes(info['host_bytes'])} at most offloaded, "
+                f"{human_bytes(info['copied_bytes'])} copied per iteration")
+        if info["host_memory_bytes"] is not None:
+            line += (f"; --host-memory {human_bytes(info['host_memory_bytes'])}: "
+                     + ("fits" if info["host_fits"] else "does not fit"))
+        lines.append(line)
+    ms = 1e3
+    lines.append(f"est. time     {info['est_seconds'] * ms:.3f} ms per iteration ({info['cost_model']}): "
+                 f"recompute {info['est_recompute_seconds'] * ms:.3f} ms, stalls on copies "
+                 f"{info['est_stall_seconds'] * ms:.3f} ms; "
+                 f"x{info['est_seconds'] / max(info['est_liveness_seconds'], 1e-12):.3f} of liveness")
+    return "\n".join(lines)
+
+
 def layers_table(schedule, plan):
     """Per layer: forward and backward working sets, and the bytes live on the device while
     each runs (resident included)."""

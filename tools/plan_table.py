@@ -1,7 +1,8 @@
-"""The memory table of the README: for classic ImageNet networks at batch 32 and 224x224,
+"""The memory tables of the README: for classic ImageNet networks at batch 32 and 224x224,
 the peak of one training iteration under the baseline and liveness policies, liveness's peak
-over the lower bound, and the arena each allocator needs; then how long sn-plan takes on a
-ResNet of about a thousand layers.
+over the lower bound, and the arena each allocator needs; then every policy's peak over the
+lower bound, with the host memory and estimated time (H100 cost model) of the ones that copy;
+then how long sn-plan takes on a ResNet of about a thousand layers.
 
     python tools/plan_table.py [--batch 32] [--depth 1001]
 """
@@ -14,6 +15,7 @@ import time
 
 from superneuron.graph import Graph
 from superneuron.report import human_bytes
+from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.placement import arena_bytes
 from superneuron.scheduler.policy import apply_policy
@@ -40,6 +42,25 @@ def row(name, path, overrides, batch):
             f"{human_bytes(planned)} ({planned / live.peak_bytes:.3f})"]
 
 
+POLICY_COLUMNS = ("baseline", "liveness", "recompute", "offload", "superneurons")
+
+
+def policy_row(name, path, overrides, batch, model):
+    """Peak (and peak / lower bound) under each policy; superneurons' host memory, estimated
+    time against liveness, and how far under baseline it is."""
+    graph = Graph(load_spec(path, overrides=dict(overrides, size=224), batch=batch))
+    base = lower(graph)
+    plans, times = {}, {}
+    for policy in POLICY_COLUMNS:
+        schedule = apply_policy(base, policy, costs=model)
+        plans[policy], times[policy] = simulate(schedule), model.timeline(schedule)
+    sn = plans["superneurons"]
+    cells = [f"{human_bytes(p.peak_bytes)} ({p.peak_bytes / p.lower_bound_bytes:.2f})" for p in plans.values()]
+    return [name, *cells, human_bytes(sn.lower_bound_bytes), human_bytes(sn.host_bytes),
+            f"{plans['baseline'].peak_bytes / sn.peak_bytes:.1f}x",
+            f"{times['superneurons'].seconds / times['liveness'].seconds:.2f}"]
+
+
 def markdown(rows, headers):
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     return "\n".join(lines + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
@@ -55,7 +76,14 @@ def main():
     print(markdown(rows, ["net", "baseline peak", "liveness peak", "baseline / liveness",
                           "liveness peak / lower bound", "arena, dynamic (/ peak)",
                           "arena, planned (/ peak)"]))
-    for policy in ("baseline", "liveness"):
+    model = CostModel("gpu")
+    rows = [policy_row(name, path, overrides, args.batch, model) for name, path, overrides in NETS]
+    print("\nEvery policy: peak (peak / lower bound); for superneurons the lower bound, the host "
+          "memory it offloads to, how far under baseline it is, and its estimated time over "
+          f"liveness's on the {model.device.name} cost model.\n")
+    print(markdown(rows, ["net", *POLICY_COLUMNS, "lower bound", "superneurons host",
+                          "baseline / superneurons", "time / liveness (est.)"]))
+    for policy in ("baseline", "liveness", "superneurons"):
         cmd = ["sn-plan", "nets/resnet.yaml", "--set", f"depth={args.depth}", "--batch",
                str(args.batch), "--policy", policy, "--placement", "planned", "--json"]
         start = time.perf_counter()

@@ -6,8 +6,8 @@ from ..errors import SNError
 
 
 def net_arguments(parser):
-    """Add NET.yaml, --batch, --set, --device, --memory, --policy, --placement and
-    --workspace-limit to ``parser``."""
+    """Add NET.yaml, --batch, --set, --device, --memory, --policy, --placement, --host-memory
+    and --workspace-limit to ``parser``."""
     parser.add_argument("net", metavar="NET.yaml", help="network file")
     parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="K=V",
@@ -21,9 +21,19 @@ def net_arguments(parser):
                         help=f"memory policy: {', '.join(POLICIES)} (default baseline)")
     parser.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
                         help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
+    parser.add_argument("--host-memory", metavar="SIZE",
+                        help="most host memory offloaded tensors may take, e.g. 32GiB (policies that "
+                             "offload; default: unbounded)")
     parser.add_argument("--workspace-limit", metavar="SIZE",
                         help="largest workspace of any one algorithm choice, e.g. 8MiB (default: none; "
                              "the budget alone limits it)")
+
+
+def sizes_from_args(args):
+    """``(memory, host_memory, workspace_limit)`` in bytes from ``args`` (None where not given)."""
+    from ..report import parse_size
+    return tuple(parse_size(v) if v else None
+                 for v in (args.memory, getattr(args, "host_memory", None), args.workspace_limit))
 
 
 def load_spec_from_args(args):

@@ -7,10 +7,12 @@ policy, without running a kernel or allocating the arena.
 
 The estimated iteration time comes from the cost model (scheduler/cost.py): the layers' flops
 and bytes at --device's assumed rates, or, with --profile, each kernel timed once on the CPU
-backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR).
+backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR); copies to and from the host at
+the device's copy bandwidth, on streams of their own. It shows what recomputation and stalls
+on copies add, against the same net under ``liveness``.
 
-Exit status: 0 when the plan fits the budget (or none is given), 3 when it does not, 2 for a
-bad network file or option.
+Exit status: 0 when the plan fits the budget (or none is given) and --host-memory, 3 when it
+does not, 2 for a bad network file or option.
 """
 
 import argparse
@@ -19,7 +21,7 @@ import sys
 
 from ..errors import SNError
 from ..optim import make_optimizer
-from .common import load_spec_from_args, net_arguments, run_cli, solver_from_args
+from .common import load_spec_from_args, net_arguments, run_cli, sizes_from_args, solver_from_args
 
 
 def build_parser():
@@ -49,13 +51,11 @@ def plan_from_args(args):
     """``(schedule, plan, figures)`` for the network, policy, placement, budget and workspace
     limit in ``args``; with ``args.profile``, algorithms are ranked and timed by measurement."""
     from ..graph import Graph
-    from ..report import parse_size
     from ..scheduler.cost import CostModel
     from ..scheduler.lower import lower
     from ..scheduler.policy import apply_policy
     from ..scheduler.simulate import simulate
-    budget = parse_size(args.memory) if args.memory else None
-    limit = parse_size(args.workspace_limit) if args.workspace_limit else None
+    budget, host_memory, limit = sizes_from_args(args)
     spec = load_spec_from_args(args)
     optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
     graph = Graph(spec)
@@ -66,11 +66,18 @@ def plan_from_args(args):
         table, path, measured = load_or_measure(graph, Backend())
         model = CostModel("cpu", table)
         profile = {"cache": path, "measured": measured, "entries": len(table)}
-    schedule = apply_policy(lower(graph, train=True, optimizer=optimizer), args.policy, args.placement,
-                            budget=budget, workspace_limit=limit, costs=model)
+    base = lower(graph, train=True, optimizer=optimizer)
+    schedule = apply_policy(base, args.policy, args.placement, budget=budget, workspace_limit=limit,
+                            costs=model, host_memory=host_memory)
     plan = simulate(schedule)
     info = figures(schedule, plan, budget)
-    info["est_seconds"] = model.iteration_seconds(schedule)
+    timeline = model.timeline(schedule)
+    reference = timeline if args.policy == "liveness" else model.timeline(
+        apply_policy(base, "liveness", args.placement, workspace_limit=limit, costs=model))
+    info.update(est_seconds=timeline.seconds, est_stall_seconds=timeline.stall,
+                est_recompute_seconds=timeline.recompute, copied_bytes=timeline.copied,
+                est_liveness_seconds=reference.seconds,
+                host_memory_bytes=host_memory, host_fits=host_memory is None or plan.host_bytes <= host_memory)
     info["cost_model"] = "measured" if profile else f"estimate ({model.device.name})"
     info["profile"] = profile
     return schedule, plan, info
@@ -100,6 +107,7 @@ def figures(schedule, plan, budget):
         "arenas": arenas,
         **{f"arena_bytes_{k}": v for k, v in arenas.items()},
         **{f"fragmentation_{k}": round(v / max(plan.peak_bytes, 1), 4) for k, v in arenas.items()},
+        "host_bytes": plan.host_bytes,
         "budget_bytes": budget, "fits": fits, "overflow": overflow,
     }
 
@@ -111,7 +119,7 @@ def run(args):
         print(json.dumps(info, indent=1))
     else:
         print(report.plan_summary(info))
-        print(f"est. time     {info['est_seconds'] * 1e3:.3f} ms per iteration ({info['cost_model']})")
+        print(report.time_summary(info))
         if info["profile"]:
             verb = "measured and wrote" if info["profile"]["measured"] else "read"
             print(f"profile       {verb} {info['profile']['cache']}")
@@ -125,7 +133,7 @@ def run(args):
         _write(args, args.timeline, report.write_timeline, schedule, plan, info["budget_bytes"])
     if args.trace:
         _write(args, args.trace, report.write_trace, schedule, plan)
-    return 0 if info["fits"] else 3
+    return 0 if info["fits"] and info["host_fits"] else 3
 
 
 def _write(args, path, write, *what):

@@ -11,8 +11,8 @@ import time
 
 from .. import __version__
 from ..errors import SNError
-from ..report import human_bytes, parse_size
-from .common import load_spec_from_args, net_arguments, run_cli, solver_from_args
+from ..report import human_bytes
+from .common import load_spec_from_args, net_arguments, run_cli, sizes_from_args, solver_from_args
 
 
 def build_parser():
@@ -53,10 +53,9 @@ def run(args):
     solver = solver_from_args(args, spec)
     data_cfg = _data_config(spec, args, source_config)
     optimizer = make_optimizer(solver)
-    memory = parse_size(args.memory) if args.memory else None
+    memory, host_memory, limit = sizes_from_args(args)
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
-              policy=args.policy, placement=args.placement,
-              workspace_limit=parse_size(args.workspace_limit) if args.workspace_limit else None)
+              policy=args.policy, placement=args.placement, workspace_limit=limit, host_memory=host_memory)
     classes = _classes(net)
     if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         data_cfg = _synthetic_like(net, classes, source_config)
@@ -84,7 +83,7 @@ def run(args):
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
     print(f"memory: policy {args.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
           f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
-          f"{human_bytes(net.arena_bytes)}")
+          f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else ""))
 
     printer = _Printer(solver.max_iter, start=trainer.iteration)
     started = time.perf_counter()
@@ -101,6 +100,9 @@ def run(args):
     if printer.rate:
         parts.append(f"{printer.rate:.0f} img/s")
     parts.append(f"peak device memory {human_bytes(net.peak_bytes)}")
+    if net.host_bytes:
+        parts.append(f"host {human_bytes(net.host_bytes)}, {net.runtime.blocked} waits blocked, "
+                     f"{net.runtime.stalls} stalls")
     print(" | ".join(parts))
     return 130 if printer.interrupted else 0
 

@@ -81,12 +81,12 @@ def _with_copies(schedule, steps, chosen):
     """``schedule`` with the copy steps of the ``chosen`` candidates put among ``steps``, its
     memory steps made again by liveness."""
     after, before = {}, {}
-    for r, a, w, p, b in chosen:
+    for r, a, w, _, _ in chosen:
         after.setdefault(a, []).append(Offload(r))
         before.setdefault(w, []).append(Wait(r))
-    for r, a, w, p, b in chosen:  # waits for offloads first: they free memory
+    for r, _, _, p, _ in chosen:  # after the waits for offloads at the same step: they free memory
         before.setdefault(p, []).append(Prefetch(r))
-    for r, a, w, p, b in chosen:
+    for r, _, _, _, b in chosen:
         before.setdefault(b, []).append(Wait(r))
     out = []
     for i, step in enumerate(steps):
