@@ -18,10 +18,11 @@ this by brute force on small settings.)
 The search, per policy: plan depth 50, then 98; grow an upper bound to just past where a
 straight line through the last two plans meets the budget (arena bytes are close to linear in
 the blocks), going further each time the line falls short, until a plan does not fit or the
-cap is reached; then narrow ``(fits, does not fit)`` to adjacent
-depths, guessing by linear interpolation of the arena bytes while that halves the interval and
-bisecting otherwise. Each depth is loaded, built and lowered once for all policies: the
-searches run side by side and every depth asked for is planned under each policy that asks.
+cap is reached; then narrow ``(fits, does not fit)`` to adjacent depths, guessing where a
+line meets the budget (through the two nearest plans that do not fit, or else through the two
+ends) and bisecting after any guess that fails to halve the interval. Each depth is loaded, built
+and lowered once for all policies: the searches run side by side, and every depth asked for
+is planned under each policy that asks for it.
 """
 
 import time
@@ -186,24 +187,33 @@ def search(budget, max_blocks, min_blocks=MIN_BLOCKS):
         p = yield min(n, max_blocks)
         probes += 1
         if p.fits:
-            misses += prev is not None
+            if prev is not None:
+                misses += 1
             prev, lo = lo, p
         else:
             hi = p
-    interpolate = True
+    above = None                      # the nearest misfit past hi
+    ends, bisect = True, False
     while hi.blocks - lo.blocks > 1:  # narrow to adjacent depths
         width = hi.blocks - lo.blocks
-        n = (lo.blocks + hi.blocks) // 2
-        if interpolate and hi.arena_bytes > lo.arena_bytes:
-            n = min(max(int(_crossing(lo, hi, budget)), lo.blocks + 1), hi.blocks - 1)
-        p = yield n
+        n, guess = (lo.blocks + hi.blocks) // 2, None
+        if not bisect and above is not None and above.arena_bytes > hi.arena_bytes:
+            guess = "misfits"
+            n = int(_crossing(hi, above, budget))
+        elif not bisect and ends and hi.arena_bytes > lo.arena_bytes:
+            guess = "ends"
+            n = int(_crossing(lo, hi, budget))
+        p = yield min(max(n, lo.blocks + 1), hi.blocks - 1)
         probes += 1
         if p.fits:
             lo = p
         else:
-            hi = p
-        # keep guessing by the line only while it at least halves the interval
-        interpolate = hi.blocks - lo.blocks <= width // 2
+            above, hi = hi, p
+        # a guess that fails to halve the interval is followed by a bisection; the line through
+        # the ends is given up for good then, as plans that hug the budget (offloading makes
+        # them) leave it flat, but not the misfits' line, which such plans do not flatten
+        bisect = guess is not None and hi.blocks - lo.blocks > width // 2
+        ends = ends and not (bisect and guess == "ends")
     return lo, hi, False, probes
 
 

@@ -120,6 +120,10 @@ def _progress(probe):
           f"{verdict}  ({probe.seconds:.2f} s)", file=sys.stderr)
 
 
+def _seconds(t):
+    return f"{t:.1f} s" if t >= 1 else f"{t * 1e3:.1f} ms"
+
+
 def _report(args, planner, results, checks):
     """The table (and the notes under it) that sn-depth prints."""
     from ..report import human_bytes, table
@@ -132,7 +136,7 @@ def _report(args, planner, results, checks):
             cells += ["-"] * 6
         else:
             cells += [human_bytes(b.peak_bytes), human_bytes(b.arena_bytes), human_bytes(b.resident_bytes),
-                      human_bytes(b.host_bytes), f"{b.est_seconds * 1e3:.1f} ms",
+                      human_bytes(b.host_bytes), _seconds(b.est_seconds),
                       f"{r.over.depth} (+{human_bytes(r.over.arena_bytes - planner.budget)})" if r.over else "-"]
         if checks:
             c = checks.get(r.policy)

@@ -90,14 +90,9 @@ class Runtime:
             elif kind == "free":
                 arena.free(step.target)
             elif kind == "offload" or kind == "prefetch":
-                self._start_copy(schedule, step.target, kind)
+                self._start_copy(schedule, step.target, kind, step.algo == "keep")
             elif kind == "wait":
-                copy, what = pending.pop(step.target)
-                if not copy.done():
-                    self.blocked += 1
-                copy.wait()
-                if what == "prefetch":
-                    self.host.free(step.target)
+                self._wait(step.target, planned=True)
             elif kind == "forward" or kind == "recompute":
                 node = graph.nodes[step.target]
                 ctx = self._context(step, node, iteration, schedule.train, kind == "recompute", feed)
@@ -121,8 +116,9 @@ class Runtime:
         self.host_peak = max(self.host_peak, self.host.high_water)
         return outputs
 
-    def _start_copy(self, schedule, name, kind):
-        """Start offloading ``name`` to a new place in the host arena, or prefetching it back."""
+    def _start_copy(self, schedule, name, kind, keep=False):
+        """Start offloading ``name`` to a new place in the host arena, or prefetching it back
+        (``keep``: the host copy stays for a later Prefetch)."""
         nbytes = schedule.tensors[name].nbytes
         if kind == "offload":
             self.host.alloc(name, nbytes)
@@ -134,7 +130,7 @@ class Runtime:
             copy = self.copies.start(host, device, "d2h")
         else:
             copy = self.copies.start(device, host, "h2d")
-        self.pending[name] = (copy, kind)
+        self.pending[name] = (copy, "keep" if kind == "prefetch" and keep else kind)
 
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
@@ -146,7 +142,19 @@ class Runtime:
         for name in touched:
             if name in self.pending:
                 self.stalls += 1
-                self.pending[name][0].wait()
+                self._wait(name, planned=False)
+
+    def _wait(self, name, planned):
+        """Wait for ``name``'s copy; after a prefetch that keeps no host copy, free it. (A
+        stall may have waited for it already.)"""
+        if name not in self.pending:
+            return
+        copy, what = self.pending.pop(name)
+        if planned and not copy.done():
+            self.blocked += 1
+        copy.wait()
+        if what == "prefetch":
+            self.host.free(name)
 
     def _context(self, step, node, iteration, train, recompute, feed):
         ws = self.view(step.workspace) if step.workspace else None

@@ -51,8 +51,9 @@ def Offload(tensor):
     return Step("offload", tensor)
 
 
-def Prefetch(tensor):
-    return Step("prefetch", tensor)
+def Prefetch(tensor, keep=False):
+    """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
+    return Step("prefetch", tensor, "keep" if keep else None)
 
 
 def Wait(tensor):

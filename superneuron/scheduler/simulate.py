@@ -65,7 +65,7 @@ def replay(schedule, stop=None):
             host.alloc(step.target, schedule.tensors[step.target].nbytes)
             pending[step.target] = "offload"
         elif step.kind == "prefetch":
-            pending[step.target] = "prefetch"
+            pending[step.target] = "keep" if step.algo == "keep" else "prefetch"
         elif step.kind == "wait" and pending.pop(step.target) == "prefetch":
             host.free(step.target)
         arena.live_trace.append(arena.live)
