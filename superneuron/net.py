@@ -31,8 +31,10 @@ class Net:
     under the others a tensor freed early may be overwritten before :meth:`blob` reads it.
     Each step runs the fastest algorithm whose workspace fits ``memory`` and, where a layer has
     a choice, ``workspace_limit`` bytes (scheduler/workspace.py). Policies that offload keep at
-    most ``host_memory`` bytes on the host. ``costs`` (a scheduler.cost.CostModel or a measured
-    table; default: estimates for ``device``) times the steps for the passes that weigh them.
+    most ``host_memory`` bytes on the host. ``costs`` times the steps for the passes that weigh
+    them: a scheduler.cost.CostModel, a measured table, ``"measure"`` (time this net's kernels on
+    ``device`` now, or read the cached table: what ``sn-train --profile`` does), or None: the
+    cached table of this net on ``device`` if there is one, else estimates.
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
@@ -44,9 +46,7 @@ class Net:
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
-        if costs is None:
-            from .scheduler.cost import CostModel
-            costs = CostModel(self.backend.name)
+        costs = self._cost_model(costs)
         self.schedules = {
             k: apply_policy(lower(self.graph, train=k == "train", optimizer=optimizer), policy,
                             placement, budget=memory, workspace_limit=workspace_limit, costs=costs,
@@ -67,6 +67,16 @@ class Net:
                                capacity=memory or needed, seed=seed, host_capacity=host)
         self._init_params(seed)
         self.outputs = {}  # scalar tops (losses, accuracies) of the last run, by layer name
+
+    def _cost_model(self, costs):
+        from .scheduler.cost import CostModel, cached_table, load_or_measure
+        name = self.backend.name
+        if costs == "measure":
+            costs = load_or_measure(self.graph, self.backend, name)[0]
+        elif costs is None:
+            costs = cached_table(self.graph, name)
+        self.costs_measured = isinstance(costs, dict) and bool(costs)
+        return costs if isinstance(costs, CostModel) else CostModel(name, costs)
 
     # -- parameters -----------------------------------------------------------------------
     def _init_params(self, seed):

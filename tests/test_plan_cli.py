@@ -115,3 +115,29 @@ def test_trace_is_json_with_spans_and_counters(capsys, tmp_path):
 def test_unwritable_output_is_a_clean_error(capsys, tmp_path):
     status, _, err = run(capsys, TINY, "--trace", str(tmp_path / "no" / "dir" / "t.json"))
     assert status == 2 and "cannot write" in err
+
+
+def test_superneurons_reports_host_memory_recompute_and_stalls(capsys):
+    status, out, _ = run(capsys, "nets/resnet_cifar.yaml", "--batch", "4", "--policy", "superneurons", "--json")
+    info = json.loads(out)
+    _, live_out, _ = run(capsys, "nets/resnet_cifar.yaml", "--batch", "4", "--policy", "liveness", "--json")
+    live = json.loads(live_out)
+    assert status == 0 and info["host_bytes"] > 0 and info["copied_bytes"] >= info["host_bytes"]
+    assert info["est_recompute_seconds"] > 0 and info["est_stall_seconds"] >= 0
+    assert info["est_liveness_seconds"] == pytest.approx(live["est_seconds"])
+    assert info["est_seconds"] >= live["est_seconds"]
+    assert info["peak_bytes"] < live["peak_bytes"]
+    status, out, _ = run(capsys, "nets/resnet_cifar.yaml", "--batch", "4", "--policy", "superneurons")
+    assert "host" in out and "recompute" in out and "of liveness" in out
+
+
+def test_host_memory_bounds_the_offload_and_says_when_it_cannot(capsys):
+    args = ("nets/resnet_cifar.yaml", "--batch", "4", "--policy", "offload", "--json")
+    free = json.loads(run(capsys, *args)[1])
+    half = free["host_bytes"] // 2
+    status, out, _ = run(capsys, *args, "--host-memory", str(half))
+    bounded = json.loads(out)
+    assert status == 0 and 0 < bounded["host_bytes"] <= half and bounded["host_fits"]
+    assert bounded["peak_bytes"] > free["peak_bytes"]  # less offloaded: more on the device
+    status, _, err = run(capsys, *args[:-1], "--host-memory", "lots")
+    assert status == 2 and "lots" in err

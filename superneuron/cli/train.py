@@ -31,6 +31,10 @@ def build_parser():
     p.add_argument("--solver", metavar="FILE", help="solver YAML (Caffe solver keys)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights, shuffling and dropout (default 0)")
     p.add_argument("--display", type=int, metavar="N", help="print a line every N iterations")
+    p.add_argument("--profile", action="store_true",
+                   help="time each layer's algorithms and the copy bandwidth on this device first (cached "
+                        "under ~/.cache/superneuron) and schedule by those times; without it a cached "
+                        "table is used when there is one, else estimates")
     p.add_argument("--test-interval", type=int, metavar="N", help="test every N iterations (0: only at the end)")
     p.add_argument("--snapshot", metavar="DIR", help="folder for snapshots (enables snapshots)")
     p.add_argument("--snapshot-interval", type=int, metavar="N", help="snapshot every N iterations")
@@ -55,7 +59,8 @@ def run(args):
     optimizer = make_optimizer(solver)
     memory, host_memory, limit = sizes_from_args(args)
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
-              policy=args.policy, placement=args.placement, workspace_limit=limit, host_memory=host_memory)
+              policy=args.policy, placement=args.placement, workspace_limit=limit, host_memory=host_memory,
+              costs="measure" if args.profile else None)
     classes = _classes(net)
     if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         data_cfg = _synthetic_like(net, classes, source_config)
@@ -81,6 +86,7 @@ def run(args):
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
+    print(f"costs: {'measured on this device' if net.costs_measured else 'estimated'}")
     print(f"memory: policy {args.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
           f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
           f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else ""))

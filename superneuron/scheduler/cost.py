@@ -192,7 +192,24 @@ def measure_costs(graph, backend, repeats=2, train=True):
             if k:  # the first run warms caches and compiles kernels
                 best = min(best, time.perf_counter() - start)
         table[key] = best
+    if train:
+        table["copy"] = measure_copy_bandwidth(backend)
     return table
+
+
+def measure_copy_bandwidth(backend, nbytes=32 << 20, repeats=3):
+    """Bytes per second of a host→device copy of ``nbytes`` on ``backend`` (the best of
+    ``repeats``); on the CPU, a copy between two blocks of memory, as the copy thread makes."""
+    host = np.ones(nbytes, np.uint8)
+    device = backend.xp.empty(nbytes, np.uint8)
+    best = float("inf")
+    for _ in range(repeats):
+        backend.synchronize()
+        start = time.perf_counter()
+        backend.copy_from_host(device, host)
+        backend.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / max(best, 1e-9)
 
 
 def _kernel(layer, phase, algo, backend, rng, train):
@@ -243,14 +260,23 @@ def cache_path(graph, device_name, train=True):
     return os.path.join(cache_dir(), f"costs-{device_name}-{sig}.json")
 
 
+def cached_table(graph, device_name, train=True):
+    """The measured table of ``graph`` on ``device_name`` if one is cached, else None."""
+    path = cache_path(graph, device_name, train)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["costs"]
+
+
 def load_or_measure(graph, backend, device_name=None, train=True):
     """``(table, path, measured)``: the cached table of ``graph`` on this device, measuring
     and writing it (to a temporary file, then renamed) when there is none."""
     device_name = device_name or backend.name
     path = cache_path(graph, device_name, train)
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)["costs"], path, False
+    table = cached_table(graph, device_name, train)
+    if table is not None:
+        return table, path, False
     table = measure_costs(graph, backend, train=train)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
