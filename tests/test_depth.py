@@ -83,12 +83,27 @@ def test_search_finds_exactly_the_last_fitting_blocks(curve):
         assert probes <= 2 * (2 * math.log2(max_blocks / MIN_BLOCKS) + 2), (budget, asked)
 
 
+@pytest.mark.parametrize("last", [16, 17, 100, 881, 5000, 33331, 33332])
+def test_search_where_plans_hug_the_budget(last):
+    # offloading keeps every plan that fits just under the budget; past ``last`` blocks what
+    # cannot be offloaded overflows it, by more the deeper the net
+    budget = 10**9
+
+    def need(n):
+        return budget - (last - n) if n <= last else budget + 5000 * (n - last) + 7 * (n % 3)
+
+    (best, over, at_cap, probes), asked = drive(need, budget, 33332)
+    assert best.blocks == last and at_cap == (last == 33332)
+    assert at_cap or over.blocks == last + 1
+    assert probes <= 2 * (2 * math.log2(33332 / MIN_BLOCKS) + 2), asked
+
+
 def test_search_is_quick_where_memory_is_linear():
     need = CURVES["linear"]
     budget = need(3333) + 5
     (best, over, _, probes), asked = drive(need, budget, 33332)
     assert best.blocks == 3333 and over.blocks == 3334
-    assert probes <= 6, asked  # 16, 32, past the line's crossing, the crossing, one more
+    assert probes <= 5 and asked[-2:] == [3334, 3333], asked  # the line lands on the answer
 
 
 # -- the family and the planner ---------------------------------------------------------------
@@ -166,7 +181,7 @@ def test_not_even_depth_50_fits(capsys):
     need = arena("liveness", MIN_BLOCKS).arena_bytes
     status, out, _ = run(capsys, "--memory", str(need - 1), *SMALL_ARGS, "--policies", "liveness")
     assert status == 3
-    assert f"liveness: not even depth 50 fits; it needs" in out and f"({need} bytes)" in out
+    assert "liveness: not even depth 50 fits; it needs" in out and f"({need} bytes)" in out
     status, out, _ = run(capsys, "--memory", str(need - 1), *SMALL_ARGS, "--policies", "liveness", "--json")
     (r,) = json.loads(out)["results"]
     assert (r["depth"], r["peak_bytes"], r["next_depth"], r["next_arena_bytes"]) == (0, None, 50, need)

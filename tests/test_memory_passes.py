@@ -286,7 +286,8 @@ def check_copies(schedule):
     memory allocated for it, and is waited for before anything touches the tensor; no step
     touches a tensor while its copy runs; every copy is waited for. Returns the offloaded roots."""
     graph, roots = schedule.graph, Roots(schedule)
-    on_device, pending, host = set(), {}, {}
+    on_device, pending = set(), {}
+    host = {t: 0 for t in schedule.host_resident}   # parameter offload: the masters start there
     contents, written = {}, collections.Counter()   # root → the write its device memory holds
     offloaded = set()
     for step in schedule.steps:
@@ -513,7 +514,9 @@ def test_plan_equals_run_for_every_policy(graph, policy, placement):
     assert runtime.host_peak == plan.host_bytes
     assert runtime.stalls == 0
     assert plan.lower_bound_bytes <= plan.peak_bytes <= plan.arena_bytes
-    if policy in ("offload", "superneurons"):
+    if policy in ("offload", "superneurons", "superneurons+params"):
         assert plan.host_bytes > 0
     else:
         assert plan.host_bytes == 0
+    if policy.endswith("+params"):  # only BatchNorm's statistics stay on the device
+        assert plan.resident_bytes < apply_policy(lower(g), "superneurons").resident_bytes

@@ -6,8 +6,8 @@ from ..errors import SNError
 
 
 def net_arguments(parser):
-    """Add NET.yaml, --batch, --set, --device, --memory, --policy, --placement, --host-memory
-    and --workspace-limit to ``parser``."""
+    """Add NET.yaml, --batch, --set, --device, --memory, --policy, --offload-params,
+    --placement, --host-memory and --workspace-limit to ``parser``."""
     parser.add_argument("net", metavar="NET.yaml", help="network file")
     parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="K=V",
@@ -19,6 +19,9 @@ def net_arguments(parser):
     from ..scheduler.policy import POLICIES
     parser.add_argument("--policy", default="baseline", metavar="P",
                         help=f"memory policy: {', '.join(POLICIES)} (default baseline)")
+    parser.add_argument("--offload-params", action="store_true",
+                        help="keep parameters, gradients and optimiser state in host memory and update "
+                             "there (adds +params to the policy; not with baseline)")
     parser.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
                         help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
     parser.add_argument("--host-memory", metavar="SIZE",
@@ -27,6 +30,15 @@ def net_arguments(parser):
     parser.add_argument("--workspace-limit", metavar="SIZE",
                         help="largest workspace of any one algorithm choice, e.g. 8MiB (default: none; "
                              "the budget alone limits it)")
+
+
+def policy_from_args(args):
+    """The policy name: --policy, with ``+params`` for --offload-params."""
+    from ..scheduler.policy import PARAMS
+    policy = args.policy
+    if getattr(args, "offload_params", False) and not policy.endswith(PARAMS):
+        policy += PARAMS
+    return policy
 
 
 def sizes_from_args(args):

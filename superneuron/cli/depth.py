@@ -116,7 +116,7 @@ def run(args):
 def _progress(probe):
     from ..report import human_bytes
     verdict = "fits" if probe.fits else "over"
-    print(f"  {probe.policy:<16} depth {probe.depth:>6}  arena {human_bytes(probe.arena_bytes):>10}  "
+    print(f"  {probe.policy:<20} depth {probe.depth:>6}  arena {human_bytes(probe.arena_bytes):>10}  "
           f"{verdict}  ({probe.seconds:.2f} s)", file=sys.stderr)
 
 

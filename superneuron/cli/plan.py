@@ -21,7 +21,7 @@ import sys
 
 from ..errors import SNError
 from ..optim import make_optimizer
-from .common import load_spec_from_args, net_arguments, run_cli, sizes_from_args, solver_from_args
+from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
 
 
 def build_parser():
@@ -67,12 +67,13 @@ def plan_from_args(args):
         model = CostModel("cpu", table)
         profile = {"cache": path, "measured": measured, "entries": len(table)}
     base = lower(graph, train=True, optimizer=optimizer)
-    schedule = apply_policy(base, args.policy, args.placement, budget=budget, workspace_limit=limit,
+    policy = policy_from_args(args)
+    schedule = apply_policy(base, policy, args.placement, budget=budget, workspace_limit=limit,
                             costs=model, host_memory=host_memory)
     plan = simulate(schedule)
     info = figures(schedule, plan, budget)
     timeline = model.timeline(schedule)
-    reference = timeline if args.policy == "liveness" else model.timeline(
+    reference = timeline if policy == "liveness" else model.timeline(
         apply_policy(base, "liveness", args.placement, workspace_limit=limit, costs=model))
     info.update(est_seconds=timeline.seconds, est_stall_seconds=timeline.stall,
                 est_recompute_seconds=timeline.recompute, copied_bytes=timeline.copied,

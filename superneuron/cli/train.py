@@ -12,7 +12,7 @@ import time
 from .. import __version__
 from ..errors import SNError
 from ..report import human_bytes
-from .common import load_spec_from_args, net_arguments, run_cli, sizes_from_args, solver_from_args
+from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
 
 
 def build_parser():
@@ -59,7 +59,8 @@ def run(args):
     optimizer = make_optimizer(solver)
     memory, host_memory, limit = sizes_from_args(args)
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
-              policy=args.policy, placement=args.placement, workspace_limit=limit, host_memory=host_memory,
+              policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
+              host_memory=host_memory,
               costs="measure" if args.profile else None)
     classes = _classes(net)
     if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
@@ -87,7 +88,7 @@ def run(args):
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
     print(f"costs: {'measured on this device' if net.costs_measured else 'estimated'}")
-    print(f"memory: policy {args.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
+    print(f"memory: policy {net.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
           f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
           f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else ""))
 

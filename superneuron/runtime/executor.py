@@ -46,6 +46,11 @@ class Runtime:
             from ..scheduler.simulate import replay
             host_capacity = max(replay(s).host.high_water for s in schedules)
         self.host = Arena(host_capacity, backend, host=True)
+        # parameter offload: the masters live on the host (the update's workspace too, which
+        # only a training schedule has)
+        host_resident = list(dict.fromkeys(t for s in schedules for t in s.host_resident))
+        for name in host_resident:
+            self.host.place_resident(name, self.tensors[name].nbytes)
         self.copies = None             # the copy queues, made on the first copy
         self.pending = {}              # tensor → (Copy, 'offload' | 'prefetch')
         self.stalls = self.blocked = 0
@@ -53,10 +58,12 @@ class Runtime:
         self.resident = {}
         for name in first.resident:
             self.arena.place_resident(name, self.tensors[name].nbytes)
-        for name in first.resident:
+        for name in first.resident + host_resident:
             info = self.tensors[name]
-            self.resident[name] = self.arena.view(name, info.shape, info.dtype)
+            arena = self.arena if name in self.arena.resident else self.host
+            self.resident[name] = arena.view(name, info.shape, info.dtype)
             self.resident[name][...] = 0
+        self.host_update = bool(host_resident)  # the optimiser updates on the host
         self.peak_bytes = self.arena.resident_end
         self.arena_bytes = self.arena.resident_end
         self._entries = None  # the optimiser's view of the parameters, made on first update
@@ -65,8 +72,8 @@ class Runtime:
     def view(self, name, freed_ok=False):
         """The array of tensor ``name`` (resident, or scheduled and currently placed; with
         ``freed_ok``, also where it was last placed in the last run)."""
-        if name in self.resident:
-            return self.resident[name]
+        if name in self.resident and name not in self.arena.offsets:
+            return self.resident[name]  # (a host-resident parameter's device copy is placed)
         tensors = self.schedule.tensors if name in self.schedule.tensors else self.tensors
         info = tensors[name]
         return self.arena.view(root(tensors, name), info.shape, info.dtype, freed_ok)
@@ -97,7 +104,7 @@ class Runtime:
                 node = graph.nodes[step.target]
                 ctx = self._context(step, node, iteration, schedule.train, kind == "recompute", feed)
                 if not node.layer.ALIAS_TOPS:
-                    params = {k: self.resident[t] for k, t in node.params.items()}
+                    params = {k: self.view(t) for k, t in node.params.items()}
                     node.layer.forward(ctx, [self.view(b) for b in node.bottoms],
                                        [self.view(t) for t in node.tops], params)
                 if kind == "forward" and node.layer.top_shapes == [()]:
@@ -107,7 +114,8 @@ class Runtime:
                 self._backward(step, node, iteration)
             elif kind == "update":
                 ctx = self._context(step, None, iteration, True, False, None)
-                optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
+                xp = np if self.host_update else self.xp
+                optimizer.update(xp, iteration, self.update_entries(optimizer), ctx.scratch)
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
@@ -120,7 +128,7 @@ class Runtime:
         """Start offloading ``name`` to a new place in the host arena, or prefetching it back
         (``keep``: the host copy stays for a later Prefetch)."""
         nbytes = schedule.tensors[name].nbytes
-        if kind == "offload":
+        if kind == "offload" and name not in self.host.resident:
             self.host.alloc(name, nbytes)
         device = self.arena.view(name, (nbytes,), "uint8")
         host = self.host.view(name, (nbytes,), "uint8")
@@ -135,7 +143,9 @@ class Runtime:
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
         have put a Wait before it)."""
-        if step.kind == "free" or step.kind in ("offload", "prefetch"):
+        if step.kind == "update":  # it reads every parameter and gradient
+            touched = list(self.pending)
+        elif step.kind == "free" or step.kind in ("offload", "prefetch"):
             touched = [step.target]
         else:
             touched = step_roots(schedule, step, roots)
@@ -170,8 +180,8 @@ class Runtime:
         if node.loss_weight:
             top_grads[0][...] = node.loss_weight
         bottom_grads = [None if g is None else self.view(g) for g in node.bottom_grads]
-        params = {k: self.resident[t] for k, t in node.params.items()}
-        param_grads = {k: self.resident[g] for k, g in node.param_grads.items()}
+        params = {k: self.view(t) for k, t in node.params.items()}
+        param_grads = {k: self.view(g) for k, g in node.param_grads.items()}
         ctx = self._context(step, node, iteration, True, False, None)
         node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
 

@@ -17,7 +17,7 @@ schedule whose tensors dict holds copies of the TensorInfos it aliased.
 
 from dataclasses import replace
 
-from .liveness import SCHEDULED, uses
+from .liveness import SCHEDULED, not_scheduled, uses
 from .schedule import MEMORY
 
 
@@ -54,7 +54,7 @@ def inplace(schedule):
     graph = schedule.graph
     tensors = dict(schedule.tensors)
     forest = _Forest(tensors)
-    resident = set(schedule.resident)
+    resident = not_scheduled(schedule)
     steps = schedule.steps
     first, last = {}, {}
     for i, step in enumerate(steps):

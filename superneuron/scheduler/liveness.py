@@ -23,7 +23,9 @@ never scheduled.
 
 from .schedule import MEMORY, Alloc, Free, root
 
-SCHEDULED = ("data", "grad", "workspace", "encoded")  # kinds whose storage the steps manage
+# Kinds whose storage the steps manage; parameters and their gradients only when not resident
+# (parameter offload keeps them on the host and copies them to the device for their steps).
+SCHEDULED = ("data", "grad", "workspace", "encoded", "param", "param_grad")
 
 
 def uses(graph, step):
@@ -38,15 +40,23 @@ def uses(graph, step):
         node = graph.nodes[step.target]
         if node.layer.ALIAS_TOPS:
             return (), ()
-        return node.bottoms, node.tops
+        return list(node.bottoms) + list(node.params.values()), node.tops
     if kind == "backward":
         node = graph.nodes[step.target]
         reads_b, reads_t = node.layer.backward_reads()
         reads = [node.bottoms[i] for i in reads_b] + [node.tops[i] for i in reads_t]
-        reads += [g for g in node.top_grads if g is not None]
+        reads += [g for g in node.top_grads if g is not None] + list(node.params.values())
         writes = [g for g in node.bottom_grads if g is not None] + list(node.param_grads.values())
         return reads, writes
     return (), ()
+
+
+def not_scheduled(schedule):
+    """The tensors whose storage no step manages: the device's resident ones, and the host's
+    except parameters and their gradients (whose device copies the steps manage)."""
+    tensors = schedule.tensors
+    return set(schedule.resident) | {t for t in schedule.host_resident
+                                     if tensors[t].kind not in ("param", "param_grad")}
 
 
 class Roots:
@@ -55,7 +65,7 @@ class Roots:
 
     def __init__(self, schedule):
         self.tensors = schedule.tensors
-        self.resident = set(schedule.resident)
+        self.resident = not_scheduled(schedule)
         self.memo = {}
 
     def __call__(self, name):
@@ -80,7 +90,7 @@ def step_roots(schedule, step, roots):
         r = roots.scheduled(name)
         if r is not None:
             out[r] = True
-    if step.workspace:
+    if step.workspace and roots.scheduled(step.workspace):
         out[step.workspace] = True
     return list(out)
 
@@ -111,7 +121,7 @@ def intervals(schedule, steps, roots):
                 open_[r] = span = [r, i, i]
                 spans.append(span)
             span[2] = i
-        if step.workspace:
+        if step.workspace and roots.scheduled(step.workspace):
             spans.append([step.workspace, i, i])
     return [tuple(s) for s in spans]
 

@@ -75,7 +75,9 @@ def Free(tensor):
 @dataclass
 class Schedule:
     """An iteration: the graph, every tensor it touches (graph tensors, workspaces, optimiser
-    state), the resident tensors in placement order, and the steps."""
+    state), the resident tensors in placement order (on the device; ``host_resident``: in host
+    memory, where parameter offload keeps parameters, gradients and optimiser state), and the
+    steps."""
 
     graph: object
     tensors: dict
@@ -84,8 +86,9 @@ class Schedule:
     train: bool = True
     policy: str = "baseline"
     offsets: dict = None      # planned placement: tensor → [offset per Alloc], None: dynamic
+    host_resident: list = field(default_factory=list)  # kept in host memory (parameter offload)
 
-    def replace(self, steps=None, policy=None, tensors=None, offsets=None):
+    def replace(self, steps=None, policy=None, tensors=None, offsets=None, resident=None, host_resident=None):
         """A copy with other steps, tensors, policy name or planned offsets (what a pass
         returns). Planned offsets stay only while the Alloc and Free steps and the tensors do
         (dropping compute steps, as a forward-only run does, keeps them)."""
@@ -94,8 +97,10 @@ class Schedule:
             memory = [s for s in steps if s.kind in MEMORY]
             if memory == [s for s in self.steps if s.kind in MEMORY]:
                 offsets = self.offsets
-        return Schedule(self.graph, self.tensors if tensors is None else tensors, self.resident,
-                        steps, self.train, policy or self.policy, offsets)
+        return Schedule(self.graph, self.tensors if tensors is None else tensors,
+                        self.resident if resident is None else resident, steps, self.train,
+                        policy or self.policy, offsets,
+                        self.host_resident if host_resident is None else host_resident)
 
     @property
     def resident_bytes(self):

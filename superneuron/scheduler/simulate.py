@@ -23,7 +23,7 @@ class Plan:
     steps: int
     live: list = field(default_factory=list)   # scheduled bytes live after each step
     peak_step: int = 0         # index of the step where the peak is first reached
-    host_bytes: int = 0        # the most host memory offloaded tensors take at once
+    host_bytes: int = 0        # the most host memory offloaded tensors (and host-resident ones) take
 
     def fits(self, budget):
         return budget is None or self.arena_bytes <= budget
@@ -50,6 +50,8 @@ def replay(schedule, stop=None):
     for its tensor, the Wait after its Prefetch gives it back)."""
     arena = Arena(None)
     arena.host = host = Arena(None)
+    for name in schedule.host_resident:
+        host.place_resident(name, schedule.tensors[name].nbytes)
     pending = {}
     for name in schedule.resident:
         arena.place_resident(name, schedule.tensors[name].nbytes)
@@ -62,7 +64,8 @@ def replay(schedule, stop=None):
         elif step.kind == "free":
             arena.free(step.target)
         elif step.kind == "offload":
-            host.alloc(step.target, schedule.tensors[step.target].nbytes)
+            if step.target not in host.resident:
+                host.alloc(step.target, schedule.tensors[step.target].nbytes)
             pending[step.target] = "offload"
         elif step.kind == "prefetch":
             pending[step.target] = "keep" if step.algo == "keep" else "prefetch"

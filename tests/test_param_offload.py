@@ -1,0 +1,122 @@
+"""Parameter offload (scheduler/params.py): learnable parameters, their gradients and the
+optimiser's state live on the host; the device holds a parameter only around the steps that
+read it, gradients go back as soon as their backward is done, and the update runs on the host.
+
+Checked: where the pass puts its copies, that the device's resident region keeps only what is
+not learnable, that training with it gives baseline's losses and parameters bit for bit over
+several iterations (SGD and Adam, weight decay and clipping), plan equals run for device and
+host bytes, and the policy names and flag."""
+
+import numpy as np
+import pytest
+
+from superneuron.errors import SNError
+from superneuron.graph import Graph
+from superneuron.net import Net
+from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.scheduler.liveness import liveness
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.params import offload_params
+from superneuron.scheduler.policy import apply_policy, passes_of
+from superneuron.scheduler.simulate import simulate
+from superneuron.spec import load_spec
+
+from test_memory_passes import CHAIN, check_copies, feed_of, graph_of
+
+TINY = "tests/nets/tiny.yaml"
+
+
+def test_parameters_gradients_and_optimizer_state_move_to_the_host():
+    g = graph_of(CHAIN)
+    opt = make_optimizer(SolverConfig(type="Adam"))
+    s = offload_params(liveness(lower(g, optimizer=opt)))
+    learnable = {n.params[k] for n in g.nodes for k in n.param_grads}
+    grads = {n.param_grads[k] for n in g.nodes for k in n.param_grads}
+    assert learnable and learnable <= set(s.host_resident)
+    assert grads <= set(s.host_resident)
+    # only BatchNorm's running statistics stay on the device
+    assert s.resident and all(g.tensors[t].kind == "state" for t in s.resident if t in g.tensors)
+    assert not any(t in learnable or t in grads for t in s.resident)
+    # Adam's two moments per parameter live on the host too
+    assert len([t for t in s.host_resident if t not in g.tensors]) >= 2 * len(learnable)
+    check_copies(s)
+
+
+def test_each_parameter_is_prefetched_before_the_step_that_reads_it_and_gradients_go_back():
+    g = graph_of(CHAIN)
+    s = offload_params(liveness(lower(g, optimizer=make_optimizer(SolverConfig()))))
+    steps = s.steps
+    labels = [st.describe(g) for st in steps]
+    update = next(i for i, st in enumerate(steps) if st.kind == "update")
+    for i, st in enumerate(steps):
+        if st.kind not in ("forward", "backward", "recompute"):
+            continue
+        for t in g.nodes[st.target].params.values():
+            if g.tensors[t].kind != "param":
+                continue
+            # waited for before this step, after a prefetch that comes before the wait
+            waits = [j for j in range(i) if steps[j].kind == "wait" and steps[j].target == t]
+            fetches = [j for j in range(i) if steps[j].kind == "prefetch" and steps[j].target == t]
+            assert waits and fetches and fetches[-1] < waits[-1] < i, (labels[i], t)
+            assert steps[fetches[-1]].algo == "keep", labels[fetches[-1]]  # the host master stays
+        if st.kind == "backward":
+            for gname in g.nodes[st.target].param_grads.values():
+                off = [j for j in range(i, len(steps)) if steps[j].kind == "offload"
+                       and steps[j].target == gname]
+                wait = [j for j in range(i, len(steps)) if steps[j].kind == "wait"
+                        and steps[j].target == gname]
+                # copied back as soon as its backward is done: no compute step in between
+                assert off and all(steps[k].kind in ("free", "offload", "wait", "prefetch")
+                                   for k in range(i + 1, off[0])), (labels[i], gname)
+                assert wait and wait[0] < update, (labels[i], gname)
+
+
+def _train(spec, policy, solver, iters=3):
+    net = Net(spec, policy=policy, optimizer=make_optimizer(solver))
+    feed = feed_of(net.graph)
+    losses = [net.train_step(feed, it) for it in range(iters)]
+    return net, losses
+
+
+@pytest.mark.parametrize("solver", [
+    SolverConfig(type="SGD", momentum=0.9, weight_decay=0.01),
+    SolverConfig(type="Adam", base_lr=0.01, weight_decay=0.001, clip_gradients=0.5),
+], ids=["sgd", "adam-clipped"])
+@pytest.mark.parametrize("policy", ["liveness+params", "superneurons+params"])
+def test_training_with_parameters_on_the_host_matches_baseline_bit_for_bit(policy, solver):
+    from superneuron.spec import loads_spec
+    spec = loads_spec(CHAIN)
+    base, base_losses = _train(spec, "baseline", solver)
+    net, losses = _train(spec, policy, solver)
+    assert losses == base_losses
+    assert len(set(losses)) == len(losses)  # the parameters did move between iterations
+    assert net.plans["train"].host_bytes > 0
+    for name in base.param_names:
+        np.testing.assert_array_equal(net.param(name), base.param(name), err_msg=name)
+
+
+def test_parameter_offload_shrinks_the_resident_region_and_plan_equals_run():
+    spec = load_spec(TINY)
+    opt = SolverConfig(type="Adam")
+    on_device = Net(spec, policy="superneurons", optimizer=make_optimizer(opt))
+    on_host = Net(spec, policy="superneurons+params", optimizer=make_optimizer(opt))
+    assert on_host.plans["train"].resident_bytes < on_device.plans["train"].resident_bytes / 4
+    feed = feed_of(on_host.graph)
+    on_host.train_step(feed, 0)
+    plan, rt = on_host.plans["train"], on_host.runtime
+    assert rt.peak_bytes == max(p.peak_bytes for p in on_host.plans.values())
+    assert rt.host_peak == max(p.host_bytes for p in on_host.plans.values())
+    assert rt.stalls == 0
+    assert plan.host_bytes >= sum(t.nbytes for name, t in on_host.graph.tensors.items()
+                                  if t.kind == "param" and name in on_host.learnable_names)
+
+
+def test_policy_names_with_params():
+    assert len(passes_of("superneurons+params")) == len(passes_of("superneurons")) + 1
+    with pytest.raises(SNError, match="baseline"):
+        passes_of("baseline+params")
+    with pytest.raises(SNError, match="unknown policy"):
+        passes_of("lifeness+params")
+    g = Graph(load_spec(TINY))
+    s = apply_policy(lower(g, optimizer=make_optimizer(SolverConfig())), "offload+params")
+    assert simulate(s).host_bytes > 0 and s.host_resident
