@@ -6,9 +6,20 @@ GPU is asked for, and any failure to import it (a broken CUDA install raises mor
 ImportError) becomes a one-line error.
 """
 
+import contextlib
+from dataclasses import dataclass
+
 import numpy as np
 
 from .errors import SNError
+
+
+@dataclass
+class Allocations:
+    """What the array library allocated outside the arena while watched."""
+
+    count: int = 0
+    bytes: int = 0
 
 
 class Backend:
@@ -46,6 +57,17 @@ class Backend:
     def synchronize(self):
         """Wait for queued device work (nothing to wait for on the CPU)."""
 
+    def kernels(self):
+        """Vendor kernels the layers may use here (None: the portable NumPy/CuPy ones)."""
+        return None
+
+    @contextlib.contextmanager
+    def watch_allocations(self):
+        """Yield an :class:`Allocations` counting device allocations made outside the arena
+        meanwhile. On the CPU the device is host memory and NumPy's temporaries are not seen:
+        it stays at zero."""
+        yield Allocations()
+
 
 class GPUBackend(Backend):
     """CuPy on the current CUDA device."""
@@ -54,6 +76,14 @@ class GPUBackend(Backend):
 
     def __init__(self, cupy):
         self.xp = cupy
+        self._kernels = False   # loaded on first use
+
+    def kernels(self):
+        """cuDNN through its Frontend where it imports (layers/cudnn.py), else None."""
+        if self._kernels is False:
+            from .layers.cudnn import load
+            self._kernels = load()
+        return self._kernels
 
     def empty_bytes(self, nbytes):
         return self.xp.empty(max(int(nbytes), 1), dtype=self.xp.uint8)
@@ -67,8 +97,32 @@ class GPUBackend(Backend):
         return StreamCopies(self.xp)
 
     def copy_from_host(self, dst, src):
+        if isinstance(dst, np.ndarray):  # a host-resident tensor (parameter offload)
+            np.copyto(dst, src, casting="same_kind")
+            return
+        if isinstance(src, self.xp.ndarray):  # already on the device (a benchmark's batch)
+            self.xp.copyto(dst, src.astype(dst.dtype, copy=False))
+            return
         src = np.ascontiguousarray(src, dtype=dst.dtype)
         dst.set(src)
+
+    @contextlib.contextmanager
+    def watch_allocations(self):
+        """Route CuPy's allocator through a counter: every allocation CuPy makes meanwhile
+        (a kernel's temporary, a reduction's scratch) is one the arena does not own."""
+        cuda = self.xp.cuda
+        inner = cuda.get_allocator()
+        seen = Allocations()
+
+        def counted(nbytes):
+            seen.count += 1
+            seen.bytes += nbytes
+            return inner(nbytes)
+        cuda.set_allocator(counted)
+        try:
+            yield seen
+        finally:
+            cuda.set_allocator(inner)
 
     def to_host(self, array):
         return self.xp.asnumpy(array)
@@ -79,7 +133,7 @@ class GPUBackend(Backend):
         return out
 
     def synchronize(self):
-        self.xp.cuda.Device().synchronize()
+        self.xp.cuda.Device().synchronize()  # every stream: the copy streams too
 
 
 def gpu_available():

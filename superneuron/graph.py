@@ -11,6 +11,8 @@ tensor, and its backward adds their gradients, so every gradient has exactly one
 The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is ``l/p``.
 """
 
+import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,9 +35,11 @@ class TensorInfo:
     kind: str
     alias: str = None
 
-    @property
+    @functools.cached_property
     def nbytes(self):
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        """Bytes of the tensor; computed once (planning asks millions of times; shapes do not
+        change once set, and dataclasses.replace makes a new object, which computes its own)."""
+        return math.prod(map(int, self.shape)) * np.dtype(self.dtype).itemsize
 
 
 @dataclass
@@ -63,8 +67,10 @@ class Node:
 class Graph:
     """Layers in execution order and their tensors, built and checked from a NetSpec."""
 
-    def __init__(self, spec, dtype=np.float32):
-        self.spec, self.dtype = spec, np.dtype(dtype)
+    def __init__(self, spec, dtype=np.float32, kernels=None):
+        """``kernels``: the device's vendor kernels (layers/cudnn.py) the layers may offer as
+        algorithms; None for the portable NumPy/CuPy ones."""
+        self.spec, self.dtype, self.kernels = spec, np.dtype(dtype), kernels
         self.name = spec.name
         self.tensors = {}
         self.nodes = []
@@ -119,7 +125,9 @@ class Graph:
             except KeyError as e:
                 self._problem(ls, str(e.args[0]))
                 continue
-            layers.append((ls, cls(ls.name, ls.bottoms, ls.tops, ls.cfg, dtype=self.dtype)))
+            layer = cls(ls.name, ls.bottoms, ls.tops, ls.cfg, dtype=self.dtype)
+            layer.kernels = self.kernels
+            layers.append((ls, layer))
         return layers
 
     def _resolve(self, layers):

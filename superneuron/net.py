@@ -42,7 +42,7 @@ class Net:
                  costs=None):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
-        self.graph = Graph(spec, dtype=np.dtype(dtype))
+        self.graph = Graph(spec, dtype=np.dtype(dtype), kernels=self.backend.kernels())
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
@@ -170,7 +170,9 @@ class Net:
         for name in self.input_names:
             if name not in feed:
                 raise SNError(f"feed lacks input '{name}' (inputs: {', '.join(self.input_names)})")
-            value = np.asarray(feed[name])
+            value = feed[name]
+            if not hasattr(value, "shape"):  # NumPy arrays, and CuPy ones as they are
+                value = np.asarray(value)
             shape = self.input_shape(name)
             if value.shape != shape:
                 raise SNError(f"input '{name}' should have shape {shape}, got {value.shape}")

@@ -83,3 +83,102 @@ def test_net_on_gpu_matches_pytorch_and_plan_equals_run(path):
         view = net.runtime.view(name)
         base = net.runtime.arena.buffer.data.ptr
         assert base <= view.data.ptr < base + net.runtime.arena.buffer.nbytes
+
+
+# -- cuDNN (layers/cudnn.py) ---------------------------------------------------------------------
+
+CONVS = [
+    dict(num_output=8, kernel_size=3, pad=1),
+    dict(num_output=6, kernel_size=3, stride=2, pad=1),
+    dict(num_output=8, kernel_size=1),
+    dict(num_output=8, kernel_size=1, stride=2, bias_term=False),
+    dict(num_output=6, kernel_size=7, stride=2, pad=3),
+    dict(num_output=8, kernel_size=3, pad=2, dilation=2, group=2),
+]
+
+
+@pytest.fixture(scope="module")
+def cudnn_kernels():
+    pytest.importorskip("cudnn", reason="the cuDNN Frontend is not installed")
+    from superneuron.layers.cudnn import load
+    kernels = load()
+    assert kernels is not None, "the cuDNN Frontend imports but makes no handle"
+    return kernels
+
+
+@pytest.mark.parametrize("cfg", CONVS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_cudnn_convolution_matches_float64_on_the_cpu(cudnn_kernels, cfg):
+    """Every cuDNN algorithm offered gives the float64 CPU result to float32 rounding (no TF32:
+    TF32 would miss by about 1e-3)."""
+    import cupy
+    shapes = [(4, 4, 12, 12)]
+    ref_layer, params = build("Convolution", shapes, dtype=np.float64, **cfg)
+    bottoms = [np.random.default_rng(1).standard_normal(shapes[0])]
+    cpu = _run(ref_layer, params, bottoms, np, None)
+    layer, _ = build("Convolution", shapes, dtype=np.float32, **cfg)
+    layer.kernels = cudnn_kernels
+    names = {p: [a.name for a in layer.algorithms(p)] for p in ("forward", "backward")}
+    assert names["forward"][0] == "cudnn" and names["backward"][0] == "cudnn", names
+    for fwd in names["forward"]:
+        for bwd in names["backward"]:
+            gpu = _run_algos(layer, {k: v.astype(np.float32) for k, v in params.items()},
+                             [b.astype(np.float32) for b in bottoms], cupy, fwd, bwd)
+            for a, b in zip(cpu[0] + cpu[1] + list(cpu[2].values()),
+                            gpu[0] + gpu[1] + [gpu[2][k] for k in cpu[2]], strict=True):
+                np.testing.assert_allclose(b, a, rtol=0, atol=2e-5 * np.abs(a).max(),
+                                           err_msg=f"{fwd}/{bwd}")
+
+
+def _run_algos(layer, params, bottoms, xp, fwd, bwd):
+    """:func:`_run` with the named algorithms and exactly their declared workspaces."""
+    from superneuron.backend import get_backend
+    be = get_backend("gpu")
+    algos = {a.name: a for p in ("forward", "backward") for a in layer.algorithms(p)}
+    bottoms = [xp.asarray(x) for x in bottoms]
+    params = {k: xp.asarray(v) for k, v in params.items()}
+    tops = [xp.zeros(s, layer.dtype) for s in layer.top_shapes]
+    ws = xp.zeros(max(algos[fwd].workspace, 1), xp.uint8)
+    layer.forward(Context(xp, workspace=ws, algo=fwd, backend=be), bottoms, tops, params)
+    tg = [xp.asarray(np.random.default_rng(2).standard_normal(s).astype(layer.dtype)) for s in layer.top_shapes]
+    bg = [xp.zeros(s, layer.dtype) for s in layer.bottom_shapes]
+    pg = {p.name: xp.zeros(p.shape, layer.dtype) for p in layer.param_specs() if p.learnable}
+    ws = xp.zeros(max(algos[bwd].workspace, 1), xp.uint8)
+    layer.backward(Context(xp, workspace=ws, algo=bwd, backend=be), bottoms, tops, tg, bg, params, pg)
+    host = be.to_host
+    return [host(t) for t in tops], [host(g) for g in bg], {k: host(v) for k, v in pg.items()}
+
+
+def test_net_on_gpu_uses_cudnn_for_its_convolutions(cudnn_kernels):
+    from test_net import small_net
+    net = small_net("nets/resnet.yaml", device="gpu")
+    algos = {s.algo for s in net.schedules["train"].steps
+             if s.kind in ("forward", "backward") and net.graph.nodes[s.target].layer.type == "Convolution"}
+    assert algos and all(a.startswith("cudnn") for a in algos), algos
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "superneurons",
+                                    "superneurons+params"])
+def test_policies_on_gpu_match_baseline_and_plan_equals_run(policy):
+    """Policy invariance within float32 rounding on the GPU (cuDNN may pick other engines at
+    other free memory), plan equals run for device and host bytes, copies on CUDA streams
+    with no stall, and every parameter after three training steps."""
+    from test_net import feed_for, small_net
+
+    from superneuron.optim import SolverConfig, make_optimizer
+    nets = {p: small_net("nets/resnet.yaml", device="gpu", policy=p,
+                         optimizer=make_optimizer(SolverConfig(type="Adam", base_lr=1e-3)))
+            for p in ("baseline", policy)}
+    feed = feed_for(nets["baseline"])
+    losses = {p: [net.train_step(feed, it) for it in range(3)] for p, net in nets.items()}
+    np.testing.assert_allclose(losses[policy], losses["baseline"], rtol=1e-4, atol=1e-5)
+    net = nets[policy]
+    for name in net.param_names:
+        a, b = net.param(name), nets["baseline"].param(name)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-3 * max(np.abs(b).max(), 1e-3), err_msg=name)
+    rt = net.runtime
+    assert rt.peak_bytes == max(p.peak_bytes for p in net.plans.values())
+    assert rt.host_peak == max(p.host_bytes for p in net.plans.values())
+    assert rt.stalls == 0
+    if policy in ("offload", "superneurons", "superneurons+params"):
+        assert rt.host_peak > 0
+        assert type(rt.copies).__name__ == "StreamCopies"

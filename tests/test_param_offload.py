@@ -9,6 +9,7 @@ host bytes, and the policy names and flag."""
 
 import numpy as np
 import pytest
+from test_memory_passes import CHAIN, check_copies, feed_of, graph_of
 
 from superneuron.errors import SNError
 from superneuron.graph import Graph
@@ -20,8 +21,6 @@ from superneuron.scheduler.params import offload_params
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
-
-from test_memory_passes import CHAIN, check_copies, feed_of, graph_of
 
 TINY = "tests/nets/tiny.yaml"
 

@@ -52,6 +52,10 @@ class ReLU(Layer):
             return
         xp, slope = ctx.xp, self.cfg["negative_slope"]
         y, dy = tops[0], top_grads[0]
+        if not slope and xp is not np:  # one fused kernel, no mask
+            from .cuda_kernels import kernel
+            kernel("relu_backward")(dy, y, dx)
+            return
         if not slope:
             active = xp.greater(y, 0, out=ctx.scratch(y.shape, np.bool_))
             xp.multiply(dy, active, out=dx)

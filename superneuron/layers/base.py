@@ -20,6 +20,7 @@ overwriting, never accumulating. Scratch memory comes from ``ctx.scratch`` (a vi
 step's workspace), never from a hidden allocation proportional to the tensors.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,7 +220,7 @@ def workspace_bytes(*arrays):
     """Bytes of workspace for scratch arrays given as ``(shape, dtype)``, with ``scratch``'s padding."""
     total = 0
     for shape, dtype in arrays:
-        total = -(-total // 16) * 16 + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        total = -(-total // 16) * 16 + math.prod(map(int, shape)) * np.dtype(dtype).itemsize
     return total
 
 
@@ -237,6 +238,7 @@ class Layer:
     ALIAS_TOPS = False  # tops are views of bottom 0 (Split): forward does nothing
     LABEL_BOTTOMS = ()  # indices of bottoms that are labels: never differentiated
     INTERNAL = False    # inserted by the graph (Split), not written in network files
+    kernels = None      # vendor kernels of the device (layers/cudnn.py), set by the Graph
 
     def __init__(self, name, bottoms, tops, cfg, dtype=np.float32):
         self.name, self.bottoms, self.tops = name, list(bottoms), list(tops)

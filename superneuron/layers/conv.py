@@ -18,6 +18,10 @@ Algorithms, fastest first (the same three for forward and backward):
 - ``direct``: for each tap and sample, the shifted input (C, Ho·Wo) times that tap's weight
   slice, accumulated through a product buffer; workspace about two feature maps of one sample.
   (Not offered for pointwise convolutions, where ``im2col_chunked`` already needs none.)
+
+On a GPU with NVIDIA's cuDNN Frontend (``self.kernels``, set by the Graph; layers/cudnn.py)
+float32 convolutions offer cuDNN's engines instead (``cudnn``, ``cudnn_lean``); the three
+above remain the fallback where cuDNN refuses a shape.
 """
 
 from . import register
@@ -139,7 +143,19 @@ class Convolution(Layer):
     def backward_reads(self):
         return (0,), ()
 
+    def _cudnn_key(self):
+        cfg = self.cfg
+        return (self.geometry, cfg["kernel_size"], cfg["stride"], cfg["pad"], cfg["dilation"])
+
+    def _cudnn_algorithms(self, phase):
+        if self.kernels is None or self.dtype != "float32":
+            return []
+        return self.kernels.conv_algorithms(self._cudnn_key(), phase)
+
     def algorithms(self, phase):
+        vendor = self._cudnn_algorithms(phase)
+        if vendor:
+            return vendor
         n, c, h, w, k, g, ho, wo = self.geometry
         kh, kw = self.cfg["kernel_size"]
         dt, p, cg = self.dtype, ho * wo, c // g
@@ -181,10 +197,21 @@ class Convolution(Layer):
 
     def forward(self, ctx, bottoms, tops, params):
         algo = ctx.algo or self.algorithms("forward")[0].name
+        if algo.startswith("cudnn"):
+            self.kernels.conv_forward(self._cudnn_key(), algo, bottoms[0], params["weight"],
+                                      tops[0], ctx.workspace)
+            self._add_bias(ctx.xp, tops[0], params)
+            return
         getattr(self, "_forward_" + algo)(ctx, bottoms[0], tops[0], params)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         algo = ctx.algo or self.algorithms("backward")[0].name
+        if algo.startswith("cudnn"):
+            self.kernels.conv_backward(self._cudnn_key(), algo, bottoms[0], params["weight"],
+                                       top_grads[0], bottom_grads[0], param_grads["weight"],
+                                       ctx.workspace)
+            self._bias_grad(ctx.xp, top_grads[0], param_grads)
+            return
         getattr(self, "_backward_" + algo)(ctx, bottoms[0], top_grads[0], bottom_grads[0],
                                            params["weight"], param_grads)
 

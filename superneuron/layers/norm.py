@@ -11,6 +11,7 @@ by one batched ``matmul`` into an (N, C) scratch, so no bottom-sized product is 
 
 import numpy as np
 
+from . import cuda_kernels as cuda
 from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
@@ -101,6 +102,8 @@ class BatchNorm(Layer):
             return
         n, c, l = self.ncl
         m = n * l
+        if cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
+            return
         mean = x.mean(axis=(0, 2))
         xp.subtract(x, mean[:, None], out=y)
         var = _channel_dot(xp, y, y, ctx.scratch((n, c), self.dtype)) / m  # biased
@@ -114,6 +117,21 @@ class BatchNorm(Layer):
                 running *= f
                 running += (1.0 - f) * batch
 
+    def _forward_fused(self, ctx, x, y, params):
+        """The training forward in three kernels on the GPU (sums of x and x^2 in one pass);
+        False where the scratch is too small for the partial sums (tiny batches)."""
+        n, c, l = self.ncl
+        splits = cuda.splits_for(self.ncl, n * c * self.dtype.itemsize)
+        if not splits:
+            return False
+        words = ctx.scratch((2 * (splits + 1) * c,), np.float64)
+        sums = cuda.channel_sums(x, None, "av", "av * av", self.ncl, words, splits)
+        invstd = params["saved_invstd"]
+        cuda.kernel("bn_stats")(sums, float(n * l), self.cfg["eps"], self.cfg["moving_average_fraction"],
+                                np.int32(not ctx.recompute), c, invstd, params["mean"], params["variance"])
+        cuda.kernel("bn_normalize")(x, sums, invstd, float(n * l), l, c, y)
+        return True
+
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         if bottom_grads[0] is None:
             return
@@ -121,6 +139,14 @@ class BatchNorm(Layer):
         dy, dx = top_grads[0].reshape(self.ncl), bottom_grads[0].reshape(self.ncl)
         if self._global(ctx):
             xp.multiply(dy, 1.0 / xp.sqrt(params["variance"][:, None] + self.cfg["eps"]), out=dx)
+            return
+        n, c, l = self.ncl
+        splits = cuda.splits_for(self.ncl, n * c * l * self.dtype.itemsize) if cuda.on_gpu(xp) else 0
+        if splits:  # one pass for both sums, one for dx
+            words = ctx.scratch((2 * (splits + 1) * c,), np.float64)
+            x_hat = tops[0].reshape(self.ncl)
+            sums = cuda.channel_sums(dy, x_hat, "av", "av * bv", self.ncl, words, splits)
+            cuda.kernel("bn_backward")(dy, x_hat, sums, params["saved_invstd"], float(n * l), l, c, dx)
             return
         # dx = invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat)); dx may be dy itself
         x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
@@ -167,6 +193,13 @@ class Scale(Layer):
     def forward(self, ctx, bottoms, tops, params):
         xp = ctx.xp
         y = tops[0].reshape(self.ncl)
+        if cuda.on_gpu(xp):
+            n, c, l = self.ncl
+            if self.cfg["bias_term"]:
+                cuda.kernel("scale_bias")(bottoms[0].reshape(self.ncl), params["weight"], params["bias"], l, c, y)
+            else:
+                cuda.kernel("scale")(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
+            return
         xp.multiply(bottoms[0].reshape(self.ncl), params["weight"][:, None], out=y)
         if self.cfg["bias_term"]:
             y += params["bias"][:, None]
@@ -174,6 +207,17 @@ class Scale(Layer):
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp
         dy, x = top_grads[0].reshape(self.ncl), bottoms[0].reshape(self.ncl)
+        n, c, l = self.ncl
+        splits = cuda.splits_for(self.ncl, n * c * self.dtype.itemsize) if cuda.on_gpu(xp) else 0
+        if splits:  # both parameter gradients in one pass, dx in another
+            words = ctx.scratch((2 * (splits + 1) * c,), np.float64)
+            sums = cuda.channel_sums(dy, x, "av * bv", "av", self.ncl, words, splits)
+            xp.copyto(param_grads["weight"], sums[0], casting="same_kind")
+            if self.cfg["bias_term"]:
+                xp.copyto(param_grads["bias"], sums[1], casting="same_kind")
+            if bottom_grads[0] is not None:
+                cuda.kernel("scale")(dy, params["weight"], l, c, bottom_grads[0].reshape(self.ncl))
+            return
         _channel_dot(xp, dy, x, ctx.scratch(self.ncl[:2], self.dtype), out=param_grads["weight"])
         if self.cfg["bias_term"]:
             xp.sum(dy, axis=(0, 2), out=param_grads["bias"])

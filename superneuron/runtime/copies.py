@@ -5,18 +5,21 @@ worker thread (NumPy's copy releases the GIL), so a copy overlaps the layers com
 meanwhile, as it would on a GPU. On the GPU each direction is a CUDA stream that first waits
 for the compute stream (the tensor being offloaded was just written; the memory being
 prefetched into was just freed by it), and a Copy keeps its pinned host buffer referenced until
-the copy has completed.
+the copy has completed. There a Wait blocks no thread: it makes the compute stream wait for the
+copy's event, so the host goes on queueing kernels; only what the host itself reads (the
+host-side optimiser's gradients) needs :meth:`Copy.sync`.
 """
 
 from concurrent.futures import ThreadPoolExecutor
 
 
 class Copy:
-    """One started copy: :meth:`done` says whether it has finished, :meth:`wait` blocks
-    until it has."""
+    """One started copy: :meth:`done` says whether it has finished, :meth:`wait` orders what
+    the device computes next after it (on the CPU: blocks until it has finished), :meth:`sync`
+    blocks the calling thread until it has finished."""
 
-    def __init__(self, done, wait, keep=None):
-        self.done, self.wait, self.keep = done, wait, keep
+    def __init__(self, done, wait, sync=None, keep=None):
+        self.done, self.wait, self.sync, self.keep = done, wait, sync or wait, keep
 
 
 class ThreadCopies:
@@ -54,7 +57,8 @@ class StreamCopies:
         else:
             dst.set(src, stream=stream)
         finished = stream.record()
-        return Copy(lambda: finished.done, finished.synchronize, keep=(dst, src))
+        return Copy(lambda: finished.done, lambda: cuda.get_current_stream().wait_event(finished),
+                    finished.synchronize, keep=(dst, src))
 
     def close(self):
         for s in self.streams.values():

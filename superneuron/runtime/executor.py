@@ -54,6 +54,7 @@ class Runtime:
         self.copies = None             # the copy queues, made on the first copy
         self.pending = {}              # tensor → (Copy, 'offload' | 'prefetch')
         self.stalls = self.blocked = 0
+        self.outside = None            # backend.Allocations of the last run
         self.host_peak = 0
         self.resident = {}
         for name in first.resident:
@@ -82,10 +83,20 @@ class Runtime:
         """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
 
         Returns the scalar outputs (losses, accuracies) by layer name, as floats."""
-        arena, graph, pending = self.arena, self.graph, self.pending
+        arena = self.arena
         arena.reset(schedule.offsets)
         self.host.reset()
         self.schedule = schedule
+        with self.backend.watch_allocations() as outside:
+            outputs = self._run_steps(schedule, feed, iteration, optimizer)
+        self.outside = outside  # what the array library allocated beside the arena
+        self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
+        self.arena_bytes = max(self.arena_bytes, arena.high_water)
+        self.host_peak = max(self.host_peak, self.host.high_water)
+        return outputs
+
+    def _run_steps(self, schedule, feed, iteration, optimizer):
+        arena, graph, pending = self.arena, self.graph, self.pending
         roots = Roots(schedule)
         outputs = {}
         for step in schedule.steps:
@@ -114,14 +125,13 @@ class Runtime:
                 self._backward(step, node, iteration)
             elif kind == "update":
                 ctx = self._context(step, None, iteration, True, False, None)
+                if self.host_update:  # the gradients' copies must have landed on the host
+                    self.backend.synchronize()
                 xp = np if self.host_update else self.xp
                 optimizer.update(xp, iteration, self.update_entries(optimizer), ctx.scratch)
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
-        self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
-        self.arena_bytes = max(self.arena_bytes, arena.high_water)
-        self.host_peak = max(self.host_peak, self.host.high_water)
         return outputs
 
     def _start_copy(self, schedule, name, kind, keep=False):

@@ -1,0 +1,135 @@
+"""Fused CuPy kernels for the per-channel layers (BatchNorm, Scale, ReLU) on the GPU.
+
+Written as array expressions, a BatchNorm is a dozen kernels and as many temporaries of the
+feature map's size, each a trip through device memory and an allocation outside the arena.
+Here each pass over the data is one kernel that allocates nothing: a per-channel reduction
+that takes two sums at once (:func:`channel_sums`), and elementwise kernels that read the
+per-channel factors by the element's channel. The layers call these where ``xp`` is CuPy and
+keep their NumPy code as the one definition of the math (tests hold the two together).
+
+Arrays are contiguous ``(N, C, L)`` views; sums accumulate in double precision, so the result
+does not depend on how the work is split between blocks.
+"""
+
+import functools
+
+import numpy as np
+
+BLOCK = 256
+TARGET_BLOCKS = 528  # about four blocks per multiprocessor on an H100 (132)
+
+_SUMS = r"""
+extern "C" __global__ void channel_sums(const T* a, const T* b, double* part,
+                                        int n_samples, int channels, long long length, int splits) {
+    // block (c, s) sums EXPR1 and EXPR2 over samples s, s + splits, ... of channel c
+    int c = blockIdx.x, s = blockIdx.y;
+    double s1 = 0.0, s2 = 0.0;
+    for (int n = s; n < n_samples; n += splits) {
+        long long base = ((long long)n * channels + c) * length;
+        for (long long l = threadIdx.x; l < length; l += blockDim.x) {
+            double av = (double)a[base + l], bv = (double)b[base + l];
+            s1 += EXPR1;
+            s2 += EXPR2;
+        }
+    }
+    __shared__ double sh1[BLOCK], sh2[BLOCK];
+    sh1[threadIdx.x] = s1;
+    sh2[threadIdx.x] = s2;
+    __syncthreads();
+    for (int w = BLOCK / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) {
+            sh1[threadIdx.x] += sh1[threadIdx.x + w];
+            sh2[threadIdx.x] += sh2[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        part[(long long)s * channels + c] = sh1[0];
+        part[(long long)(splits + s) * channels + c] = sh2[0];
+    }
+}
+"""
+
+
+def on_gpu(xp):
+    """Whether ``xp`` is CuPy (these kernels apply)."""
+    return xp is not np
+
+
+@functools.lru_cache(maxsize=None)
+def _sums_kernel(dtype, expr1, expr2):
+    import cupy
+    ctype = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}[np.dtype(dtype)]
+    code = (_SUMS.replace("EXPR1", expr1).replace("EXPR2", expr2)
+            .replace("BLOCK", str(BLOCK)).replace("const T*", f"const {ctype}*"))
+    return cupy.RawKernel(code, "channel_sums")
+
+
+def splits_for(ncl, room_bytes):
+    """How many blocks share a channel in :func:`channel_sums`, given ``room_bytes`` of scratch
+    (the partial sums take 16 bytes per channel per split, the result 16 per channel): 0 where
+    the scratch is too small, and the caller uses its array code."""
+    n, c, _ = ncl
+    fit = room_bytes // (16 * c) - 1
+    return max(0, min(n, -(-TARGET_BLOCKS // c), fit))
+
+
+def channel_sums(a, b, expr1, expr2, ncl, words, splits):
+    """Per channel, the sums of ``expr1`` and ``expr2`` over axes 0 and 2 of (N, C, L) arrays,
+    into the (2, C) float64 tail of ``words`` (a float64 scratch of ``2 * (splits + 1) * C``;
+    the rest holds the blocks' partial sums). In the expressions ``av`` and ``bv`` are the
+    elements of ``a`` and ``b`` (None: unused)."""
+    import cupy
+    n, c, l = ncl
+    part, out = words[:2 * splits * c], words[2 * splits * c:].reshape(2, c)
+    _sums_kernel(a.dtype, expr1, expr2)(
+        (c, splits), (BLOCK,),
+        (a, a if b is None else b, part, np.int32(n), np.int32(c), np.int64(l), np.int32(splits)))
+    cupy.sum(part.reshape(2, splits, c), axis=1, out=out)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    import cupy
+    idx = "long long c = (i / length) % channels;"
+    return {
+        # per channel: invstd from the sums of x and x^2 (double), the running statistics
+        # (unbiased variance) updated unless recomputing
+        "bn_stats": cupy.ElementwiseKernel(
+            "raw float64 sums, float64 count, float64 eps, float64 f, int32 update, int64 channels",
+            "T invstd, T running_mean, T running_var",
+            """double mean = sums[i] / count;
+               double var = sums[channels + i] / count - mean * mean;
+               if (var < 0.0) var = 0.0;
+               invstd = (T)(1.0 / sqrt(var + eps));
+               if (update) {
+                   running_mean = (T)(f * (double)running_mean + (1.0 - f) * mean);
+                   running_var = (T)(f * (double)running_var
+                                     + (1.0 - f) * var * (count / (count > 1.0 ? count - 1.0 : 1.0)));
+               }""", "sn_bn_stats"),
+        # y = (x - mean[c]) * invstd[c]   (y may be x)
+        "bn_normalize": cupy.ElementwiseKernel(
+            "T x, raw float64 sums, raw T invstd, float64 count, int64 length, int64 channels",
+            "T y", idx + "y = (x - (T)(sums[c] / count)) * invstd[c];", "sn_bn_normalize"),
+        # dx = (dy - mean(dy)[c] - x_hat * mean(dy x_hat)[c]) * invstd[c]   (dx may be dy)
+        "bn_backward": cupy.ElementwiseKernel(
+            "T dy, T x_hat, raw float64 sums, raw T invstd, float64 count, int64 length, "
+            "int64 channels", "T dx",
+            idx + "dx = (dy - x_hat * (T)(sums[channels + c] / count) - (T)(sums[c] / count))"
+                  " * invstd[c];", "sn_bn_backward"),
+        # y = x * w[c] (+ b[c])
+        "scale": cupy.ElementwiseKernel(
+            "T x, raw T w, int64 length, int64 channels", "T y", idx + "y = x * w[c];", "sn_scale"),
+        "scale_bias": cupy.ElementwiseKernel(
+            "T x, raw T w, raw T b, int64 length, int64 channels", "T y",
+            idx + "y = x * w[c] + b[c];", "sn_scale_bias"),
+        # dx = dy where the unit was active, else 0
+        "relu_backward": cupy.ElementwiseKernel(
+            "T dy, T y", "T dx", "dx = y > (T)0 ? dy : (T)0;", "sn_relu_backward"),
+    }
+
+
+def kernel(name):
+    """The fused elementwise kernel ``name`` (see the table in :func:`_kernels`)."""
+    return _kernels()[name]

@@ -1,0 +1,155 @@
+"""Convolutions through NVIDIA's cuDNN Frontend (Python module ``cudnn``), on arena memory.
+
+CuPy 14 has no cuDNN, so the GPU's convolutions come from the frontend's graph API: for each
+convolution geometry one graph per operation (forward, data gradient, weight gradient), built
+once and cached. cuDNN ranks the engine configurations it offers for a graph (heuristics
+mode A, then the fallback list); two of them become this layer's algorithms for the workspace
+pass (scheduler/workspace.py) to choose between per step:
+
+- ``cudnn``: the best-ranked configuration, whatever workspace it asks for;
+- ``cudnn_lean``: the best-ranked one that needs no workspace.
+
+The backward step runs the data and weight gradients one after the other in the same
+workspace, so it needs the larger of their two. Kernels read and write the arena through raw
+device pointers and run on the cuDNN handle's stream, the CUDA default stream, where CuPy's
+kernels run too, so no extra synchronisation is needed.
+
+Math mode: float32 in, float32 out and float32 arithmetic; engines that round inputs to TF32
+on tensor cores are left out unless ``tf32=True`` (``SN_TF32=1``), so that results agree with
+the CPU path and with PyTorch run with ``allow_tf32 = False``.
+"""
+
+import os
+
+from .base import Algo
+
+
+def load(tf32=None, deterministic=None):
+    """A :class:`Cudnn` when the frontend imports and works on this GPU, else None.
+    ``tf32`` (default: ``SN_TF32``) allows TF32 engines; ``deterministic`` (default:
+    ``SN_DETERMINISTIC``) leaves out engines whose sums depend on thread timing."""
+    try:
+        import cudnn
+        handle = cudnn.create_handle()
+    except Exception:  # noqa: BLE001 - a missing or broken frontend means "use the fallback"
+        return None
+    if tf32 is None:
+        tf32 = os.environ.get("SN_TF32", "0") not in ("", "0")
+    if deterministic is None:
+        deterministic = os.environ.get("SN_DETERMINISTIC", "0") not in ("", "0")
+    return Cudnn(cudnn, handle, tf32, deterministic)
+
+
+def _dense_strides(dims):
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= d
+    return strides[::-1]
+
+
+class _Op:
+    """One built cuDNN graph: its tensors in operand order, and the two plans offered."""
+
+    def __init__(self, graph, tensors, fast, lean):
+        self.graph, self.tensors = graph, tensors
+        self.plans = {"cudnn": fast, "cudnn_lean": lean}   # name → (index, workspace bytes)
+
+    def run(self, lib, name, arrays, workspace):
+        index, ws = self.plans[name]
+        pack = {t: a.data.ptr for t, a in zip(self.tensors, arrays, strict=True)}
+        ptr = workspace.data.ptr if ws else None
+        self.graph.execute_plan_at_index(pack, ptr, index=index, handle=lib.handle)
+
+
+class Cudnn:
+    """The cuDNN Frontend on the current device: convolution graphs cached by geometry."""
+
+    name = "cudnn"
+
+    def __init__(self, cudnn, handle, tf32, deterministic):
+        self.cudnn, self.handle, self.tf32, self.deterministic = cudnn, handle, tf32, deterministic
+        self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
+
+    # -- building ----------------------------------------------------------------------------
+    def _graph(self):
+        f = self.cudnn.data_type.FLOAT
+        return self.cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
+                                  handle=self.handle)
+
+    def _tensor(self, g, name, dims):
+        return g.tensor(name=name, dim=list(dims), stride=_dense_strides(dims),
+                        data_type=self.cudnn.data_type.FLOAT)
+
+    def _build(self, op, key):
+        """Build the graph of ``op`` for convolution geometry ``key``; None if cuDNN has no plan."""
+        (n, c, h, w, k, g, ho, wo), (kh, kw), stride, pad, dil = key
+        x, wt, y = (n, c, h, w), (k, c // g, kh, kw), (n, k, ho, wo)
+        conv = dict(padding=list(pad), stride=list(stride), dilation=list(dil),
+                    compute_data_type=self.cudnn.data_type.FLOAT)
+        gr = self._graph()
+        if op == "fprop":
+            a, b = self._tensor(gr, "x", x), self._tensor(gr, "w", wt)
+            out, dims = gr.conv_fprop(image=a, weight=b, **conv), y
+        elif op == "dgrad":
+            a, b = self._tensor(gr, "dy", y), self._tensor(gr, "w", wt)
+            out, dims = gr.conv_dgrad(loss=a, filter=b, **conv), x
+        else:
+            a, b = self._tensor(gr, "x", x), self._tensor(gr, "dy", y)
+            out, dims = gr.conv_wgrad(image=a, loss=b, **conv), wt
+        out.set_output(True).set_data_type(self.cudnn.data_type.FLOAT)
+        out.set_dim(list(dims)).set_stride(_dense_strides(dims))
+        try:
+            gr.validate()
+            gr.build_operation_graph()
+            gr.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
+            notes = self.cudnn.numerical_note
+            if not self.tf32:
+                gr.deselect_numeric_notes([notes.TENSOR_CORE, notes.DOWN_CONVERT_INPUTS])
+            if self.deterministic:
+                gr.deselect_numeric_notes([notes.NONDETERMINISTIC])
+            gr.check_support()
+        except Exception:  # noqa: BLE001 - cuDNN refusing a graph is an answer, not an error
+            return None
+        fast = lean = None
+        for index in range(gr.get_execution_plan_count()):
+            try:
+                gr.build_plan_at_index(index)
+                ws = int(gr.get_workspace_size_plan_at_index(index))
+            except Exception:  # noqa: BLE001 - this configuration does not build; try the next
+                continue
+            fast = fast or (index, ws)
+            if ws == 0:
+                lean = (index, 0)
+                break
+        if fast is None:
+            return None
+        return _Op(gr, (a, b, out), fast, lean or fast)
+
+    def op(self, op, key):
+        """The cached graph of ``op`` (``'fprop'``, ``'dgrad'``, ``'wgrad'``) for ``key``."""
+        if (op, key) not in self._ops:
+            self._ops[op, key] = self._build(op, key)
+        return self._ops[op, key]
+
+    # -- what the layer asks ---------------------------------------------------------------
+    def conv_algorithms(self, key, phase, need_dx=True):
+        """The cuDNN algorithms of a convolution's ``phase``, fastest first; [] if unsupported."""
+        ops = ["fprop"] if phase == "forward" else (["dgrad"] if need_dx else []) + ["wgrad"]
+        built = [self.op(o, key) for o in ops]
+        if any(b is None for b in built):
+            return []
+        algos = []
+        for name, speed in (("cudnn", 1.0), ("cudnn_lean", 0.7)):
+            ws = max(b.plans[name][1] for b in built)
+            if not any(a.workspace == ws for a in algos):  # the same plan twice is no choice
+                algos.append(Algo(name, ws, speed))
+        return algos
+
+    def conv_forward(self, key, algo, x, weight, y, workspace):
+        self.op("fprop", key).run(self, algo, (x, weight, y), workspace)
+
+    def conv_backward(self, key, algo, x, weight, dy, dx, dw, workspace):
+        self.op("wgrad", key).run(self, algo, (x, dy, dw), workspace)
+        if dx is not None:
+            self.op("dgrad", key).run(self, algo, (dy, weight, dx), workspace)
