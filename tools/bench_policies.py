@@ -5,7 +5,9 @@
 Trains CIFAR ResNet-56 (32x32, synthetic CIFAR-shaped data, SGD + momentum) under each policy
 and prints seconds per iteration, the peak device (arena) bytes, the host bytes and how long
 each policy takes against ``liveness``. The policies take turns iteration by iteration, after
-a warm-up iteration each, so machine noise hits them alike; the median is reported. The
+a warm-up iteration each, so machine noise hits them alike; the median is reported, and
+the fastest iteration with its ratio to liveness's fastest (steadier when other jobs share the
+machine, since they only ever add time); every iteration's time goes into the JSON. The
 offload copies run on the runtime's copy threads, overlapping the layers as on a GPU.
 """
 
@@ -43,27 +45,44 @@ def main():
     feed = {"data": rng.standard_normal(any_net.input_shape("data")).astype(np.float32),
             "label": rng.integers(0, 10, any_net.input_shape("label")).astype(np.float32)}
     times = {pol: [] for pol in POLICIES}
+    blocked = {}  # Waits that really waited, counted from the end of the warm-up iteration
+    load_before = os.getloadavg()
     for it in range(args.iters + 1):
         for pol, net in nets.items():
             start = time.perf_counter()
             net.train_step(feed, it)
             if it:  # the first iteration warms caches
                 times[pol].append(time.perf_counter() - start)
+            else:
+                blocked[pol] = net.runtime.blocked
+    load_after = os.getloadavg()
     base = statistics.median(times["liveness"])
+    fastest = min(times["liveness"])  # a second ratio, of the fastest iterations: noise on a
+    # shared machine only ever adds time, so it is the steadier one when other jobs run
     rows = {}
     print(f"CIFAR ResNet-{args.depth}, batch {args.batch}, {args.iters} iterations each, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
-    print(f"{'policy':14s} {'s/iter':>8s} {'x liveness':>10s} {'peak':>10s} {'host':>10s} {'stalls':>6s}")
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
+          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
+    print(f"{'policy':14s} {'s/iter':>8s} {'min':>8s} {'x liveness':>10s} {'(min)':>6s} {'peak':>10s} {'host':>10s} "
+          f"{'waited/iter':>15s} {'stalls':>6s}")
     for pol, net in nets.items():
         t = statistics.median(times[pol])
-        rows[pol] = {"seconds_per_iter": t, "over_liveness": t / base, "peak_bytes": net.peak_bytes,
+        waited = (net.runtime.blocked - blocked[pol]) / args.iters
+        waits = sum(step.kind == "wait" for step in net.schedules["train"].steps)
+        rows[pol] = {"seconds_per_iter": t, "over_liveness": t / base, "min_seconds": min(times[pol]),
+                     "min_over_liveness_min": min(times[pol]) / fastest,
+                     "samples": times[pol], "peak_bytes": net.peak_bytes,
                      "host_bytes": net.host_bytes, "stalls": net.runtime.stalls,
-                     "waits_blocked": net.runtime.blocked}
-        print(f"{pol:14s} {t:8.3f} {t / base:10.2f} {human_bytes(net.peak_bytes):>10s} "
-              f"{human_bytes(net.host_bytes):>10s} {net.runtime.stalls:6d}")
+                     "waits_blocked": net.runtime.blocked, "waits_blocked_per_iter": waited,
+                     "waits_per_iter": waits}
+        print(f"{pol:14s} {t:8.3f} {min(times[pol]):8.3f} {t / base:10.2f} {min(times[pol]) / fastest:6.2f} "
+              f"{human_bytes(net.peak_bytes):>10s} {human_bytes(net.host_bytes):>10s} "
+              f"{f'{waited:.1f} of {waits}':>15s} {net.runtime.stalls:6d}")
     if args.json:
         out = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(), "cores": os.cpu_count(),
-               "net": f"resnet{args.depth}_cifar", "batch": args.batch, "iters": args.iters, "policies": rows}
+               "net": f"resnet{args.depth}_cifar", "batch": args.batch, "iters": args.iters,
+               "command": " ".join(["python", *sys.argv]), "loadavg_before": load_before,
+               "loadavg_after": load_after, "policies": rows}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
 

@@ -1,14 +1,17 @@
 """The memory tables of the README: for classic ImageNet networks at batch 32 and 224x224,
 the peak of one training iteration under the baseline and liveness policies, liveness's peak
 over the lower bound, and the arena each allocator needs; then every policy's peak over the
-lower bound, with the host memory and estimated time (H100 cost model) of the ones that copy;
-then how long sn-plan takes on a ResNet of about a thousand layers.
+lower bound, with the host memory and estimated time (H100 cost model) of the ones that copy,
+and superneurons with parameter offload (superneurons+params); then how long sn-plan takes on
+a ResNet of about a thousand layers. ``--json FILE`` also writes every figure there.
 
-    python tools/plan_table.py [--batch 32] [--depth 1001]
+    python tools/plan_table.py [--batch 32] [--depth 1001] [--json benchmarks/plan_table.json]
 """
 
 import argparse
 import json
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -28,37 +31,81 @@ NETS = [("AlexNet", "nets/alexnet.yaml", {}), ("VGG-16", "nets/vgg16.yaml", {}),
         ("ResNet-101", "nets/resnet.yaml", {"depth": 101}),
         ("ResNet-152", "nets/resnet.yaml", {"depth": 152})]
 
+POLICY_COLUMNS = ("baseline", "liveness", "recompute", "offload", "superneurons")
+PARAMS_POLICY = "superneurons+params"
 
-def row(name, path, overrides, batch):
-    graph = Graph(load_spec(path, overrides=dict(overrides, size=224), batch=batch))
+
+def graph_of(path, overrides, batch):
+    return Graph(load_spec(path, overrides=dict(overrides, size=224), batch=batch))
+
+
+def placement_figures(name, path, overrides, batch):
+    """Baseline and liveness peaks, liveness's lower bound and both allocators' arenas (the
+    default cost model, as the first README table has always been measured)."""
+    graph = graph_of(path, overrides, batch)
     base = simulate(apply_policy(lower(graph), "baseline"))
     schedule = apply_policy(lower(graph), "liveness")
     live = simulate(schedule)
-    dynamic, planned = arena_bytes(schedule, "dynamic"), arena_bytes(schedule, "planned")
-    return [name, human_bytes(base.peak_bytes), human_bytes(live.peak_bytes),
-            f"{base.peak_bytes / live.peak_bytes:.2f}x",
-            f"{live.peak_bytes / live.lower_bound_bytes:.2f}",
-            f"{human_bytes(dynamic)} ({dynamic / live.peak_bytes:.3f})",
-            f"{human_bytes(planned)} ({planned / live.peak_bytes:.3f})"]
+    return {"baseline_peak_bytes": base.peak_bytes, "liveness_peak_bytes": live.peak_bytes,
+            "liveness_lower_bound_bytes": live.lower_bound_bytes,
+            "arena_dynamic_bytes": arena_bytes(schedule, "dynamic"),
+            "arena_planned_bytes": arena_bytes(schedule, "planned")}
 
 
-POLICY_COLUMNS = ("baseline", "liveness", "recompute", "offload", "superneurons")
-
-
-def policy_row(name, path, overrides, batch, model):
-    """Peak (and peak / lower bound) under each policy; superneurons' host memory, estimated
-    time against liveness, and how far under baseline it is."""
-    graph = Graph(load_spec(path, overrides=dict(overrides, size=224), batch=batch))
-    base = lower(graph)
-    plans, times = {}, {}
-    for policy in POLICY_COLUMNS:
+def policy_figures(name, path, overrides, batch, model):
+    """Every policy's (and superneurons+params') peak, lower bound, host bytes and estimated
+    time on ``model``."""
+    base = lower(graph_of(path, overrides, batch))
+    out = {}
+    for policy in (*POLICY_COLUMNS, PARAMS_POLICY):
         schedule = apply_policy(base, policy, costs=model)
-        plans[policy], times[policy] = simulate(schedule), model.timeline(schedule)
-    sn = plans["superneurons"]
-    cells = [f"{human_bytes(p.peak_bytes)} ({p.peak_bytes / p.lower_bound_bytes:.2f})" for p in plans.values()]
-    return [name, *cells, human_bytes(sn.lower_bound_bytes), human_bytes(sn.host_bytes),
-            f"{plans['baseline'].peak_bytes / sn.peak_bytes:.1f}x",
-            f"{times['superneurons'].seconds / times['liveness'].seconds:.2f}"]
+        plan, timeline = simulate(schedule), model.timeline(schedule)
+        out[policy] = {"steps": plan.steps, "peak_bytes": plan.peak_bytes,
+                       "resident_bytes": plan.resident_bytes,
+                       "lower_bound_bytes": plan.lower_bound_bytes,
+                       "peak_over_lower_bound": plan.peak_bytes / plan.lower_bound_bytes,
+                       "arena_bytes": plan.arena_bytes, "host_bytes": plan.host_bytes,
+                       "est_seconds": timeline.seconds, "est_stall_seconds": timeline.stall,
+                       "est_recompute_seconds": timeline.recompute,
+                       "copied_bytes": timeline.copied}
+    return out
+
+
+def placement_row(name, f):
+    live = f["liveness_peak_bytes"]
+    return [name, human_bytes(f["baseline_peak_bytes"]), human_bytes(live),
+            f"{f['baseline_peak_bytes'] / live:.2f}x",
+            f"{live / f['liveness_lower_bound_bytes']:.2f}",
+            f"{human_bytes(f['arena_dynamic_bytes'])} ({f['arena_dynamic_bytes'] / live:.3f})",
+            f"{human_bytes(f['arena_planned_bytes'])} ({f['arena_planned_bytes'] / live:.3f})"]
+
+
+def policy_row(name, p):
+    """Peak (and peak / lower bound) under each policy; superneurons' lower bound, host
+    memory, how far under baseline it is, and its estimated time against liveness."""
+    sn = p["superneurons"]
+    cells = [f"{human_bytes(p[k]['peak_bytes'])} ({p[k]['peak_over_lower_bound']:.2f})"
+             for k in POLICY_COLUMNS]
+    return [name, *cells, human_bytes(sn["lower_bound_bytes"]), human_bytes(sn["host_bytes"]),
+            f"{p['baseline']['peak_bytes'] / sn['peak_bytes']:.1f}x",
+            f"{sn['est_seconds'] / p['liveness']['est_seconds']:.2f}"]
+
+
+def ms(seconds):
+    return f"{seconds * 1e3:.0f}"
+
+
+def time_row(name, p):
+    """Estimated iteration time of liveness, superneurons (with its stalls, recomputation and
+    bytes copied) and superneurons+params, with +params' peak and host memory."""
+    live, sn, sp = p["liveness"], p["superneurons"], p[PARAMS_POLICY]
+    return [name, ms(live["est_seconds"]),
+            f"{ms(sn['est_seconds'])} ({sn['est_seconds'] / live['est_seconds']:.2f})",
+            ms(sn["est_stall_seconds"]), ms(sn["est_recompute_seconds"]),
+            human_bytes(sn["copied_bytes"]),
+            f"{human_bytes(sp['peak_bytes'])} ({sp['peak_over_lower_bound']:.2f})",
+            human_bytes(sp["host_bytes"]),
+            f"{ms(sp['est_seconds'])} ({sp['est_seconds'] / live['est_seconds']:.2f})"]
 
 
 def markdown(rows, headers):
@@ -70,19 +117,35 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--depth", type=int, default=1001, help="ResNet depth for the timing")
+    p.add_argument("--json", metavar="FILE", help="also write every figure here")
     args = p.parse_args()
-    rows = [row(name, path, overrides, args.batch) for name, path, overrides in NETS]
-    print(f"One training iteration at batch {args.batch}, 224x224, float32 (no optimiser state).\n")
-    print(markdown(rows, ["net", "baseline peak", "liveness peak", "baseline / liveness",
-                          "liveness peak / lower bound", "arena, dynamic (/ peak)",
-                          "arena, planned (/ peak)"]))
     model = CostModel("gpu")
-    rows = [policy_row(name, path, overrides, args.batch, model) for name, path, overrides in NETS]
+    nets = []
+    for name, path, overrides in NETS:
+        nets.append({"net": name, "file": path, "overrides": overrides,
+                     **placement_figures(name, path, overrides, args.batch),
+                     "policies": policy_figures(name, path, overrides, args.batch, model)})
+
+    print(f"One training iteration at batch {args.batch}, 224x224, float32 (no optimiser state).\n")
+    print(markdown([placement_row(n["net"], n) for n in nets],
+                   ["net", "baseline peak", "liveness peak", "baseline / liveness",
+                    "liveness peak / lower bound", "arena, dynamic (/ peak)",
+                    "arena, planned (/ peak)"]))
     print("\nEvery policy: peak (peak / lower bound); for superneurons the lower bound, the host "
           "memory it offloads to, how far under baseline it is, and its estimated time over "
           f"liveness's on the {model.device.name} cost model.\n")
-    print(markdown(rows, ["net", *POLICY_COLUMNS, "lower bound", "superneurons host",
-                          "baseline / superneurons", "time / liveness (est.)"]))
+    print(markdown([policy_row(n["net"], n["policies"]) for n in nets],
+                   ["net", *POLICY_COLUMNS, "lower bound", "superneurons host",
+                    "baseline / superneurons", "time / liveness (est.)"]))
+    print(f"\nEstimated iteration time on the {model.device.name} cost model, in ms (ratio to "
+          "liveness): superneurons with the part spent stalled on copies and recomputing and the "
+          f"bytes it copies; {PARAMS_POLICY}: peak (peak / its lower bound), host memory, time.\n")
+    print(markdown([time_row(n["net"], n["policies"]) for n in nets],
+                   ["net", "liveness ms", "superneurons ms", "of which stalls", "of which recompute",
+                    "copied", f"{PARAMS_POLICY} peak", f"{PARAMS_POLICY} host",
+                    f"{PARAMS_POLICY} ms"]))
+
+    big = []
     for policy in ("baseline", "liveness", "superneurons"):
         cmd = ["sn-plan", "nets/resnet.yaml", "--set", f"depth={args.depth}", "--batch",
                str(args.batch), "--policy", policy, "--placement", "planned", "--json"]
@@ -92,11 +155,25 @@ def main():
         if done.returncode not in (0, 3):
             sys.exit(done.stderr)
         info = json.loads(done.stdout)
+        big.append({"command": " ".join(cmd[:-1]), "policy": policy, "steps": info["steps"],
+                    "peak_bytes": info["peak_bytes"], "arena_bytes": info["arena_bytes"],
+                    "seconds": took})
         print(f"\n`{' '.join(cmd[:-1])}`: {info['steps']} steps, peak "
               f"{human_bytes(info['peak_bytes'])}, arena {human_bytes(info['arena_bytes'])}: "
               f"{took:.1f} s")
+    spent = phases(args)
     print(f"\nWhere the time goes (ResNet-{args.depth}, liveness, in one process): "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in phases(args).items()))
+          + ", ".join(f"{k} {v:.2f} s" for k, v in spent.items()))
+    if args.json:
+        out = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", *sys.argv]),
+               "machine": platform.machine(), "cores": os.cpu_count(), "batch": args.batch,
+               "size": 224, "dtype": "float32", "optimizer_state": False,
+               "cost_model": {"device": model.device.name, "flops": model.device.flops,
+                              "bandwidth": model.device.bandwidth, "copy": model.device.copy},
+               "nets": nets, "sn_plan_timing": big,
+               "phases_seconds": {"depth": args.depth, **spent}}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 def phases(args):
@@ -124,6 +201,7 @@ def phases(args):
     arena_bytes(schedule, "planned")
     lap("planned placement")
     return out
+
 
 if __name__ == "__main__":
     main()
