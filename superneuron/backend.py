@@ -103,8 +103,7 @@ class GPUBackend(Backend):
         if isinstance(src, self.xp.ndarray):  # already on the device (a benchmark's batch)
             self.xp.copyto(dst, src.astype(dst.dtype, copy=False))
             return
-        src = np.ascontiguousarray(src, dtype=dst.dtype)
-        dst.set(src)
+        dst.set(np.ascontiguousarray(src, dtype=dst.dtype).reshape(dst.shape))
 
     @contextlib.contextmanager
     def watch_allocations(self):

@@ -64,13 +64,13 @@ def time_ours(net, feed, iters, warmup):
     return cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters
 
 
-def ours(name, batch, policy, iters, warmup, size=224, memory=None):
+def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
     from superneuron.net import Net
     from superneuron.spec import load_spec
     path, overrides, _ = NETS[name]
     t0 = time.perf_counter()
     net = Net(load_spec(path, overrides=dict(overrides, size=size), batch=batch), device="gpu",
-              policy=policy, optimizer=solver(), memory=memory)
+              policy=policy, optimizer=solver(), memory=memory, costs=costs)
     setup = time.perf_counter() - t0
     seconds = time_ours(net, device_batch(batch, size), iters, warmup)
     plan = net.plans["train"]
@@ -208,6 +208,9 @@ def main():
     ap.add_argument("--tf32", action="store_true", help="TF32 convolutions in both (default: neither)")
     ap.add_argument("--max-batch-budget", default=None, help="e.g. 16GiB: ResNet-50's largest batch")
     ap.add_argument("--depth-budget", default=None, help="e.g. 12GiB: the deepest ResNet at batch 16")
+    ap.add_argument("--measure", action="store_true",
+                    help="time every layer's algorithms on this GPU first (sn-train --profile), "
+                         "as cudnn.benchmark does for PyTorch")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     os.environ["SN_TF32"] = "1" if args.tf32 else "0"
@@ -234,7 +237,8 @@ def main():
         for policy in policies:
             base, _, share = policy.partition("@")  # superneurons@0.33: a third of PyTorch's peak
             memory = int(float(share) * ref["peak_bytes"]) if share else None
-            r = ours(name, args.batch, base, args.iters, args.warmup, memory=memory)
+            r = ours(name, args.batch, base, args.iters, args.warmup, memory=memory,
+                     costs="measure" if args.measure else None)
             r["memory_budget"] = memory
             r["speed_vs_pytorch"] = r["images_per_second"] / ref["images_per_second"]
             r["peak_vs_pytorch"] = r["peak_bytes"] / ref["peak_bytes"]
@@ -246,17 +250,24 @@ def main():
                   f"{r['outside_allocations']} allocs / {human_bytes(r['outside_bytes'])}  "
                   f"setup {r['setup_seconds']:.1f}s", flush=True)
         result["nets"][name] = row
+        save(args.json, result)
     if args.max_batch_budget:
         from superneuron.backend import get_backend
         kernels = get_backend("gpu").kernels()
         result["max_batch"] = {"budget": args.max_batch_budget,
                                **max_batch(plain, parse_size(args.max_batch_budget), kernels)}
+        save(args.json, result)
     if args.depth_budget:
         result["deepest"] = {"budget": args.depth_budget,
                              **deepest(plain, args.depth_budget, 16)}
-    if args.json:
-        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-        with open(args.json, "w") as f:
+    save(args.json, result)
+
+
+def save(path, result):
+    """Write ``result`` as JSON to ``path`` (after each part, so a cut-off run keeps what it has)."""
+    if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
             json.dump(result, f, indent=1, default=str)
 
 

@@ -124,6 +124,8 @@ def _kernels():
         "scale_bias": cupy.ElementwiseKernel(
             "T x, raw T w, raw T b, int64 length, int64 channels", "T y",
             idx + "y = x * w[c] + b[c];", "sn_scale_bias"),
+        # y = max(x, 0), NaN kept; in place without the copy CuPy's maximum makes then
+        "relu": cupy.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x;", "sn_relu"),
         # dx = dy where the unit was active, else 0
         "relu_backward": cupy.ElementwiseKernel(
             "T dy, T y", "T dx", "dx = y > (T)0 ? dy : (T)0;", "sn_relu_backward"),

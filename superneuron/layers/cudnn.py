@@ -49,17 +49,21 @@ def _dense_strides(dims):
 
 
 class _Op:
-    """One built cuDNN graph: its tensors in operand order, and the two plans offered."""
+    """One convolution operation: per algorithm name, a built graph whose selected plan is
+    that algorithm's, its tensors in operand order and its workspace bytes. (One graph per
+    plan: the frontend runs and sizes some plans as "the graph's selected one", so a graph is
+    never asked to run any other.)"""
 
-    def __init__(self, graph, tensors, fast, lean):
-        self.graph, self.tensors = graph, tensors
-        self.plans = {"cudnn": fast, "cudnn_lean": lean}   # name → (index, workspace bytes)
+    def __init__(self, plans):
+        self.plans = plans   # name → (graph, tensors, workspace bytes)
+
+    def workspace(self, name):
+        return self.plans[name][2]
 
     def run(self, lib, name, arrays, workspace):
-        index, ws = self.plans[name]
-        pack = {t: a.data.ptr for t, a in zip(self.tensors, arrays, strict=True)}
-        ptr = workspace.data.ptr if ws else None
-        self.graph.execute_plan_at_index(pack, ptr, index=index, handle=lib.handle)
+        graph, tensors, ws = self.plans[name]
+        pack = {t: a.data.ptr for t, a in zip(tensors, arrays, strict=True)}
+        graph.execute(pack, workspace.data.ptr if ws else None, handle=lib.handle)
 
 
 class Cudnn:
@@ -72,22 +76,19 @@ class Cudnn:
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
 
     # -- building ----------------------------------------------------------------------------
-    def _graph(self):
-        f = self.cudnn.data_type.FLOAT
-        return self.cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
-                                  handle=self.handle)
-
     def _tensor(self, g, name, dims):
         return g.tensor(name=name, dim=list(dims), stride=_dense_strides(dims),
                         data_type=self.cudnn.data_type.FLOAT)
 
-    def _build(self, op, key):
-        """Build the graph of ``op`` for convolution geometry ``key``; None if cuDNN has no plan."""
+    def _graph(self, op, key):
+        """A planned graph of ``op`` for convolution geometry ``key`` and its operand tensors;
+        None where cuDNN has no engine for it."""
         (n, c, h, w, k, g, ho, wo), (kh, kw), stride, pad, dil = key
         x, wt, y = (n, c, h, w), (k, c // g, kh, kw), (n, k, ho, wo)
-        conv = dict(padding=list(pad), stride=list(stride), dilation=list(dil),
-                    compute_data_type=self.cudnn.data_type.FLOAT)
-        gr = self._graph()
+        f = self.cudnn.data_type.FLOAT
+        conv = dict(padding=list(pad), stride=list(stride), dilation=list(dil), compute_data_type=f)
+        gr = self.cudnn.pygraph(io_data_type=f, intermediate_data_type=f, compute_data_type=f,
+                                handle=self.handle)
         if op == "fprop":
             a, b = self._tensor(gr, "x", x), self._tensor(gr, "w", wt)
             out, dims = gr.conv_fprop(image=a, weight=b, **conv), y
@@ -97,8 +98,7 @@ class Cudnn:
         else:
             a, b = self._tensor(gr, "x", x), self._tensor(gr, "dy", y)
             out, dims = gr.conv_wgrad(image=a, loss=b, **conv), wt
-        out.set_output(True).set_data_type(self.cudnn.data_type.FLOAT)
-        out.set_dim(list(dims)).set_stride(_dense_strides(dims))
+        out.set_output(True).set_data_type(f).set_dim(list(dims)).set_stride(_dense_strides(dims))
         try:
             gr.validate()
             gr.build_operation_graph()
@@ -111,12 +111,29 @@ class Cudnn:
             gr.check_support()
         except Exception:  # noqa: BLE001 - cuDNN refusing a graph is an answer, not an error
             return None
+        return gr, (a, b, out)
+
+    @staticmethod
+    def _select(gr, index):
+        """Build plan ``index`` of ``gr`` and select it; its workspace bytes, or None if it
+        does not build."""
+        try:
+            gr.build_plan_at_index(index)
+            return int(gr.get_workspace_size())
+        except Exception:  # noqa: BLE001 - this configuration does not build here
+            return None
+
+    def _build(self, op, key):
+        """The best-ranked plan of ``op`` for ``key`` and the best-ranked one needing no
+        workspace, each selected in its own graph; None if cuDNN has no plan."""
+        first = self._graph(op, key)
+        if first is None:
+            return None
+        gr, tensors = first
         fast = lean = None
         for index in range(gr.get_execution_plan_count()):
-            try:
-                gr.build_plan_at_index(index)
-                ws = int(gr.get_workspace_size_plan_at_index(index))
-            except Exception:  # noqa: BLE001 - this configuration does not build; try the next
+            ws = self._select(gr, index)
+            if ws is None:
                 continue
             fast = fast or (index, ws)
             if ws == 0:
@@ -124,7 +141,13 @@ class Cudnn:
                 break
         if fast is None:
             return None
-        return _Op(gr, (a, b, out), fast, lean or fast)
+        if lean is None or lean == fast:
+            self._select(gr, fast[0])  # the walk left another plan selected
+            return _Op({"cudnn": (gr, tensors, fast[1]), "cudnn_lean": (gr, tensors, fast[1])})
+        again = self._graph(op, key)  # the walk ended on the lean plan: gr keeps it
+        if again is None or self._select(again[0], fast[0]) != fast[1]:
+            return _Op({"cudnn": (gr, tensors, 0), "cudnn_lean": (gr, tensors, 0)})
+        return _Op({"cudnn": (again[0], again[1], fast[1]), "cudnn_lean": (gr, tensors, 0)})
 
     def op(self, op, key):
         """The cached graph of ``op`` (``'fprop'``, ``'dgrad'``, ``'wgrad'``) for ``key``."""
@@ -141,7 +164,7 @@ class Cudnn:
             return []
         algos = []
         for name, speed in (("cudnn", 1.0), ("cudnn_lean", 0.7)):
-            ws = max(b.plans[name][1] for b in built)
+            ws = max(b.workspace(name) for b in built)
             if not any(a.workspace == ws for a in algos):  # the same plan twice is no choice
                 algos.append(Algo(name, ws, speed))
         return algos
