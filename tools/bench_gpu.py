@@ -217,6 +217,7 @@ def main():
     import cupy
     import torch
 
+    from superneuron.errors import SNError
     from superneuron.report import human_bytes, parse_size
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -237,8 +238,13 @@ def main():
         for policy in policies:
             base, _, share = policy.partition("@")  # superneurons@0.33: a third of PyTorch's peak
             memory = int(float(share) * ref["peak_bytes"]) if share else None
-            r = ours(name, args.batch, base, args.iters, args.warmup, memory=memory,
-                     costs="measure" if args.measure else None)
+            try:
+                r = ours(name, args.batch, base, args.iters, args.warmup, memory=memory,
+                         costs="measure" if args.measure else None)
+            except SNError as e:  # the budget is under the net's largest step
+                row[policy] = {"policy": base, "memory_budget": memory, "fits": False, "why": str(e)}
+                print(f"{name:10s} {policy:12s} does not fit: {e}", flush=True)
+                continue
             r["memory_budget"] = memory
             r["speed_vs_pytorch"] = r["images_per_second"] / ref["images_per_second"]
             r["peak_vs_pytorch"] = r["peak_bytes"] / ref["peak_bytes"]
