@@ -225,3 +225,19 @@ def test_fused_layers_match_the_cpu_in_float32(type_name, cfg, shape):
     for a, b in zip(cpu[0] + cpu[1] + list(cpu[2].values()), gpu[0] + gpu[1] + [gpu[2][k] for k in cpu[2]],
                     strict=True):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
+
+
+def test_an_iteration_allocates_almost_nothing_outside_the_arena():
+    """Every tensor and workspace is a view of the arena, and the fused kernels make no
+    temporaries: what CuPy allocates during a training iteration (counted through its
+    allocator) is a few scalars, far under one feature map (4 MiB here)."""
+    from test_net import feed_for, small_net
+
+    from superneuron.optim import SolverConfig, make_optimizer
+    net = small_net("nets/resnet.yaml", batch=16, device="gpu", policy="liveness",
+                    optimizer=make_optimizer(SolverConfig()))
+    feed = feed_for(net)
+    for it in range(2):
+        net.train_step(feed, it)
+    outside = net.runtime.outside
+    assert outside is not None and outside.bytes < 256 << 10, outside

@@ -110,6 +110,10 @@ def run(args):
     if net.host_bytes:
         parts.append(f"host {human_bytes(net.host_bytes)}, {net.runtime.blocked} waits blocked, "
                      f"{net.runtime.stalls} stalls")
+    outside = net.runtime.outside
+    if net.backend.name == "gpu" and outside is not None:  # the CPU cannot see NumPy's
+        parts.append(f"outside the arena {outside.count} allocations, {human_bytes(outside.bytes)}"
+                     f" (last iteration)")
     print(" | ".join(parts))
     return 130 if printer.interrupted else 0
 
