@@ -159,3 +159,13 @@ def get_backend(device="cpu"):
         import cupy
         return GPUBackend(cupy)
     raise SNError(f"unknown device '{device}'; use cpu or gpu")
+
+
+def planning_kernels(device):
+    """The vendor kernels a plan for ``device`` should offer (cuDNN's convolutions when
+    ``device`` is ``'gpu'`` and a GPU is usable here), so that it plans what a run there
+    executes; None otherwise (the portable kernels' algorithms)."""
+    if device == "gpu" and gpu_available()[0]:
+        return get_backend("gpu").kernels()
+    return None
+

@@ -15,33 +15,57 @@ block's parameters, gradients, optimiser state and activations, and a policy tha
 deeper one can treat the extra block as it treats its neighbours. (tests/test_depth.py checks
 this by brute force on small settings.)
 
-The search, per policy: plan depth 50, then 98; grow an upper bound to just past where a
-straight line through the last two plans meets the budget (arena bytes are close to linear in
-the blocks), going further each time the line falls short, until a plan does not fit or the
-cap is reached; then narrow ``(fits, does not fit)`` to adjacent depths, guessing where a
-line meets the budget (through the two nearest plans that do not fit, or else through the two
-ends) and bisecting after any guess that fails to halve the interval. Each depth is loaded, built
-and lowered once for all policies: the searches run side by side, and every depth asked for
-is planned under each policy that asks for it.
+The search, per policy: first a guess. The *floor* of a depth is the arena of its plan under
+a budget of nothing: every tensor the policy can move to the host there, every workspace at
+its smallest; it grows by the same bytes with every block added (the parameters, gradients
+and optimiser state of a block, plus, for policies that keep activations, the block's
+activations at the peak), so the line through the floors of two small depths (cheap to plan)
+meets the budget at the depth where the policy's plans stop fitting; where there is host
+memory to respect, the line of the floors' device and host bytes together meets the budget
+and the host memory together about where both fill up. The search plans the depth guessed
+and its neighbour, and is done when one fits and the other does not (for nets/resnet.yaml
+at 224x224 it always is). Otherwise it goes on as it would without a guess: grow an upper
+bound to just past where a straight line through the last two plans meets the budget (arena
+bytes are close to linear in the blocks), going further each time the line falls short,
+until a plan does not fit or the cap is reached; then narrow ``(fits, does not fit)`` to
+adjacent depths, guessing where a line meets the budget (through the two nearest plans that
+do not fit, or else through the two ends) and bisecting after any guess that fails to halve
+the interval. Each depth is loaded, built and lowered once for all policies: the searches
+run side by side, and every depth asked for is planned under each policy that asks for it.
+The guess only saves plans: the answer is the same without it (``guess=False``), by the monotonicity above.
+
+Planning a deep net is the time a search takes (tens of thousands of steps per plan, a
+couple of seconds at depth 3000), so the passes are near-linear in the steps and the search
+plans few depths: a whole scan of every policy at 12 GiB takes under a minute
+(tools/bench_depth.py). The cap (``--max-depth``, default :data:`MAX_DEPTH`) bounds the
+search where memory stops binding: with parameter offload the device keeps only BatchNorm's
+running statistics, a few KiB per block, so only host memory ends the search, and without
+``--host-memory`` nothing does.
 """
 
+import contextlib
+import gc
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
+from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
 from .optim import SolverConfig, make_optimizer
 from .scheduler.cost import CostModel
+from .scheduler.liveness import Roots
 from .scheduler.lower import lower
 from .scheduler.policy import apply_policy
+from .scheduler.schedule import forget_steps
 from .scheduler.simulate import simulate
 from .spec import load_spec
 
 MIN_BLOCKS = 16          # depth 50: stages [3, 8, 2, 3]
-MAX_DEPTH = 100_000      # the default cap on the search
+MAX_DEPTH = 5000         # the default cap on the search: 1666 blocks, some 400 000 steps to plan
+GUESS_FROM = (MIN_BLOCKS, 2 * MIN_BLOCKS)  # the depths whose floors make the guess
 
 
 def depth_of(blocks):
@@ -65,11 +89,13 @@ class Probe:
     peak_bytes: int
     arena_bytes: int          # what must fit the budget: resident + the placed high-water mark
     resident_bytes: int
-    host_bytes: int           # bytes offloaded to the host at the peak (0 where nothing is)
+    host_bytes: int           # the host arena's high-water mark: offloaded tensors (and with +params,
+                              # parameters, gradients, optimiser state); 0 where nothing is there
     lower_bound_bytes: int
     steps: int
     est_seconds: float = None  # the cost model's iteration time; computed for fitting plans only
     seconds: float = 0.0       # wall time of this policy's passes and the simulation
+    need_bytes: int = None     # what the search weighs against the budget (see Planner.need)
 
     @property
     def depth(self):
@@ -100,12 +126,15 @@ class Result:
                          "lower_bound_bytes", "steps", "est_seconds")},
             "next_depth": self.over.depth if self.over else None,
             "next_arena_bytes": self.over.arena_bytes if self.over else None,
+            "next_host_bytes": self.over.host_bytes if self.over else None,
             "probes": self.probes,
         }
 
 
 class Planner:
-    """Plans the family member of ``n`` blocks under a policy and ``budget`` (bytes).
+    """Plans the family member of ``n`` blocks under a policy, ``budget`` (bytes) and
+    ``host_memory`` (bytes, None: unbounded; what offloading may keep on the host, and a plan
+    fits only where its host bytes are within it too, as sn-plan says).
 
     ``path``, ``overrides`` and ``batch`` are as for spec.load_spec (the overrides must not
     set ``depth`` or ``blocks``: the planner does); ``device`` names the cost model that ranks
@@ -113,17 +142,19 @@ class Planner:
     allocates it (SGD with momentum). The last ``keep`` lowered schedules are kept for the
     other policies (apply_policy leaves its input alone)."""
 
-    def __init__(self, path, budget, overrides=None, batch=None, device="cpu", keep=2):
-        self.path, self.budget, self.batch = path, budget, batch
+    def __init__(self, path, budget, overrides=None, batch=None, device="cpu", keep=2, host_memory=None):
+        self.path, self.budget, self.batch, self.host_memory = path, budget, batch, host_memory
         self.overrides = dict(overrides or {})
         for key in ("depth", "blocks"):
             if key in self.overrides:
                 raise SNError(f"--set {key}: sn-depth chooses the depth itself")
         self.costs = CostModel(device)
+        self.kernels = planning_kernels(device)  # cuDNN's algorithms when planning for a GPU here
         self.optimizer = make_optimizer(SolverConfig())
         self.keep = keep
         self._lowered = OrderedDict()
-        self.stats = {"builds": 0, "build_seconds": 0.0, "probes": 0, "plan_seconds": 0.0}
+        self.stats = {"builds": 0, "build_seconds": 0.0, "probes": 0, "plan_seconds": 0.0,
+                      "floors": 0, "floor_seconds": 0.0}
         first = load_spec(path, overrides={**self.overrides, "depth": depth_of(MIN_BLOCKS)}, batch=batch)
         self.sets_blocks = "blocks" in first.params
 
@@ -140,7 +171,7 @@ class Planner:
             self._lowered.move_to_end(n)
             return self._lowered[n]
         start = time.perf_counter()
-        schedule = lower(Graph(self.spec(n)), train=True, optimizer=self.optimizer)
+        schedule = lower(Graph(self.spec(n), kernels=self.kernels), train=True, optimizer=self.optimizer)
         self.stats["builds"] += 1
         self.stats["build_seconds"] += time.perf_counter() - start
         self._lowered[n] = schedule
@@ -148,38 +179,112 @@ class Planner:
             self._lowered.popitem(last=False)
         return schedule
 
+    def fits(self, plan):
+        """Whether a simulate.Plan fits the budget and the host memory."""
+        return plan.fits(self.budget) and (self.host_memory is None or plan.host_bytes <= self.host_memory)
+
+    def need(self, plan):
+        """What the search weighs against the budget for a simulate.Plan: its arena, or, where
+        its host bytes fill more of the host memory than the arena fills of the budget, its
+        host bytes at the budget's scale; so it is within the budget exactly where the plan
+        fits, and grows with whichever memory binds (the lines the search draws need that)."""
+        if self.host_memory is None or plan.host_bytes * self.budget <= plan.arena_bytes * self.host_memory:
+            return plan.arena_bytes
+        return -(-plan.host_bytes * self.budget // self.host_memory)  # rounded up: over stays over
+
     def probe(self, policy, n):
         """The :class:`Probe` of ``n`` blocks under ``policy``."""
         schedule = self.lowered(n)
         start = time.perf_counter()
-        schedule = apply_policy(schedule, policy, budget=self.budget, costs=self.costs)
+        schedule = apply_policy(schedule, policy, budget=self.budget, costs=self.costs,
+                                host_memory=self.host_memory)
         plan = simulate(schedule)
-        fits = plan.fits(self.budget)
+        fits = self.fits(plan)
         probe = Probe(policy, n, fits, plan.peak_bytes, plan.arena_bytes, plan.resident_bytes,
-                      getattr(plan, "host_bytes", 0), plan.lower_bound_bytes, plan.steps,
-                      self.costs.iteration_seconds(schedule) if fits else None)
+                      plan.host_bytes, plan.lower_bound_bytes, plan.steps,
+                      self.costs.iteration_seconds(schedule) if fits else None,
+                      need_bytes=self.need(plan))
         probe.seconds = time.perf_counter() - start
         self.stats["probes"] += 1
         self.stats["plan_seconds"] += probe.seconds
         return probe
 
+    def floor(self, policy, n):
+        """The simulate.Plan of ``n`` blocks under ``policy`` and a budget of nothing: as much
+        on the host as the host memory allows, the smallest workspaces. Its arena is the least
+        any budget lets the policy reach, near enough; the guess is made from it."""
+        start = time.perf_counter()
+        plan = simulate(apply_policy(self.lowered(n), policy, budget=0, costs=self.costs,
+                                     host_memory=self.host_memory))
+        self.stats["floors"] += 1
+        self.stats["floor_seconds"] += time.perf_counter() - start
+        return plan
 
-def search(budget, max_blocks, min_blocks=MIN_BLOCKS):
+    def guess(self, floors, max_blocks):
+        """The blocks where the line through ``floors`` (``{blocks: floor Plan}`` of two depths)
+        meets the budget, or where the line of their host bytes meets the host memory if
+        sooner, between :data:`MIN_BLOCKS` and ``max_blocks``. (A floor has on the host all
+        that can go there, a plan under a budget only what must: where the host binds, the
+        guess falls short, and the search grows from it.)"""
+        (n1, a), (n2, b) = sorted(floors.items())
+        limit = _limit(n1, a.arena_bytes, n2, b.arena_bytes, self.budget)
+        if self.host_memory is not None:
+            limit = min(limit, _limit(n1, a.host_bytes, n2, b.host_bytes, self.host_memory))
+        return max(MIN_BLOCKS, min(limit, max_blocks))
+
+
+def _limit(n1, y1, n2, y2, bound):
+    """The most blocks whose value on the line through ``(n1, y1)`` and ``(n2, y2)`` is within
+    ``bound`` (a large number where the line does not rise)."""
+    if y2 <= y1:
+        return 1 << 40
+    return n1 + (bound - y1) * (n2 - n1) // (y2 - y1)
+
+
+def search(budget, max_blocks, min_blocks=MIN_BLOCKS, guess=None):
     """The search for one policy, as a generator: it yields the number of blocks it wants
-    planned, is sent back that plan (anything with ``blocks``, ``fits`` and ``arena_bytes``),
+    planned, is sent back that plan (anything with ``blocks``, ``fits`` and ``need_bytes``, which
+    is within ``budget`` where it fits and grows with the blocks),
     and returns ``(best, over, at_cap, probes)``: the deepest fitting plan (None when
     ``min_blocks`` does not fit), the shallowest plan found not to fit (None at the cap), and
-    whether ``best`` is the cap. Assumes fitting is monotone in the number of blocks."""
-    probes = 1
-    lo = yield min_blocks
-    if not lo.fits:
-        return None, lo, False, probes
-    prev, hi, misses = None, None, 0
+    whether ``best`` is the cap. ``guess``: blocks to plan first, and then their neighbour; it
+    changes how many plans the search makes, not its answer. Assumes fitting is monotone in
+    the number of blocks."""
+    probes = 0
+    lo = prev = hi = above = None
+    if guess is not None:
+        g = min(max(guess, min_blocks), max_blocks)
+        p = yield g
+        probes += 1
+        if p.fits and g == max_blocks:
+            return p, None, True, probes
+        if p.fits:
+            q = yield g + 1
+            probes += 1
+            if not q.fits:
+                return p, q, False, probes
+            prev, lo = p, q
+        elif g == min_blocks:
+            return None, p, False, probes
+        else:
+            q = yield g - 1
+            probes += 1
+            if q.fits:
+                return q, p, False, probes
+            if q.blocks == min_blocks:
+                return None, q, False, probes
+            above, hi = p, q
+    if lo is None:
+        lo = yield min_blocks
+        probes += 1
+        if not lo.fits:
+            return None, lo, False, probes
+    misses = 0
     while hi is None:               # grow an upper bound
         if lo.blocks >= max_blocks:
             return lo, None, True, probes
         n = 2 * lo.blocks
-        if prev is not None and lo.arena_bytes > prev.arena_bytes:
+        if prev is not None and lo.need_bytes > prev.need_bytes:
             # just past where the line through the last two plans meets the budget, but each
             # time the line fell short (its guess fit) at least twice as far on as the last
             least = lo.blocks + max(1, (lo.blocks << misses) // 16)
@@ -192,16 +297,15 @@ def search(budget, max_blocks, min_blocks=MIN_BLOCKS):
             prev, lo = lo, p
         else:
             hi = p
-    above = None                      # the nearest misfit past hi
-    ends, bisect = True, False
+    ends, bisect = True, False       # ``above``: the nearest misfit past hi
     while hi.blocks - lo.blocks > 1:  # narrow to adjacent depths
         width = hi.blocks - lo.blocks
-        n, guess = (lo.blocks + hi.blocks) // 2, None
-        if not bisect and above is not None and above.arena_bytes > hi.arena_bytes:
-            guess = "misfits"
+        n, line = (lo.blocks + hi.blocks) // 2, None
+        if not bisect and above is not None and above.need_bytes > hi.need_bytes:
+            line = "misfits"
             n = int(_crossing(hi, above, budget))
-        elif not bisect and ends and hi.arena_bytes > lo.arena_bytes:
-            guess = "ends"
+        elif not bisect and ends and hi.need_bytes > lo.need_bytes:
+            line = "ends"
             n = int(_crossing(lo, hi, budget))
         p = yield min(max(n, lo.blocks + 1), hi.blocks - 1)
         probes += 1
@@ -212,40 +316,67 @@ def search(budget, max_blocks, min_blocks=MIN_BLOCKS):
         # a guess that fails to halve the interval is followed by a bisection; the line through
         # the ends is given up for good then, as plans that hug the budget (offloading makes
         # them) leave it flat, but not the misfits' line, which such plans do not flatten
-        bisect = guess is not None and hi.blocks - lo.blocks > width // 2
-        ends = ends and not (bisect and guess == "ends")
+        bisect = line is not None and hi.blocks - lo.blocks > width // 2
+        ends = ends and not (bisect and line == "ends")
     return lo, hi, False, probes
 
 
 def _crossing(a, b, budget):
-    """Blocks where the line through plans ``a`` and ``b`` (blocks, arena bytes) meets ``budget``."""
-    slope = (b.arena_bytes - a.arena_bytes) / (b.blocks - a.blocks)
-    return a.blocks + (budget - a.arena_bytes) / slope
+    """Blocks where the line through plans ``a`` and ``b`` (blocks, need bytes) meets ``budget``."""
+    slope = (b.need_bytes - a.need_bytes) / (b.blocks - a.blocks)
+    return a.blocks + (budget - a.need_bytes) / slope
 
 
-def deepest(planner, policies, max_depth=MAX_DEPTH, progress=None):
+@contextlib.contextmanager
+def _planning():
+    """The cyclic garbage collector held off: a search makes and drops millions of objects,
+    which reference counting frees (plans make no reference cycles), and the collector's full
+    passes over the big graphs and schedules alive cost a fifth of the planning time. When
+    done, the memos the passes share between plans are dropped."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        Roots.forget()
+        forget_steps()
+        if was:
+            gc.enable()
+
+
+def deepest(planner, policies, max_depth=MAX_DEPTH, progress=None, guess=True):
     """A :class:`Result` per policy in ``policies``: the deepest member of the family that
-    ``planner`` plans whose plan fits its budget, up to ``max_depth``. ``progress(probe)`` is
-    called after each plan. The searches advance together, shallowest request first, so a
-    depth that several policies ask for is built once."""
+    ``planner`` plans whose plan fits its budget (and host memory), up to ``max_depth``.
+    ``progress(probe)`` is called after each plan. Each search starts from the guess that the
+    floors of :data:`GUESS_FROM` give (``guess=False``: from depth 50, as without one). The
+    searches advance together, shallowest request first, so a depth that several policies
+    ask for is built once."""
     max_blocks = blocks_of(max_depth)
     if max_blocks < MIN_BLOCKS:
         raise SNError(f"the largest depth ({max_depth}) is under the smallest, {depth_of(MIN_BLOCKS)}")
-    searches = {p: search(planner.budget, max_blocks) for p in policies}
-    wants = {p: next(s) for p, s in searches.items()}
-    results = {}
-    while wants:
-        n = min(wants.values())
-        for policy in [p for p, m in wants.items() if m == n]:
-            probe = planner.probe(policy, n)
-            if progress:
-                progress(probe)
-            try:
-                wants[policy] = searches[policy].send(probe)
-            except StopIteration as stop:
-                best, over, at_cap, probes = stop.value
-                results[policy] = Result(policy, best.depth if best else 0, at_cap, best, over, probes)
-                del wants[policy]
+    with _planning():
+        guesses = dict.fromkeys(policies)
+        if guess and max_blocks > MIN_BLOCKS:
+            floors = {p: {} for p in policies}
+            for n in GUESS_FROM:
+                for p in policies:
+                    floors[p][n] = planner.floor(p, n)
+            guesses = {p: planner.guess(floors[p], max_blocks) for p in policies}
+        searches = {p: search(planner.budget, max_blocks, guess=guesses[p]) for p in policies}
+        wants = {p: next(s) for p, s in searches.items()}
+        results = {}
+        while wants:
+            n = min(wants.values())
+            for policy in [p for p, m in wants.items() if m == n]:
+                probe = planner.probe(policy, n)
+                if progress:
+                    progress(probe)
+                try:
+                    wants[policy] = searches[policy].send(probe)
+                except StopIteration as stop:
+                    best, over, at_cap, probes = stop.value
+                    results[policy] = Result(policy, best.depth if best else 0, at_cap, best, over, probes)
+                    del wants[policy]
     return [results[p] for p in policies]
 
 
@@ -264,12 +395,15 @@ def synthetic_feed(net, rng):
 
 
 def verify(planner, result, device="cpu", iterations=2, seed=0):
-    """Train ``iterations`` steps of ``result``'s depth under its policy and the planner's
-    budget on random data; ``{'real_peak_bytes', 'net_plan_peak_bytes', 'loss', 'equal'}``,
-    ``equal`` when the run's peak is the searched plan's peak to the byte."""
+    """Train ``iterations`` steps of ``result``'s depth under its policy, the planner's budget
+    and host memory on random data, on ``device``; ``{'real_peak_bytes',
+    'net_plan_peak_bytes', 'loss', 'equal'}``, ``equal`` when the run's peak is the searched
+    plan's peak to the byte. The run plans with the planner's cost model (not a measured
+    table cached for this machine), so it makes the plan the search made."""
     from .net import Net
     net = Net(planner.spec(result.best.blocks), device=device, optimizer=make_optimizer(SolverConfig()),
-              memory=planner.budget, policy=result.policy, seed=seed)
+              memory=planner.budget, policy=result.policy, seed=seed, host_memory=planner.host_memory,
+              costs=planner.costs)
     rng = np.random.default_rng(seed)
     loss = None
     for i in range(iterations):

@@ -1,8 +1,11 @@
 """sn-depth: the search finds exactly the deepest fitting ResNet, its figures are the
-Simulator's, and --verify runs the depth found with the planned peak to the byte."""
+Simulator's, and --verify runs the depth found with the planned peak to the byte; and the
+shortcuts that make it fast (the guess, the offload pass's bisections without making the
+steps, the workspace pass's retries from where they failed) give what the long way gives."""
 
 import json
 import math
+import os
 
 import pytest
 
@@ -17,6 +20,7 @@ from superneuron.scheduler.policy import POLICIES, apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = "nets/resnet.yaml"
 SMALL = {"size": 32, "classes": 10}  # with batch 2: plans in tens of milliseconds
 SMALL_ARGS = ["--batch", "2", "--size", "32", "--set", "classes=10"]
@@ -40,16 +44,16 @@ def arena(policy, blocks, budget=None):
 # -- the search on made-up memory curves ----------------------------------------------------
 
 class Fake:
-    """A plan whose arena is ``need(blocks)``."""
+    """A plan that needs ``need(blocks)``."""
 
     def __init__(self, blocks, need, budget):
-        self.blocks, self.arena_bytes = blocks, need(blocks)
-        self.fits = self.arena_bytes <= budget
+        self.blocks, self.need_bytes = blocks, need(blocks)
+        self.fits = self.need_bytes <= budget
 
 
-def drive(need, budget, max_blocks):
+def drive(need, budget, max_blocks, guess=None):
     """Run :func:`search` against ``need``; its answer and the blocks it asked for."""
-    s = search(budget, max_blocks)
+    s = search(budget, max_blocks, guess=guess)
     asked = [next(s)]
     try:
         while True:
@@ -106,6 +110,21 @@ def test_search_is_quick_where_memory_is_linear():
     assert probes <= 5 and asked[-2:] == [3334, 3333], asked  # the line lands on the answer
 
 
+@pytest.mark.parametrize("curve", CURVES)
+def test_a_guess_changes_the_plans_made_not_the_answer(curve):
+    need, max_blocks = CURVES[curve], 5000
+    for budget in sorted({need(n) + d for n in (16, 17, 333, 700, 4999) for d in (-1, 0, 1)}):
+        expected, _ = drive(need, budget, max_blocks)
+        answer = expected[0].blocks if expected[0] else None
+        for guess in {16, 17, 100, 699, 700, 2500, 4999, 5000, 9999} | ({answer} - {None}):
+            (best, over, at_cap, probes), asked = drive(need, budget, max_blocks, guess)
+            assert (best and best.blocks, over and over.blocks, at_cap) == \
+                (answer, expected[1] and expected[1].blocks, expected[2]), (budget, guess, asked)
+            assert len(set(asked)) == len(asked) == probes, asked  # no depth planned twice
+            if guess == answer:
+                assert probes <= 2, asked  # the guess and its neighbour
+
+
 # -- the family and the planner ---------------------------------------------------------------
 
 def test_depth_means_blocks_in_the_third_stage():
@@ -144,10 +163,45 @@ def test_the_deepest_fitting_depth_by_brute_force(policy):
 
 def test_shared_depths_are_built_once():
     planner = Planner(NET, 2**40, overrides=SMALL, batch=2)
-    results = deepest(planner, ["baseline", "liveness"], max_depth=depth_of(40))
+    results = deepest(planner, ["baseline", "liveness"], max_depth=depth_of(40), guess=False)
     # both grow 16, 32, then to the cap (the budget is huge): three depths, six plans
     assert [(r.depth, r.at_cap) for r in results] == [(depth_of(40), True)] * 2
     assert planner.stats["builds"] == 3 and planner.stats["probes"] == 6
+    planner = Planner(NET, 2**40, overrides=SMALL, batch=2)
+    results = deepest(planner, ["baseline", "liveness"], max_depth=depth_of(40))
+    # the floors of 16 and 32 blocks, then the guess: the cap, which fits
+    assert [(r.depth, r.at_cap, r.probes) for r in results] == [(depth_of(40), True, 1)] * 2
+    assert planner.stats["builds"] == 3 and planner.stats["floors"] == 4 and planner.stats["probes"] == 2
+
+
+@pytest.mark.parametrize("policies, overrides, batch, budget, host, probes", [
+    ("baseline,recompute", SMALL, 2, 400 << 20, None, 2),
+    ("liveness,offload,superneurons", {"size": 64, "classes": 10}, 8, 400 << 20, None, 2),
+    # host memory binds: the guess falls short (see Planner.guess), and the search grows on
+    ("superneurons+params,liveness+params", SMALL, 2, 200 << 20, 500 << 20, 4)])
+def test_the_guess_finds_what_the_search_without_it_finds(policies, overrides, batch, budget, host, probes):
+    policies = policies.split(",")
+    results = {}
+    for guess in (False, True):
+        planner = Planner(NET, budget, overrides=overrides, batch=batch, host_memory=host)
+        results[guess] = [r.as_dict() for r in deepest(planner, policies, max_depth=depth_of(160), guess=guess)]
+    for r in results[True]:
+        assert r["depth"] > depth_of(MIN_BLOCKS) and not r["at_cap"], r
+        assert r["probes"] <= probes, r  # the floors' line lands on (or near) the answer
+    strip = [{k: v for k, v in r.items() if k != "probes"} for r in results[True]]
+    assert strip == [{k: v for k, v in r.items() if k != "probes"} for r in results[False]]
+
+
+def test_a_plan_over_the_host_memory_does_not_fit():
+    # parameter offload: the device holds a few KiB per block, the host all the parameters
+    host = arena("superneurons+params", 30).host_bytes
+    planner = Planner(NET, 2**40, overrides=SMALL, batch=2, host_memory=host)
+    (r,) = deepest(planner, ["superneurons+params"], max_depth=depth_of(200))
+    assert r.best.host_bytes <= host < r.over.host_bytes and r.over.arena_bytes < 2**40
+    assert r.over.blocks == r.best.blocks + 1 and r.over.need_bytes > 2**40  # host bytes, scaled
+    (alone,) = deepest(Planner(NET, 2**40, overrides=SMALL, batch=2), ["superneurons+params"],
+                       max_depth=depth_of(48))
+    assert alone.at_cap  # without a host bound nothing stops it
 
 
 # -- the command line -------------------------------------------------------------------------
@@ -160,7 +214,7 @@ def test_prints_a_table_of_every_policy(capsys):
         assert word in out, word
     row = next(line for line in out.splitlines() if line.startswith("baseline "))
     assert row.split()[1] == str(depth_of(18))
-    assert " depth     50 " in err and "fits" in err  # a progress line per plan
+    assert f" depth     {depth_of(18)} " in err and "fits" in err  # a progress line per plan
 
 
 def test_json_has_the_figures_of_each_policy(capsys):
@@ -194,6 +248,8 @@ def test_not_even_depth_50_fits(capsys):
     (["--memory", "1GiB", "--batch", "2", "--set", "depth=101"], "--set depth: sn-depth chooses"),
     (["nets/lenet.yaml", "--memory", "1GiB", "--batch", "2"], "--set depth: no such parameter"),
     (["--memory", "1GiB", "--batch", "0"], "--batch must be at least 1"),
+    (["--memory", "1GiB", "--batch", "2", "--policies", "baseline+params"], "parameter offload frees"),
+    (["--memory", "1GiB", "--batch", "2", "--host-memory", "0"], "--host-memory must be positive"),
 ])
 def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
     status, out, err = run(capsys, *argv)
@@ -203,8 +259,8 @@ def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
 
 
 def test_verify_runs_with_the_planned_peak(capsys):
-    budget = arena("baseline", 17).arena_bytes  # small: depth 53 for baseline, a bit more for liveness
-    status, out, _ = run(capsys, "--memory", str(budget), *SMALL_ARGS, "--policies", "baseline,liveness",
+    budget = arena("baseline", 17).arena_bytes  # small: depth 53 for baseline, a bit more for the others
+    status, out, _ = run(capsys, "--memory", str(budget), *SMALL_ARGS, "--policies", "baseline,superneurons",
                          "--verify", "--device", "cpu", "--json")
     assert status == 0
     for r in json.loads(out)["results"]:
@@ -212,3 +268,164 @@ def test_verify_runs_with_the_planned_peak(capsys):
         v = r["verify"]
         assert v["equal"] and v["real_peak_bytes"] == r["peak_bytes"] == v["net_plan_peak_bytes"]
         assert math.isfinite(v["loss"])
+    status, out, _ = run(capsys, "--memory", str(budget), *SMALL_ARGS, "--policies", "liveness",
+                         "--verify", "--device", "cpu")
+    assert status == 0 and "planned peak (B)" in out and "run peak (B)" in out
+    row = next(line for line in out.splitlines() if line.startswith("liveness "))
+    planned, real, equal = row.split()[-3:]
+    assert planned == real and int(real) > 0 and equal == "yes"
+
+
+def test_host_memory_and_the_cap_on_the_command_line(capsys):
+    host = arena("superneurons+params", 24).host_bytes
+    status, out, _ = run(capsys, "--memory", "1TiB", *SMALL_ARGS, "--policies", "liveness+params,liveness",
+                         "--host-memory", str(host), "--max-depth", str(depth_of(48)))
+    assert status == 0
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.startswith(("liveness+params ", "liveness "))}
+    assert "(host +" in rows["liveness+params"]  # the next depth is over the host memory
+    assert f"≥ {depth_of(48)} (cap)" in rows["liveness"]  # a terabyte: the cap stops liveness
+    assert f"liveness: depth {depth_of(48)}, the --max-depth cap, fits" in out
+    status, out, _ = run(capsys, "--memory", "1TiB", *SMALL_ARGS, "--policies", "superneurons+params",
+                         "--host-memory", str(host), "--json")
+    info = json.loads(out)
+    (r,) = info["results"]
+    assert info["host_memory_bytes"] == host and r["host_bytes"] <= host and not r["at_cap"]
+
+
+def test_the_default_network_is_found_from_anywhere(capsys, tmp_path, monkeypatch):
+    budget = arena("liveness", 20).arena_bytes
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = run(capsys, "--memory", str(budget), *SMALL_ARGS, "--policies", "liveness", "--json")
+    info = json.loads(out)
+    assert status == 0 and os.path.samefile(info["net"], os.path.join(ROOT, NET))
+    assert info["results"][0]["depth"] == depth_of(20)
+    import superneuron.cli.depth as cli
+    monkeypatch.setattr(cli, "__file__", str(tmp_path / "superneuron" / "cli" / "depth.py"))
+    status, out, err = run(capsys, "--memory", str(budget), *SMALL_ARGS)
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "the default network is not at" in err and "give the path of nets/resnet.yaml" in err
+
+
+# -- the shortcuts of the passes, against the long way -----------------------------------------
+
+def _offload_variants(path, overrides, batch, params):
+    """The offload pass's candidates on ``path`` after liveness (and parameter offload)."""
+    from superneuron.scheduler import offload as off
+    from superneuron.scheduler.inplace import inplace
+    from superneuron.scheduler.liveness import liveness
+    from superneuron.scheduler.params import offload_params
+    from superneuron.scheduler.recompute import recompute
+    from superneuron.scheduler.schedule import MEMORY
+    schedule = recompute(lower(Graph(load_spec(path, overrides=overrides, batch=batch)), train=True,
+                               optimizer=make_optimizer(SolverConfig())))
+    if params:
+        schedule = offload_params(schedule)
+    schedule = liveness(inplace(schedule))
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
+    gaps, writes = off._gaps(schedule, steps, CostModel("cpu"))
+    return off._Variants(schedule, steps, gaps, writes)
+
+
+NETS_SMALL = [("nets/resnet.yaml", {"depth": 50, "size": 64, "classes": 10}, 2), ("nets/googlenet.yaml", {}, 2)]
+
+
+@pytest.mark.parametrize("params", [False, True])
+@pytest.mark.parametrize("path, overrides, batch", NETS_SMALL)
+def test_the_offload_bisections_see_what_the_steps_would_do(path, overrides, batch, params):
+    import itertools
+
+    from superneuron.scheduler.schedule import MEMORY
+    from superneuron.scheduler.simulate import replay, resident_arenas
+    v = _offload_variants(path, overrides, batch, params)
+    n, hosted = len(v.gaps), set(v.schedule.host_resident)
+    assert n > 50
+
+    def frees_sorted(steps):  # Frees that come together, in any order: the arena ends the same
+        out = []
+        for free, run in itertools.groupby(steps, key=lambda s: s.kind == "free"):
+            run = list(run)
+            out += sorted(run, key=lambda s: s.target) if free else run
+        return out
+
+    arenas, hosts = {}, {}
+    for k in sorted({*range(0, n + 1, 7), n}):
+        steps = v.with_copies(k).steps
+        memory = [s for s in steps if s.kind in MEMORY]
+        assert frees_sorted(v.device_steps(k)) == frees_sorted(memory), k
+        cut = (k * 37) % len(v.steps)  # any split gives the same steps
+        assert v.device_steps(k, 0, cut) + v.device_steps(k, cut) == v.device_steps(k)
+        # the host arena's calls: an Offload of its own takes host memory, the last Wait gives it back
+        pending, calls = {}, []
+        for s in steps:
+            if s.kind == "offload":
+                calls += [] if s.target in hosted else [("alloc", s.target)]
+                pending[s.target] = s.kind
+            elif s.kind == "prefetch":
+                pending[s.target] = s.algo or s.kind
+            elif s.kind == "wait" and pending.pop(s.target) == "prefetch":
+                calls.append(("free", s.target))
+        assert [(s.kind, s.target) for s in v.host_steps(k)] == calls, k
+        whole = replay(v.with_copies(k))
+        arenas[k], hosts[k] = whole.high_water, whole.host.high_water
+
+    def arena(k):
+        if k not in arenas:
+            arenas[k] = replay(v.with_copies(k)).high_water
+        return arenas[k]
+
+    residents = resident_arenas(v.schedule)
+    for budget in sorted(set(arenas.values()))[::4] + [min(arenas.values()) - 1]:
+        lo, hi = 0, n  # the plain bisection, each test a whole replay
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if arena(mid) <= budget else (mid + 1, hi)
+        assert v.fewest_within(0, n, budget, residents) == lo, budget
+    for host in sorted(set(hosts.values()))[::5]:
+        assert all(v.host_within(k, host, residents) == (h <= host) for k, h in hosts.items()), host
+
+
+def _fit_the_long_way(schedule, budget, tries=8):
+    """workspace.fit as it was: every try chooses every step's workspace and replays all."""
+    from superneuron.runtime.arena import aligned
+    from superneuron.scheduler.placement import place
+    from superneuron.scheduler.schedule import MEMORY
+    from superneuron.scheduler.simulate import replay
+    from superneuron.scheduler.workspace import choose_workspaces
+    caps = {}
+    while True:
+        placed = place(choose_workspaces(schedule, budget, caps=caps), "dynamic")
+        if tries == 0:
+            return placed, caps
+        stop = replay(placed, stop=lambda a: a.high_water > budget).stopped_at
+        if stop is None or placed.steps[stop].kind != "alloc":
+            return placed, caps
+        ws = placed.steps[stop].target
+        if placed.tensors[ws].kind != "workspace":
+            return placed, caps
+        caps[sum(s.kind not in MEMORY for s in placed.steps[:stop])] = aligned(placed.tensors[ws].nbytes) - 1
+        tries -= 1
+
+
+@pytest.mark.parametrize("policy", ["liveness", "superneurons"])
+def test_the_workspace_retries_go_on_from_where_they_failed(policy):
+    import dataclasses
+
+    from superneuron.scheduler.inplace import inplace
+    from superneuron.scheduler.liveness import liveness
+    from superneuron.scheduler.recompute import recompute
+    from superneuron.scheduler.workspace import fit
+    graph = Graph(load_spec("nets/vgg16.yaml", batch=8))  # large workspaces beside large tensors
+    schedule = lower(graph, train=True, optimizer=make_optimizer(SolverConfig()))
+    schedule = liveness(inplace(recompute(schedule) if policy == "superneurons" else schedule))
+    low, high = simulate(fit(schedule, "dynamic", 0)).arena_bytes, simulate(fit(schedule, "dynamic")).arena_bytes
+    retried = 0
+    for budget in range(low - 2**20, high + 2**20, (high - low) // 40):
+        placed = fit(schedule, "dynamic", budget)
+        expected, caps = _fit_the_long_way(schedule, budget)
+        retried += bool(caps)
+        assert placed.steps == expected.steps and placed.tensors == expected.tensors, budget
+        plan, fresh = simulate(placed), simulate(dataclasses.replace(placed))  # its replay, and a new one
+        assert (plan.peak_bytes, plan.arena_bytes, plan.host_bytes, plan.live, plan.peak_step) == \
+            (fresh.peak_bytes, fresh.arena_bytes, fresh.host_bytes, fresh.live, fresh.peak_step), budget
+    assert retried >= 3  # the budgets made it try again

@@ -1,13 +1,16 @@
 """sn-depth: the deepest ResNet whose training iteration fits a device memory budget, under
 each memory policy, found by planning alone (superneuron/depth.py says how).
 
-    sn-depth --memory 12GiB --batch 16                  # nets/resnet.yaml, every policy
+    sn-depth --memory 12GiB --batch 16 --host-memory 128GiB   # nets/resnet.yaml, every policy
     sn-depth --memory 40GiB --batch 16 --policies baseline,liveness --json
-    sn-depth --memory 64MiB --batch 2 --size 32 --set classes=10 --verify
+    sn-depth --memory 300MiB --batch 2 --size 64 --policies liveness,superneurons --verify
 
-Depth D = 3n + 2 means n bottleneck blocks in stages [3, 8, n - 14, 3]. Each plan is drawn on
-stderr as it is made. ``--verify`` then trains two iterations of each depth found on random
-data and checks that the run's peak is the plan's, to the byte.
+Depth D = 3n + 2 means n bottleneck blocks in stages [3, 8, n - 14, 3]. Without NET.yaml it is
+the repository's nets/resnet.yaml, from any working directory. Each plan is drawn on stderr
+as it is made. The search stops at --max-depth (default 5000): a policy whose plan still fits
+there is reported as "≥ 5000 (cap)" (with parameter offload and no --host-memory, memory
+never stops it). ``--verify`` then trains two iterations of each depth found on random data
+(on --device) and prints the run's peak beside the plan's; they must be equal to the byte.
 
 Exit status: 0 when some policy fits depth 50, 3 when none does, 1 when --verify finds a run
 whose peak differs from its plan, 2 for a bad network file or option.
@@ -15,6 +18,7 @@ whose peak differs from its plan, 2 for a bad network file or option.
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -28,19 +32,25 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="sn-depth", description="Find the deepest ResNet that trains in a memory budget, per policy.",
         epilog="Exit status: 0 found, 3 not even depth 50 fits, 1 --verify mismatch, 2 bad input.")
-    p.add_argument("net", metavar="NET.yaml", nargs="?", default="nets/resnet.yaml",
-                   help="network with a 'depth' parameter (default nets/resnet.yaml)")
+    p.add_argument("net", metavar="NET.yaml", nargs="?",
+                   help="network with a 'depth' parameter (default: the repository's nets/resnet.yaml)")
     p.add_argument("--memory", metavar="SIZE", required=True, help="device memory budget, e.g. 12GiB")
+    p.add_argument("--host-memory", metavar="SIZE",
+                   help="most host memory offloaded tensors (and, with +params, parameters, gradients "
+                        "and optimiser state) may take, e.g. 128GiB; a plan over it does not fit "
+                        "(default: unbounded)")
     p.add_argument("--batch", type=int, metavar="N", required=True, help="batch size")
     p.add_argument("--policies", metavar="A,B,...",
-                   help=f"memory policies to search (default all: {', '.join(POLICIES)})")
+                   help=f"memory policies to search, any of {', '.join(POLICIES)}, or one of them + "
+                        f"'+params' (default: those {len(POLICIES)})")
     p.add_argument("--size", type=int, metavar="H", help="input height and width (the net's 'size')")
     p.add_argument("--set", action="append", default=[], metavar="K=V",
                    help="override a network parameter, e.g. --set classes=10 (repeatable)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="the cost model's device, and where --verify runs (default cpu)")
     p.add_argument("--max-depth", type=int, default=MAX_DEPTH, metavar="D",
-                   help=f"stop growing at this depth (default {MAX_DEPTH})")
+                   help=f"search no deeper: a policy that fits there is reported as '≥ D (cap)' "
+                        f"(default {MAX_DEPTH})")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--verify", action="store_true",
                    help="train two iterations of each depth found and compare the real peak with the plan's")
@@ -52,25 +62,42 @@ def main(argv=None):
 
 
 def policies_from(text):
-    """``'baseline,liveness'`` → the list (None: every policy); SNError for an unknown one."""
-    from ..scheduler.policy import POLICIES
+    """``'baseline,liveness'`` → the list (None: every policy); any preset or preset + ``'+params'``
+    (``liveness+params``); SNError for an unknown one."""
+    from ..scheduler.policy import POLICIES, passes_of
     if text is None:
         return list(POLICIES)
     names = [p.strip() for p in text.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown or not names:
-        raise SNError(f"unknown policy '{unknown[0] if unknown else text}'; known: {', '.join(POLICIES)}")
+    if not names:
+        raise SNError(f"unknown policy '{text}'; known: {', '.join(POLICIES)}")
+    for name in names:
+        passes_of(name)  # SNError naming it when it is not a policy
     return list(dict.fromkeys(names))
 
 
+def default_net():
+    """The repository's nets/resnet.yaml, found from the package (so sn-depth works from any
+    working directory); SNError when it is not there (an installed copy without the nets)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "nets", "resnet.yaml")
+    if not os.path.isfile(path):
+        raise SNError(f"no NET.yaml given and the default network is not at {path}; "
+                      f"give the path of nets/resnet.yaml (or of another net with a 'depth' parameter)")
+    return path
+
+
 def planner_from_args(args):
-    """The depth.Planner for the net, budget, batch, size, overrides and device of ``args``."""
+    """The depth.Planner for the net, budget, host memory, batch, size, overrides and device
+    of ``args`` (``args.net`` is filled in when not given)."""
     from ..depth import Planner
     from ..report import parse_size
     from ..spec import parse_overrides
     budget = parse_size(args.memory)
     if budget <= 0:
         raise SNError(f"--memory must be positive, got '{args.memory}'")
+    host_memory = None if args.host_memory is None else parse_size(args.host_memory)
+    if host_memory is not None and host_memory <= 0:
+        raise SNError(f"--host-memory must be positive, got '{args.host_memory}'")
     if args.batch < 1:
         raise SNError(f"--batch must be at least 1, got {args.batch}")
     overrides = parse_overrides(args.set)
@@ -78,7 +105,10 @@ def planner_from_args(args):
         if args.size < 1:
             raise SNError(f"--size must be at least 1, got {args.size}")
         overrides["size"] = args.size
-    return Planner(args.net, budget, overrides=overrides, batch=args.batch, device=args.device)
+    if args.net is None:
+        args.net = default_net()
+    return Planner(args.net, budget, overrides=overrides, batch=args.batch, device=args.device,
+                   host_memory=host_memory)
 
 
 def run(args):
@@ -91,7 +121,8 @@ def run(args):
     stats = planner.stats
     print(f"{stats['probes']} plans of {stats['builds']} depths in {seconds:.1f} s "
           f"(building {stats['build_seconds']:.1f} s, policies and simulation "
-          f"{stats['plan_seconds']:.1f} s)", file=sys.stderr)
+          f"{stats['plan_seconds']:.1f} s, {stats['floors']} floors for the guesses "
+          f"{stats['floor_seconds']:.1f} s)", file=sys.stderr)
     checks = {}
     if args.verify:
         for r in results:
@@ -101,6 +132,7 @@ def run(args):
     if args.json:
         print(json.dumps({
             "net": args.net, "batch": args.batch, "size": args.size, "budget_bytes": planner.budget,
+            "host_memory_bytes": planner.host_memory,
             "device": args.device, "cost_model": f"estimate ({planner.costs.device.name})",
             "max_depth": args.max_depth, "seconds": round(seconds, 3), **stats,
             "results": [{**r.as_dict(), **({"verify": checks[r.policy]} if r.policy in checks else {})}
@@ -124,37 +156,50 @@ def _seconds(t):
     return f"{t:.1f} s" if t >= 1 else f"{t * 1e3:.1f} ms"
 
 
+def _over_by(planner, probe):
+    """What a plan that does not fit is over by: the budget, else the host memory."""
+    from ..report import human_bytes
+    if probe.arena_bytes > planner.budget:
+        return f"+{human_bytes(probe.arena_bytes - planner.budget)}"
+    return f"host +{human_bytes(probe.host_bytes - planner.host_memory)}"
+
+
 def _report(args, planner, results, checks):
     """The table (and the notes under it) that sn-depth prints."""
     from ..report import human_bytes, table
     rows = []
     for r in results:
         b = r.best
-        depth = "none" if b is None else f"{'≥' if r.at_cap else ''}{r.depth}"
+        depth = "none" if b is None else f"≥ {r.depth} (cap)" if r.at_cap else str(r.depth)
         cells = [r.policy, depth]
         if b is None:
-            cells += ["-"] * 6
+            cells += ["-"] * 7
         else:
             cells += [human_bytes(b.peak_bytes), human_bytes(b.arena_bytes), human_bytes(b.resident_bytes),
-                      human_bytes(b.host_bytes), _seconds(b.est_seconds),
-                      f"{r.over.depth} (+{human_bytes(r.over.arena_bytes - planner.budget)})" if r.over else "-"]
+                      human_bytes(b.host_bytes), human_bytes(b.lower_bound_bytes), _seconds(b.est_seconds),
+                      f"{r.over.depth} ({_over_by(planner, r.over)})" if r.over else "-"]
         if checks:
             c = checks.get(r.policy)
-            cells += ["-" if c is None else human_bytes(c["real_peak_bytes"]),
+            cells += ["-" if c is None else str(b.peak_bytes),
+                      "-" if c is None else str(c["real_peak_bytes"]),
                       "-" if c is None else ("yes" if c["equal"] else "NO")]
         rows.append(cells)
-    headers = ["policy", "depth", "peak", "arena", "resident", "host", "est. iter", "next over by"]
+    headers = ["policy", "depth", "peak", "arena", "resident", "host", "lower bound", "est. iter", "next over by"]
     if checks:
-        headers += ["run peak", "plan = run"]
+        headers += ["planned peak (B)", "run peak (B)", "equal"]
     size = f", size {args.size}" if args.size else ""
-    lines = [f"{args.net}, batch {args.batch}{size}, budget {human_bytes(planner.budget)}, "
+    host = f", host memory {human_bytes(planner.host_memory)}" if planner.host_memory is not None else ""
+    lines = [f"{args.net}, batch {args.batch}{size}, budget {human_bytes(planner.budget)}{host}, "
              f"times estimated for {planner.costs.device.name}", "", table(rows, headers)]
     for r in results:
         if r.best is None:
-            lines.append(f"{r.policy}: not even depth {r.over.depth} fits; it needs "
-                         f"{human_bytes(r.over.arena_bytes)} ({r.over.arena_bytes} bytes)")
+            what = ("host memory" if r.over.arena_bytes <= planner.budget else "device memory")
+            need = r.over.host_bytes if what == "host memory" else r.over.arena_bytes
+            lines.append(f"{r.policy}: not even depth {r.over.depth} fits; it needs {human_bytes(need)} "
+                         f"({need} bytes) of {what}")
         elif r.at_cap:
-            lines.append(f"{r.policy}: depth {r.depth} (the --max-depth cap) fits; deeper may too")
+            lines.append(f"{r.policy}: depth {r.depth}, the --max-depth cap, fits: deeper may too "
+                         f"(raise --max-depth to search on)")
     for policy, c in checks.items():
         if not c["equal"]:
             lines.append(f"{policy}: the run's peak {c['real_peak_bytes']} bytes differs from the "

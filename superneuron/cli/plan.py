@@ -47,13 +47,6 @@ def main(argv=None):
     return run_cli(build_parser(), run, argv)
 
 
-def device_backend(device):
-    """The backend of ``--device gpu`` when a GPU is usable here, else None (plans then use
-    the portable kernels' algorithms and the device's estimated speeds)."""
-    from ..backend import get_backend, gpu_available
-    return get_backend("gpu") if device == "gpu" and gpu_available()[0] else None
-
-
 def plan_from_args(args):
     """``(schedule, plan, figures)`` for the network, policy, placement, budget and workspace
     limit in ``args``; with ``args.profile``, algorithms are ranked and timed by measurement."""
@@ -65,14 +58,14 @@ def plan_from_args(args):
     budget, host_memory, limit = sizes_from_args(args)
     spec = load_spec_from_args(args)
     optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
-    backend = device_backend(args.device)
+    from ..backend import get_backend, gpu_available, planning_kernels
     # on a GPU with cuDNN the convolutions offer cuDNN's plans, as in sn-train's run
-    graph = Graph(spec, kernels=backend.kernels() if backend else None)
+    graph = Graph(spec, kernels=planning_kernels(args.device))
     model, profile = CostModel(args.device), None
     if getattr(args, "profile", False):
-        from ..backend import Backend
         from ..scheduler.cost import load_or_measure
-        backend = backend or Backend()
+        usable = args.device == "gpu" and gpu_available()[0]
+        backend = get_backend("gpu" if usable else "cpu")
         table, path, measured = load_or_measure(graph, backend)
         model = CostModel(backend.name, table)
         profile = {"cache": path, "measured": measured, "entries": len(table)}

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,23 @@ DEVICES = {
 }
 
 
+_ALGORITHMS = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
+
+
+def algorithms(layer, phase):
+    """``layer.algorithms(phase)``, memoised per layer and phase. A layer's shapes are fixed once
+    its graph is built, so its algorithms are too, and planning a deep net asks for them
+    hundreds of thousands of times (a convolution works its workspaces out anew on each call).
+    The list is shared: callers must not change it."""
+    memo = _ALGORITHMS.get(layer)
+    if memo is None:
+        memo = _ALGORITHMS[layer] = {}
+    algos = memo.get(phase)
+    if algos is None:
+        algos = memo[phase] = layer.algorithms(phase)
+    return algos
+
+
 def phase_of(step):
     """The layer phase a compute step runs: a recompute is a forward."""
     return "backward" if step.kind == "backward" else "forward"
@@ -76,11 +94,23 @@ class CostModel:
     def __init__(self, device="gpu", table=None):
         self.device = DEVICES[device] if isinstance(device, str) else device
         self.table = table or {}
+        self._estimates = weakref.WeakKeyDictionary()  # layer → {(phase, algo, speed): seconds}
 
     def algo_seconds(self, layer, phase, algo):
         """Seconds of ``layer``'s ``phase`` with Algo ``algo``."""
-        measured = self.table.get(entry_key(layer, algo.name, phase))
-        return measured if measured is not None else estimate(layer, phase, algo, self.device)
+        if len(self.table) > ("copy" in self.table):  # a table with layer entries: its key
+            measured = self.table.get(entry_key(layer, algo.name, phase))
+            if measured is not None:
+                return measured
+        # estimates are memoised: a plan asks for each step's time several times
+        memo = self._estimates.get(layer)
+        if memo is None:
+            memo = self._estimates[layer] = {}
+        key = (phase, algo.name, algo.speed)
+        seconds = memo.get(key)
+        if seconds is None:
+            seconds = memo[key] = estimate(layer, phase, algo, self.device)
+        return seconds
 
     def copy_seconds(self, nbytes):
         """Seconds of one host↔device copy of ``nbytes`` (measured bandwidth where the table
@@ -93,7 +123,7 @@ class CostModel:
         if step.kind in ("forward", "recompute", "backward"):
             layer = schedule.graph.nodes[step.target].layer
             phase = phase_of(step)
-            algos = layer.algorithms(phase)
+            algos = algorithms(layer, phase)
             algo = next((a for a in algos if a.name == step.algo), algos[0])
             return self.algo_seconds(layer, phase, algo)
         if step.kind == "update":  # reads params, grads and state, writes params and state
@@ -200,7 +230,8 @@ def measure_costs(graph, backend, repeats=2, train=True):
 def measure_copy_bandwidth(backend, nbytes=32 << 20, repeats=3):
     """Bytes per second of a host→device copy of ``nbytes`` on ``backend`` (the best of
     ``repeats``); on the CPU, a copy between two blocks of memory, as the copy thread makes."""
-    host = np.ones(nbytes, np.uint8)
+    host = backend.host_bytes(nbytes)  # pinned on a GPU, as the offload's host arena
+    host[...] = 1
     device = backend.xp.empty(nbytes, np.uint8)
     best = float("inf")
     for _ in range(repeats):

@@ -21,6 +21,9 @@ before that backward. Resident tensors (parameters, their gradients, optimiser s
 never scheduled.
 """
 
+import collections
+
+from ..runtime.arena import aligned
 from .schedule import MEMORY, Alloc, Free, root
 
 # Kinds whose storage the steps manage; parameters and their gradients only when not resident
@@ -59,14 +62,69 @@ def not_scheduled(schedule):
                                      if tensors[t].kind not in ("param", "param_grad")}
 
 
+_UNSEEN = object()
+_SHARED = collections.OrderedDict()  # Roots.of: the last few Roots made, by what they are of
+
+
+def _what(schedule):
+    """What a schedule's Roots depend on: its graph, tensors and resident lists (the objects)."""
+    return schedule.graph, schedule.tensors, schedule.resident, schedule.host_resident
+
+
+def _remember(schedule, roots):
+    """Keep ``roots`` for :meth:`Roots.of` (holding what it is of, whose ids stay unique so)."""
+    of = _what(schedule)
+    _SHARED[tuple(map(id, of))] = (of, roots)
+    _SHARED.move_to_end(tuple(map(id, of)))
+    while len(_SHARED) > 8:
+        _SHARED.popitem(last=False)
+
+
 class Roots:
     """``name → storage root`` in a schedule's tensors, memoised (a pass asks millions of
-    times). ``scheduled(name)`` is the root when the steps manage its storage, else None."""
+    times). ``scheduled(name)`` is the root when the steps manage its storage, else None;
+    ``uses(step)`` is :func:`uses` in scheduled roots. One Roots serves every schedule with
+    the same graph, tensors and resident sets (the offload pass plans many such)."""
 
-    def __init__(self, schedule):
+    def __init__(self, schedule, like=None):
+        self.graph = schedule.graph
         self.tensors = schedule.tensors
         self.resident = not_scheduled(schedule)
         self.memo = {}
+        self._scheduled = {}
+        self._uses = {}
+        self._sizes = {}
+        if like is not None and like.graph is self.graph and like.resident == self.resident:
+            self._uses = like._uses  # the same answers: see :meth:`derive`
+
+    @staticmethod
+    def forget():
+        """Drop the Roots that :meth:`of` keeps (and the graphs and tensors they hold)."""
+        _SHARED.clear()
+
+    @classmethod
+    def derive(cls, schedule, parent):
+        """Make the Roots that :meth:`of` gives ``schedule``, whose tensors are those of
+        ``parent`` (a schedule) with workspaces added, such as the workspace pass makes: what
+        steps read and write (never a workspace) has the same roots in both, so that memo is
+        shared rather than made again."""
+        roots = cls(schedule, like=cls.of(parent))
+        _remember(schedule, roots)
+        return roots
+
+    @classmethod
+    def of(cls, schedule):
+        """A Roots of ``schedule``, shared with the schedules planned just before it that have
+        the same graph, tensors and resident lists (the same objects: passes that change them
+        make new ones), so their memos are made once per plan rather than once per pass."""
+        of = _what(schedule)
+        hit = _SHARED.get(tuple(map(id, of)))
+        if hit is not None and all(a is b for a, b in zip(hit[0], of)):  # the objects, not lookalikes
+            _SHARED.move_to_end(tuple(map(id, of)))
+            return hit[1]
+        roots = cls(schedule)
+        _remember(schedule, roots)
+        return roots
 
     def __call__(self, name):
         r = self.memo.get(name)
@@ -75,21 +133,41 @@ class Roots:
         return r
 
     def scheduled(self, name):
-        r = self(name)
-        info = self.tensors.get(r)
-        if r in self.resident or info is None or info.kind not in SCHEDULED:
-            return None
+        r = self._scheduled.get(name, _UNSEEN)
+        if r is _UNSEEN:
+            r = self(name)
+            info = self.tensors.get(r)
+            if r in self.resident or info is None or info.kind not in SCHEDULED:
+                r = None
+            self._scheduled[name] = r
         return r
+
+    def uses(self, step):
+        """``(read roots, written roots)`` of a step: the scheduled roots of what :func:`uses`
+        names, in its order (repeats kept), the others left out. Memoised per step kind and
+        target: the steps of a layer use the same tensors whichever schedule they are in."""
+        key = (step.kind, step.target)
+        found = self._uses.get(key)
+        if found is None:
+            reads, writes = uses(self.graph, step)
+            scheduled = self.scheduled
+            found = self._uses[key] = (
+                tuple(r for r in map(scheduled, reads) if r is not None),
+                tuple(r for r in map(scheduled, writes) if r is not None))
+        return found
+
+    def size(self, name):
+        """The arena bytes of tensor ``name`` (its size, aligned), memoised."""
+        size = self._sizes.get(name)
+        if size is None:
+            size = self._sizes[name] = aligned(self.tensors[name].nbytes)
+        return size
 
 
 def step_roots(schedule, step, roots):
     """The scheduled roots a compute step touches, writes first, each once, workspace last."""
-    reads, writes = uses(schedule.graph, step)
-    out = {}
-    for name in list(writes) + list(reads):
-        r = roots.scheduled(name)
-        if r is not None:
-            out[r] = True
+    reads, writes = roots.uses(step)
+    out = dict.fromkeys(writes + reads)
     if step.workspace and roots.scheduled(step.workspace):
         out[step.workspace] = True
     return list(out)
@@ -99,17 +177,12 @@ def intervals(schedule, steps, roots):
     """``[(root, start, end)]``: every live interval of every scheduled root in ``steps``
     (indices into ``steps``; memory steps are skipped), in the order they start. A write that
     does not read the root starts a new interval; a workspace lives for its one step."""
-    graph = schedule.graph
     spans, open_ = [], {}
     for i, step in enumerate(steps):
         if step.kind in MEMORY:
             continue
-        reads, writes = uses(graph, step)
-        read_roots = [r for r in map(roots.scheduled, reads) if r is not None]
-        for name in writes:
-            r = roots.scheduled(name)
-            if r is None:
-                continue
+        read_roots, write_roots = roots.uses(step)
+        for r in write_roots:
             span = open_.get(r)
             if span is None or (span[1] < i and r not in read_roots):
                 open_[r] = span = [r, i, i]
@@ -126,19 +199,23 @@ def intervals(schedule, steps, roots):
     return [tuple(s) for s in spans]
 
 
-def liveness(schedule):
+def liveness(schedule, roots=None):
     """The schedule with every scheduled root allocated right before each of its live
     intervals and freed right after it (the input's own Alloc and Free steps are dropped).
-    Works on training and test schedules alike."""
-    roots = Roots(schedule)
+    Works on training and test schedules alike. ``roots``: a Roots of the same tensors to
+    share (the offload pass plans many variants of one schedule)."""
+    roots = roots or Roots.of(schedule)
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
     starts, ends = {}, {}
     for r, a, b in intervals(schedule, steps, roots):
         starts.setdefault(a, []).append(r)
         ends.setdefault(b, []).append(r)
     out = []
+    append = out.append
     for i, step in enumerate(steps):
-        out += [Alloc(r) for r in starts.get(i, ())]
-        out.append(step)
-        out += [Free(r) for r in ends.get(i, ())]
+        if i in starts:
+            out += map(Alloc, starts[i])
+        append(step)
+        if i in ends:
+            out += map(Free, ends[i])
     return schedule.replace(out)

@@ -6,6 +6,7 @@ in-place gradients) take no storage of their own.
 """
 
 from ..graph import TensorInfo
+from .cost import algorithms
 from .schedule import Alloc, Backward, Forward, Free, Schedule, Update
 
 
@@ -30,7 +31,7 @@ def resident_tensors(graph, optimizer=None):
 
 
 def _step(graph, tensors, node, phase):
-    algo = node.layer.algorithms(phase)[0]
+    algo = algorithms(node.layer, phase)[0]
     ws = None
     if algo.workspace > 0:
         ws = f"ws:{node.name}:{phase}"

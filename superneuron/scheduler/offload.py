@@ -29,11 +29,12 @@ the host bytes that the offloaded tensors occupy at once.
 """
 
 import bisect
-from dataclasses import dataclass
+import copy
+import math
 
 from .cost import as_model
-from .liveness import Roots, liveness, uses
-from .schedule import MEMORY, Offload, Prefetch, Wait
+from .liveness import Roots, intervals, liveness
+from .schedule import COPY, MEMORY, Alloc, Free, Offload, Prefetch, Wait
 
 # How many steps a copy may run ahead of the compute: an offloaded tensor's device memory is
 # freed at most this many steps after its offload started, a prefetch is issued at most this
@@ -48,15 +49,14 @@ def _gaps(schedule, steps, model):
     """``([(root, a, w, p, b)], writes)``: the gaps worth offloading, in the order they start
     (indices into ``steps``: the earlier use, the step before which its offload is waited
     for, the one before which it is prefetched, the later use), and each root's write indices."""
-    graph, roots = schedule.graph, Roots(schedule)
+    roots = Roots.of(schedule)
     turn = next((i for i, s in enumerate(steps) if s.kind == "backward"), None)
     if turn is None:
         return [], {}
     last, writes, gaps = {}, {}, []
     for i, step in enumerate(steps):
-        reads, written = uses(graph, step)
-        read = {roots.scheduled(n) for n in reads} - {None}
-        wrote = {roots.scheduled(n) for n in written} - {None}
+        reads, written = roots.uses(step)
+        read, wrote = set(reads), set(written)
         for r in read | wrote:
             if schedule.tensors[r].kind != "data":
                 continue
@@ -81,46 +81,206 @@ def _gaps(schedule, steps, model):
     return out, writes
 
 
-@dataclass
-class _Gap:
-    """A chosen gap: ``offload``: it takes a host copy of its own (else it reuses the one taken
-    after use ``taken``); ``keep``: its Prefetch leaves the host copy for a later gap."""
-
-    root: str
-    a: int
-    w: int
-    p: int
-    b: int
-    offload: bool = True
-    keep: bool = False
-    taken: int = 0
-
-
-def _with_copies(schedule, steps, chosen, writes):
-    """``schedule`` with the copy steps of the ``chosen`` gaps put among ``steps``, its memory
-    steps made again by liveness."""
-    gaps, previous = [], {}
-    for r, a, w, p, b in chosen:
-        gap, prev = _Gap(r, a, w, p, b, taken=a), previous.get(r)
+def _flags(gaps, writes):
+    """``(reuse, reused_by)`` of ``gaps`` (in order): ``reuse[j]``: gap j reuses the host copy
+    taken for an earlier gap of its root, as nothing wrote the root since (it has no Offload
+    of its own); ``reused_by[j]``: the gap that reuses gap j's copy (so j's Prefetch keeps it),
+    or None. A gap's flags depend only on the gaps before it: they hold for every prefix."""
+    reuse, reused_by, taken, previous = [], [None] * len(gaps), [], {}
+    for j, (r, a, *_) in enumerate(gaps):
+        prev = previous.get(r)
         written = writes.get(r, ())
-        if prev is not None and bisect.bisect_right(written, a) == bisect.bisect_right(written, prev.taken):
-            gap.offload, gap.taken, prev.keep = False, prev.taken, True  # nothing wrote it since
-        previous[r] = gap
-        gaps.append(gap)
-    after, before = {}, {}
-    for g in gaps:
-        if g.offload:
-            after.setdefault(g.a, []).append(Offload(g.root))
-            before.setdefault(g.w, [[], [], []])[0].append(Wait(g.root))  # first: they free memory
-        before.setdefault(g.p, [[], [], []])[1].append(Prefetch(g.root, g.keep))
-        before.setdefault(g.b, [[], [], []])[2].append(Wait(g.root))
-    out = []
-    for i, step in enumerate(steps):
-        for group in before.get(i, ()):
-            out += group
-        out.append(step)
-        out += after.get(i, ())
-    return liveness(schedule.replace(out))
+        again = prev is not None and bisect.bisect_right(written, a) == bisect.bisect_right(written, taken[prev])
+        if again:
+            reused_by[prev] = j
+        reuse.append(again)
+        taken.append(taken[prev] if again else a)  # the use after which its host copy was taken
+        previous[r] = j
+    return reuse, reused_by
+
+
+class _Variants:
+    """The offload pass's candidate ``gaps`` (from :func:`_gaps`) on ``schedule`` (after
+    liveness; ``steps``: its steps but the memory ones), and the schedule with the first k of
+    them offloaded: :meth:`with_copies` makes it; :meth:`fewest_within` and
+    :meth:`host_within` answer the pass's questions about it without making it.
+
+    Those are asked a dozen times or more per plan, and making every step and running
+    liveness again each time cost most of the planning of a deep ResNet. What the answers
+    need follows from liveness instead: a gap of root r, between its uses at ``a`` and ``b``,
+    splits the live interval of r that spans them into one that ends at the Wait of its
+    Offload (or right after ``a`` when it reuses a host copy) and one that starts at its
+    Prefetch; every other interval, and so every other Alloc and Free, stays where it was.
+    tests/test_depth.py checks the answers against :meth:`with_copies`."""
+
+    def __init__(self, schedule, steps, gaps, writes, roots=None):
+        self.schedule, self.steps, self.gaps = schedule, steps, gaps
+        self.roots = roots or Roots.of(schedule)
+        self.reuse, self.reused_by = _flags(gaps, writes)
+        self._base = self._host_copies = None
+
+    def _keep(self, j, k):
+        """Whether gap j's Prefetch keeps its host copy when the first ``k`` gaps are chosen."""
+        by = self.reused_by[j]
+        return by is not None and by < k
+
+    def with_copies(self, k):
+        """The schedule with the copy steps of the first ``k`` gaps put among its steps, its
+        memory steps made again by liveness."""
+        after, before = {}, {}
+        for j in range(k):
+            r, a, w, p, b = self.gaps[j]
+            if not self.reuse[j]:
+                after.setdefault(a, []).append(Offload(r))
+                before.setdefault(w, [[], [], []])[0].append(Wait(r))  # first: they free memory
+            before.setdefault(p, [[], [], []])[1].append(Prefetch(r, self._keep(j, k)))
+            before.setdefault(b, [[], [], []])[2].append(Wait(r))
+        out = []
+        for i, step in enumerate(self.steps):
+            for group in before.get(i, ()):
+                out += group
+            out.append(step)
+            out += after.get(i, ())
+        return liveness(self.schedule.replace(out), self.roots)
+
+    def _prepare(self):
+        """The Allocs and Frees that liveness gives the steps without copies, laid end to end
+        (``flat``), with where those of each step in ``positions`` begin (``at``)."""
+        allocs, frees = {}, {}
+        for r, a, b in intervals(self.schedule, self.steps, self.roots):
+            allocs.setdefault(a, []).append(Alloc(r))
+            frees.setdefault(b, []).append(Free(r))
+        positions = sorted(set(allocs) | set(frees))
+        flat, at = [], []
+        for i in positions:
+            at.append(len(flat))
+            flat += allocs.get(i, ())
+            flat += frees.get(i, ())
+        at.append(len(flat))
+        self._base = allocs, frees, positions, flat, at
+
+    def device_steps(self, k, start=0, stop=None):
+        """The Allocs and Frees of :meth:`with_copies` ``(k)`` that come with the steps at
+        indices ``start`` to ``stop`` (excluded; None: the end) of the steps without copies,
+        in its order, except that Frees that come together may come in another order: that
+        leaves the arena as it is (its free blocks are the holes between the blocks in use,
+        merged, whichever goes first)."""
+        if self._base is None:
+            self._prepare()
+        allocs, frees, positions, flat, at = self._base
+        stop = math.inf if stop is None else stop
+        unwaited, prefetched, reused = {}, {}, {}
+        for j in range(k):
+            r, a, w, p, _ = self.gaps[j]
+            if start <= p < stop:
+                prefetched.setdefault(p, []).append(Alloc(r))  # right before its Prefetch
+            if self.reuse[j]:
+                if start <= a < stop:
+                    reused.setdefault(a, []).append(Free(r))  # after its last use
+            elif start <= w < stop:
+                unwaited.setdefault(w, []).append(Free(r))  # right after its offload's Wait
+        out = []
+        x = bisect.bisect_left(positions, start)  # the next of ``positions`` to put in
+        for i in sorted(set(unwaited).union(prefetched, reused)):
+            y = bisect.bisect_left(positions, i, x)
+            out += flat[at[x]:at[y]]  # the steps in between: as without copies
+            x = y + 1 if y < len(positions) and positions[y] == i else y
+            out += unwaited.get(i, ())
+            out += prefetched.get(i, ())
+            out += allocs.get(i, ())
+            out += frees.get(i, ())
+            out += reused.get(i, ())
+        out += flat[at[x]:at[bisect.bisect_left(positions, stop, x)]]
+        return out
+
+    def host_steps(self, k):
+        """The steps of :meth:`with_copies` ``(k)`` that take or give back host memory, in its
+        order: an Offload of its own takes a host copy of the gap's tensor (after the use at
+        ``a``), the Wait before ``b`` gives it back unless a later gap reuses it. None when
+        the steps without copies have copies of their own that may touch the host arena
+        (parameter offload's, of host-resident tensors, never do)."""
+        if self._host_copies is None:
+            host = set(self.schedule.host_resident)
+            self._host_copies = any(s.kind in COPY and s.target not in host for s in self.steps)
+        if self._host_copies:
+            return None
+        events = []
+        for j in range(k):
+            r, a, _, _, b = self.gaps[j]
+            if not self.reuse[j]:
+                events.append(((a, 1, j), Alloc(r)))  # after step a (Offloads come last there)
+            if not self._keep(j, k):
+                events.append(((b, 0, j), Free(r)))  # before step b
+        events.sort(key=lambda e: e[0])
+        return [step for _, step in events]
+
+    def host_within(self, k, host_memory, residents):
+        """Whether the host copies of the first ``k`` gaps fit ``host_memory`` (bytes, with
+        the host-resident tensors of ``residents``, a simulate.resident_arenas pair)."""
+        from .simulate import replay
+        steps = self.host_steps(k)
+        if steps is None:  # copies of other tensors too: replay the whole schedule
+            over = replay(self.with_copies(k), stop=lambda a: a.host.high_water > host_memory,
+                          residents=residents)
+            return over.stopped_at is None
+        host = _fork(residents[1])
+        host.reset()
+        tensors = self.schedule.tensors
+        for step in steps:
+            if step.kind == "alloc":
+                host.alloc(step.target, tensors[step.target].nbytes)
+            else:
+                host.free(step.target)
+        return host.high_water <= host_memory
+
+    def fewest_within(self, lo, hi, budget, residents):
+        """The offload pass's bisection for the fewest gaps, from ``lo`` to ``hi``, that keep
+        the device arena within ``budget`` (``residents``: a simulate.resident_arenas pair).
+        It tests each middle k with a whole replay of the device arena, as that bisection
+        does, but does not replay again what every k left to test has in common: all k >= m
+        give the same Allocs and Frees before step ``a`` of gap m (gaps come in the order of
+        ``a``), so the arena there is kept after each k found over, and the next tests start
+        from it; and where an arena is over before that step, every k >= m is too."""
+        tensors = self.schedule.tensors
+        firsts = [g[1] for g in self.gaps]
+
+        def advance(arena, steps):
+            """Replay ``steps`` (Allocs and Frees) on ``arena``; False once it is over budget
+            (its high-water mark only grows, so it would end over too)."""
+            for step in steps:
+                if step.kind == "alloc":
+                    arena.alloc(step.target, tensors[step.target].nbytes)
+                    if arena.high_water > budget:
+                        return False
+                else:
+                    arena.free(step.target)
+            return True
+
+        arena = _fork(residents[0])
+        arena.reset(self.schedule.offsets)
+        if arena.high_water > budget:
+            return hi  # the resident tensors alone are over: every k is
+        common, at = arena, 0  # the arena of every k left to test, before step ``at``
+        while lo < hi:
+            mid = (lo + hi) // 2
+            arena = _fork(common)
+            if not advance(arena, self.device_steps(mid, at, firsts[mid])):
+                return hi  # over in what every k >= mid has in common, as bisecting would find
+            before = _fork(arena)
+            if advance(arena, self.device_steps(mid, firsts[mid])):
+                hi = mid
+            else:
+                lo, common, at = mid + 1, before, firsts[mid]
+        return lo
+
+
+def _fork(arena):
+    """A copy of a planning Arena that goes on independently (its dicts and lists copied)."""
+    twin = copy.copy(arena)
+    for name, value in vars(arena).items():
+        if isinstance(value, (dict, list)):
+            setattr(twin, name, value.copy())
+    return twin
 
 
 def offload(schedule, costs=None, budget=None, host_memory=None):
@@ -128,7 +288,7 @@ def offload(schedule, costs=None, budget=None, host_memory=None):
     prefetched back; ``costs``: a cost.CostModel, a measured table or None (estimates);
     ``budget`` (bytes, resident included): offload only as much as makes the peak fit;
     ``host_memory`` (bytes): at most this much on the host at once."""
-    from .simulate import simulate
+    from .simulate import replay, resident_arenas
     from .workspace import smallest_workspaces
     if not schedule.train:
         return schedule
@@ -141,23 +301,17 @@ def offload(schedule, costs=None, budget=None, host_memory=None):
     # the steps what the tensors leave, rather than tensors going to the host for workspaces.
     probe = smallest_workspaces(schedule)
     probe_steps = [s for s in probe.steps if s.kind not in MEMORY]  # the same steps, other algorithms
-    if budget is not None and simulate(probe).arena_bytes <= budget:
+    residents = resident_arenas(probe)  # every variant below has the probe's tensors
+    if budget is not None and replay(probe, residents=residents).high_water <= budget:
         return schedule  # it fits: the cache keeps everything on the device
-
-    def plan(k):
-        return simulate(_with_copies(probe, probe_steps, candidates[:k], writes))
-
+    variants = _Variants(probe, probe_steps, candidates, writes)
     n = len(candidates)
     if host_memory is not None:  # the most candidates whose host copies fit host memory
         lo, hi = 0, n
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if plan(mid).host_bytes <= host_memory else (lo, mid - 1)
+            lo, hi = (mid, hi) if variants.host_within(mid, host_memory, residents) else (lo, mid - 1)
         n = lo
-    if budget is not None:  # the fewest that make the peak fit, else as many as allowed
-        lo, hi = 0, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if plan(mid).arena_bytes <= budget else (mid + 1, hi)
-        n = lo
-    return _with_copies(schedule, steps, candidates[:n], writes)
+    if budget is not None:  # the fewest that make the arena fit, else as many as allowed
+        n = variants.fewest_within(0, n, budget, residents)
+    return _Variants(schedule, steps, candidates, writes).with_copies(n)

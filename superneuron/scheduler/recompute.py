@@ -30,6 +30,7 @@ statistics alone, so results are bit-identical.
 """
 
 from ..graph import TensorInfo
+from .cost import algorithms
 from .liveness import Roots, uses
 from .schedule import Alloc, Free, Recompute
 
@@ -81,16 +82,16 @@ def recompute(schedule, largest=None):
     """The schedule with Recompute steps for every recomputable root a backward step reads.
     ``largest``: the bytes of the largest working set (default: measured on ``schedule``),
     which a segment must fit under to be recomputed speed-centric."""
-    from .simulate import working_set
+    from .simulate import largest_working_set
     graph = schedule.graph
     if not schedule.train:
         return schedule
-    roots = Roots(schedule)
+    roots = Roots.of(schedule)
     recomputable, source = _recomputable(graph, roots)
     if not recomputable:
         return schedule
     if largest is None:
-        largest = max((working_set(schedule, s, roots) for s in schedule.steps), default=0)
+        largest = largest_working_set(schedule, roots)
 
     def checkpoint(r):
         while r in recomputable:
@@ -132,7 +133,7 @@ def _recompute_step(graph, tensors, index):
     """A Recompute of node ``index`` with its forward algorithm, between the Alloc and Free of
     its workspace when it needs one."""
     node = graph.nodes[index]
-    algo = node.layer.algorithms("forward")[0]
+    algo = algorithms(node.layer, "forward")[0]
     if algo.workspace <= 0:
         return [Recompute(index, algo.name)]
     ws = f"ws:{node.name}:recompute"

@@ -8,6 +8,7 @@ host→device copy, ``Wait`` blocks until that tensor's copy is done). ``Recompu
 layer's forward in the backward pass. A pass is a function Schedule → Schedule.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 COMPUTE = ("forward", "backward", "recompute", "update")
@@ -47,15 +48,20 @@ def Recompute(node, algo=None, workspace=None):
     return Step("recompute", node, algo, workspace)
 
 
+# Memory and copy steps are made by the hundred thousand per plan (liveness remakes them all),
+# and a frozen dataclass is slow to build; a Step is immutable, so one per tensor is shared.
+@functools.lru_cache(maxsize=1 << 20)
 def Offload(tensor):
     return Step("offload", tensor)
 
 
+@functools.lru_cache(maxsize=1 << 20)
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
     return Step("prefetch", tensor, "keep" if keep else None)
 
 
+@functools.lru_cache(maxsize=1 << 20)
 def Wait(tensor):
     return Step("wait", tensor)
 
@@ -64,12 +70,21 @@ def Update(workspace=None):
     return Step("update", None, None, workspace)
 
 
+@functools.lru_cache(maxsize=1 << 20)
 def Alloc(tensor):
     return Step("alloc", tensor)
 
 
+@functools.lru_cache(maxsize=1 << 20)
 def Free(tensor):
     return Step("free", tensor)
+
+
+def forget_steps():
+    """Drop the shared memory and copy steps (a search of many plans does, when it is done,
+    rather than keep a deep net's worth of them)."""
+    for make in (Offload, Prefetch, Wait, Alloc, Free):
+        make.cache_clear()
 
 
 @dataclass
@@ -87,6 +102,10 @@ class Schedule:
     policy: str = "baseline"
     offsets: dict = None      # planned placement: tensor → [offset per Alloc], None: dynamic
     host_resident: list = field(default_factory=list)  # kept in host memory (parameter offload)
+    # The planning Arena of a whole replay of exactly these steps and offsets, when a pass
+    # made one (the workspace pass checks its placement so), for simulate() to reuse. Not an
+    # __init__ argument, so replace() and dataclasses.replace() never carry it over.
+    replayed: object = field(default=None, init=False, repr=False, compare=False)
 
     def replace(self, steps=None, policy=None, tensors=None, offsets=None, resident=None, host_resident=None):
         """A copy with other steps, tensors, policy name or planned offsets (what a pass

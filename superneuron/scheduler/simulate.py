@@ -4,6 +4,7 @@ bytes live after every step, the peak, the arena size after placement, and the l
 It makes exactly the allocator calls the Runtime makes, in the same order, so its figures are
 the run's figures to the byte (plan equals run)."""
 
+import copy
 from dataclasses import dataclass, field
 
 from ..runtime.arena import Arena, aligned
@@ -43,48 +44,117 @@ def working_set(schedule, step, roots=None):
     return sum(aligned(schedule.tensors[r].nbytes) for r in step_roots(schedule, step, roots))
 
 
-def replay(schedule, stop=None):
+def resident_arenas(schedule):
+    """``(device, host)``: planning Arenas with ``schedule``'s resident tensors placed and
+    nothing else, for :func:`replay` to start from (placing tens of thousands of resident
+    tensors costs as much as a short replay; variants of a schedule with the same resident
+    tensors can share them)."""
+    arena, host = Arena(None), Arena(None)
+    for name in schedule.host_resident:
+        host.place_resident(name, schedule.tensors[name].nbytes)
+    for name in schedule.resident:
+        arena.place_resident(name, schedule.tensors[name].nbytes)
+    return arena, host
+
+
+class Replayer:
+    """The allocator calls of a schedule's steps made on planning Arenas (:func:`replay`), from
+    any step on, and the last Alloc taken back: the workspace pass, which gives a step that
+    went over the budget a smaller workspace and tries again, goes on from that step instead
+    of starting over (the steps before it are the same)."""
+
+    def __init__(self, schedule, residents=None):
+        if residents is None:
+            arena, host = resident_arenas(schedule)
+        else:  # copies: reset() gives each its own scheduled state; the resident maps are only read
+            arena, host = copy.copy(residents[0]), copy.copy(residents[1])
+            host.reset()
+        arena.host = host
+        arena.reset(schedule.offsets)
+        arena.live_trace = []
+        arena.stopped_at = None
+        self.arena, self.pending = arena, {}
+        self._before = None  # the arena's marks, and where the tensor was last, before the last Alloc
+
+    def run(self, schedule, start=0, stop=None):
+        """Make the calls of ``schedule``'s steps from ``start`` on (after those before it, of
+        this schedule or one whose steps up to there are the same), ending after the first
+        step where ``stop(arena)``; that step's index, or None when none stopped it."""
+        arena, host, pending = self.arena, self.arena.host, self.pending
+        steps, tensors = schedule.steps, schedule.tensors
+        trace = arena.live_trace
+        for i in range(start, len(steps)):
+            step = steps[i]
+            kind = step.kind
+            if kind == "alloc":
+                self._before = (arena.high_water, arena.peak_live, arena.last.get(step.target))
+                arena.alloc(step.target, tensors[step.target].nbytes)
+            elif kind == "free":
+                arena.free(step.target)
+            elif kind == "offload":
+                if step.target not in host.resident:
+                    host.alloc(step.target, tensors[step.target].nbytes)
+                pending[step.target] = "offload"
+            elif kind == "prefetch":
+                pending[step.target] = "keep" if step.algo == "keep" else "prefetch"
+            elif kind == "wait" and pending.pop(step.target) == "prefetch":
+                host.free(step.target)
+            trace.append(arena.live)
+            if stop is not None and stop(arena):
+                arena.stopped_at = i
+                return i
+        arena.stopped_at = None
+        return None
+
+    def take_back(self, index, step):
+        """Undo the Alloc ``step`` at ``index``, the last step run: the arena is as it was
+        before it (freeing the block just placed merges the free blocks back as they were)."""
+        arena = self.arena
+        assert step.kind == "alloc" and len(arena.live_trace) == index + 1
+        arena.free(step.target)
+        arena.high_water, arena.peak_live, last = self._before
+        if last is None:
+            del arena.last[step.target]
+        else:
+            arena.last[step.target] = last
+        del arena.live_trace[index:]
+        arena.stopped_at = None
+
+
+def largest_working_set(schedule, roots=None):
+    """The largest :func:`working_set` of ``schedule``'s steps (0 when it has none)."""
+    roots = roots or Roots.of(schedule)
+    size, uses, scheduled = roots.size, roots.uses, roots.scheduled
+    largest = 0
+    for step in schedule.steps:
+        if step.kind in MEMORY:
+            continue
+        reads, writes = uses(step)
+        touched = set(writes + reads)
+        if step.workspace and scheduled(step.workspace):
+            touched.add(step.workspace)
+        largest = max(largest, sum(map(size, touched)))
+    return largest
+
+
+def replay(schedule, stop=None, residents=None):
     """A planning Arena after making ``schedule``'s allocator calls (resident tensors first,
     then every Alloc and Free with its placement); ``stop(arena)`` ends the replay early.
     ``arena.host`` is the host Arena of the offloaded tensors (an Offload takes host memory
-    for its tensor, the Wait after its Prefetch gives it back)."""
-    arena = Arena(None)
-    arena.host = host = Arena(None)
-    for name in schedule.host_resident:
-        host.place_resident(name, schedule.tensors[name].nbytes)
-    pending = {}
-    for name in schedule.resident:
-        arena.place_resident(name, schedule.tensors[name].nbytes)
-    arena.reset(schedule.offsets)
-    arena.live_trace = []
-    arena.stopped_at = None
-    for i, step in enumerate(schedule.steps):
-        if step.kind == "alloc":
-            arena.alloc(step.target, schedule.tensors[step.target].nbytes)
-        elif step.kind == "free":
-            arena.free(step.target)
-        elif step.kind == "offload":
-            if step.target not in host.resident:
-                host.alloc(step.target, schedule.tensors[step.target].nbytes)
-            pending[step.target] = "offload"
-        elif step.kind == "prefetch":
-            pending[step.target] = "keep" if step.algo == "keep" else "prefetch"
-        elif step.kind == "wait" and pending.pop(step.target) == "prefetch":
-            host.free(step.target)
-        arena.live_trace.append(arena.live)
-        if stop is not None and stop(arena):
-            arena.stopped_at = i
-            break
-    return arena
+    for its tensor, the Wait after its Prefetch gives it back). ``residents``: the
+    :func:`resident_arenas` of ``schedule`` (or of one with the same resident tensors), left
+    unchanged."""
+    replayer = Replayer(schedule, residents)
+    replayer.run(schedule, stop=stop)
+    return replayer.arena
 
 
 def simulate(schedule):
     """The Plan of ``schedule``."""
-    arena = replay(schedule)
+    arena = schedule.replayed or replay(schedule)
     live = arena.live_trace
     peak_step = live.index(max(live)) if live else 0
-    roots = Roots(schedule)
-    largest = max((working_set(schedule, s, roots) for s in schedule.steps), default=0)
+    largest = largest_working_set(schedule)
     return Plan(peak_bytes=arena.peak_bytes, resident_bytes=arena.resident_end,
                 arena_bytes=arena.high_water, lower_bound_bytes=arena.resident_end + largest,
                 steps=len(schedule.steps), live=live, peak_step=peak_step,

@@ -21,7 +21,8 @@ from ..errors import SNError
 from ..graph import TensorInfo
 from ..report import human_bytes
 from ..runtime.arena import aligned
-from .cost import as_model, phase_of
+from .cost import algorithms, as_model, phase_of
+from .liveness import Roots
 from .schedule import MEMORY, Alloc, Free, Step
 
 CHOOSING = ("forward", "backward", "recompute")  # compute steps whose layer has algorithms
@@ -59,45 +60,64 @@ def choose_workspaces(schedule, budget=None, limit=None, costs=None, caps=None):
     the layer has a choice. ``costs``: a cost.CostModel, a measured table, or None (estimates).
     ``caps``: ``{k: bytes}``, a tighter room for the k-th compute step (see :func:`fit`).
     SNError when no algorithm of a step is within the limit."""
-    model = as_model(costs)
-    graph = schedule.graph
-    live = _live_at_steps(schedule)
-    free_at = None if budget is None else budget - schedule.resident_bytes
-    tensors = dict(schedule.tensors)
-    steps = list(schedule.steps)
-    changed = {}  # step index → (new step, old workspace)
-    caps = caps or {}
-    k = -1
-    for i, step in enumerate(steps):
-        if step.kind in MEMORY:
-            continue
-        k += 1
-        if step.kind not in CHOOSING:
-            continue
-        layer = graph.nodes[step.target].layer
-        phase = phase_of(step)
-        algos = layer.algorithms(phase)
-        if len(algos) < 2:
-            continue
-        room = None if free_at is None else free_at - live[i]
-        if k in caps:
-            room = caps[k] if room is None else min(room, caps[k])
-        algo = choose(algos, functools.partial(model.algo_seconds, layer, phase), room, limit)
-        if algo is None:
-            small = min(algos, key=lambda a: a.workspace)
-            raise SNError(f"{step.describe(graph).split(' [')[0]}: no algorithm fits the workspace limit "
-                          f"{human_bytes(limit)} (smallest: {small.name}, {human_bytes(small.workspace)})")
-        ws = step.workspace
-        if algo.name == step.algo and (tensors[ws].nbytes if ws else 0) == algo.workspace:
-            continue
-        name = None
-        if algo.workspace > 0:
-            name = f"ws:{layer.name}:{step.kind}:{algo.name}"
-            tensors[name] = TensorInfo(name, (algo.workspace,), "uint8", "workspace")
-        changed[i] = (Step(step.kind, step.target, algo.name, name), ws)
-    if not changed:
-        return schedule
-    return schedule.replace(_rewrite(steps, changed), tensors=tensors)
+    return _Chooser(schedule, budget, limit, costs).choose(caps)
+
+
+class _Chooser:
+    """:func:`choose_workspaces` on one schedule, budget, limit and cost model, each step's
+    choice made once: a step's choice depends only on the bytes live at it (workspaces aside)
+    and its own cap, so the retries of :func:`fit`, each of which caps one more step, choose
+    again for the capped steps alone."""
+
+    def __init__(self, schedule, budget=None, limit=None, costs=None):
+        self.schedule, self.limit = schedule, limit
+        self.model = model = as_model(costs)
+        graph = schedule.graph
+        live = _live_at_steps(schedule)
+        free_at = None if budget is None else budget - schedule.resident_bytes
+        self.choices = []  # (step index, compute step number, step, layer, phase, algos, room, algo)
+        k = -1
+        for i, step in enumerate(schedule.steps):
+            if step.kind in MEMORY:
+                continue
+            k += 1
+            if step.kind not in CHOOSING:
+                continue
+            layer = graph.nodes[step.target].layer
+            phase = phase_of(step)
+            algos = algorithms(layer, phase)
+            if len(algos) < 2:
+                continue
+            room = None if free_at is None else free_at - live[i]
+            algo = choose(algos, functools.partial(model.algo_seconds, layer, phase), room, limit)
+            if algo is None:
+                small = min(algos, key=lambda a: a.workspace)
+                raise SNError(f"{step.describe(graph).split(' [')[0]}: no algorithm fits the workspace limit "
+                              f"{human_bytes(limit)} (smallest: {small.name}, {human_bytes(small.workspace)})")
+            self.choices.append((i, k, step, layer, phase, algos, room, algo))
+
+    def choose(self, caps=None):
+        """The schedule with the algorithms chosen, under ``caps`` (as choose_workspaces)."""
+        schedule, caps = self.schedule, caps or {}
+        tensors = dict(schedule.tensors)
+        changed = {}  # step index → (new step, old workspace)
+        for i, k, step, layer, phase, algos, room, algo in self.choices:
+            if k in caps:
+                room = caps[k] if room is None else min(room, caps[k])
+                algo = choose(algos, functools.partial(self.model.algo_seconds, layer, phase), room, self.limit)
+            ws = step.workspace
+            if algo.name == step.algo and (tensors[ws].nbytes if ws else 0) == algo.workspace:
+                continue
+            name = None
+            if algo.workspace > 0:
+                name = f"ws:{layer.name}:{step.kind}:{algo.name}"
+                tensors[name] = TensorInfo(name, (algo.workspace,), "uint8", "workspace")
+            changed[i] = (Step(step.kind, step.target, algo.name, name), ws)
+        if not changed:
+            return schedule
+        out = schedule.replace(_rewrite(list(schedule.steps), changed), tensors=tensors)
+        Roots.derive(out, schedule)  # the same tensors and workspaces: share what steps use
+        return out
 
 
 def smallest_workspaces(schedule):
@@ -110,23 +130,37 @@ def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8):
     """:func:`choose_workspaces`, then placement (placement.place). The workspaces fit the
     bytes live under ``budget``, but the dynamic allocator's holes may still lift the arena
     over it: then the workspace whose Alloc crossed the budget gets a smaller algorithm, and
-    again, ``tries`` times at most (each one sweep)."""
+    again, ``tries`` times at most. With the dynamic allocator each try replays on from the
+    Alloc that crossed (what comes before it is the same), and the schedule returned carries
+    its whole replay for simulate()."""
     from .placement import place
-    from .simulate import replay
-    caps = {}
+    from .simulate import Replayer
+    chooser, caps = _Chooser(schedule, budget, limit, costs), {}
+    placed = place(chooser.choose(caps), placement)
+    if budget is None or tries == 0:
+        return placed
+    replayer, start = Replayer(placed), 0
     while True:
-        placed = place(choose_workspaces(schedule, budget, limit, costs, caps), placement)
-        if budget is None or tries == 0:
+        stop = replayer.run(placed, start, stop=lambda a: a.high_water > budget)
+        if stop is None:
+            placed.replayed = replayer.arena  # a whole replay: simulate() need not make it again
             return placed
-        stop = replay(placed, stop=lambda a: a.high_water > budget).stopped_at
-        if stop is None or placed.steps[stop].kind != "alloc":
-            return placed
-        ws = placed.steps[stop].target
-        if placed.tensors[ws].kind != "workspace":
+        step = placed.steps[stop]
+        if step.kind != "alloc" or placed.tensors[step.target].kind != "workspace":
             return placed  # a tensor overflowed: no workspace to blame
         k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
-        caps[k] = aligned(placed.tensors[ws].nbytes) - 1
+        caps[k] = aligned(placed.tensors[step.target].nbytes) - 1
         tries -= 1
+        placed = place(chooser.choose(caps), placement)
+        if placement == "dynamic":  # the steps before ``stop`` are the same: go on from there
+            replayer.take_back(stop, step)
+            start = stop
+        else:  # planned offsets change with any lifetime: start over
+            replayer, start = Replayer(placed), 0
+        if tries == 0:
+            replayer.run(placed, start)
+            placed.replayed = replayer.arena
+            return placed
 
 
 def _rewrite(steps, changed):
