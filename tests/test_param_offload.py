@@ -5,7 +5,7 @@ read it, gradients go back as soon as their backward is done, and the update run
 Checked: where the pass puts its copies, that the device's resident region keeps only what is
 not learnable, that training with it gives baseline's losses and parameters bit for bit over
 several iterations (SGD and Adam, weight decay and clipping), plan equals run for device and
-host bytes, and the policy names and flag."""
+host bytes, the host updates overlapped with the backward, and the policy names and flag."""
 
 import numpy as np
 import pytest
@@ -90,6 +90,10 @@ def test_training_with_parameters_on_the_host_matches_baseline_bit_for_bit(polic
     assert losses == base_losses
     assert len(set(losses)) == len(losses)  # the parameters did move between iterations
     assert net.plans["train"].host_bytes > 0
+    # each parameter's host update started as its gradient landed, during the backward;
+    # clipping by the global norm has to wait for every gradient
+    early = net.runtime.updater.early
+    assert early == (0 if solver.clip_gradients > 0 else len(net.learnable_names))
     for name in base.param_names:
         np.testing.assert_array_equal(net.param(name), base.param(name), err_msg=name)
 

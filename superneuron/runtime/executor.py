@@ -68,6 +68,7 @@ class Runtime:
         self.peak_bytes = self.arena.resident_end
         self.arena_bytes = self.arena.resident_end
         self._entries = None  # the optimiser's view of the parameters, made on first update
+        self.updater = None   # the host-side optimiser under parameter offload (host_update.py)
         self.schedule = first  # the schedule of the last run: its tensors say what aliases what
 
     def view(self, name, freed_ok=False):
@@ -98,6 +99,14 @@ class Runtime:
     def _run_steps(self, schedule, feed, iteration, optimizer):
         arena, graph, pending = self.arena, self.graph, self.pending
         roots = Roots(schedule)
+        update = next((s for s in schedule.steps if s.kind == "update"), None)
+        if self.host_update and update is not None:
+            if self.updater is None:
+                from .host_update import HostUpdater
+                self.updater = HostUpdater()
+            self.update_entries(optimizer)
+            ws = self.view(update.workspace) if update.workspace else None
+            self.updater.begin(optimizer, iteration, self._entries_by_grad, ws)
         outputs = {}
         for step in schedule.steps:
             kind = step.kind
@@ -124,11 +133,12 @@ class Runtime:
                 node = graph.nodes[step.target]
                 self._backward(step, node, iteration)
             elif kind == "update":
-                ctx = self._context(step, None, iteration, True, False, None)
                 if self.host_update:  # the gradients' copies must have landed on the host
                     self.backend.synchronize()
-                xp = np if self.host_update else self.xp
-                optimizer.update(xp, iteration, self.update_entries(optimizer), ctx.scratch)
+                    self.updater.finish()
+                    continue
+                ctx = self._context(step, None, iteration, True, False, None)
+                optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
@@ -175,6 +185,8 @@ class Runtime:
         copy.wait()
         if what == "prefetch":
             self.host.free(name)
+        elif self.updater is not None and self.updater.active:
+            self.updater.landed(name, copy)  # a parameter's gradient: its update can start
 
     def _context(self, step, node, iteration, train, recompute, feed):
         ws = self.view(step.workspace) if step.workspace else None
@@ -198,15 +210,15 @@ class Runtime:
     def update_entries(self, optimizer):
         """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
         if self._entries is None:
-            entries = []
+            self._entries_by_grad = {}
             for node in self.graph.nodes:
                 specs = node.param_specs
                 for k, g in node.param_grads.items():
                     t = node.params[k]
                     state = [self.resident[f"{t}.{optimizer.state_name(j)}"] for j in range(optimizer.slots)]
-                    entries.append((self.resident[t], self.resident[g], state,
-                                    specs[k].lr_mult, specs[k].decay_mult))
-            self._entries = entries
+                    self._entries_by_grad[g] = (self.resident[t], self.resident[g], state,
+                                                specs[k].lr_mult, specs[k].decay_mult)
+            self._entries = list(self._entries_by_grad.values())
         return self._entries
 
     def to_host(self, name):

@@ -1,0 +1,58 @@
+"""The host-side optimiser of parameter offload, overlapped with the backward pass.
+
+Under ``+params`` every gradient is copied to the host as soon as its backward is done, and
+the masters of the parameters live there. Rather than update them all at the Update step, at
+the end, each parameter is updated on a worker thread as soon as its gradient has landed
+(NumPy releases the GIL, so this runs beside the device's backward on a GPU and beside the
+main thread's layers on the CPU); the Update step then only waits for them. The arithmetic is
+the optimiser's own, parameter by parameter, as it always is, so the result is bit-identical.
+Clipping by the global gradient norm needs every gradient first: then nothing starts early.
+"""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..layers.base import Context
+
+
+class HostUpdater:
+    """Starts each parameter's host update when its gradient's copy is waited for."""
+
+    def __init__(self):
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sn-update")
+        self.active = False
+        self.early = 0   # parameters updated before the Update step, in the last iteration
+
+    def begin(self, optimizer, iteration, entries_by_grad, workspace):
+        """An iteration starts: ``entries_by_grad`` maps each gradient to its optimiser entry;
+        ``workspace`` is the update's scratch (host memory)."""
+        self.optimizer, self.iteration, self.workspace = optimizer, iteration, workspace
+        self.entries = entries_by_grad
+        self.overlap = optimizer.cfg.clip_gradients <= 0
+        self.started, self.futures = set(), []
+        self.active = True
+
+    def landed(self, grad, copy):
+        """``grad``'s device→host copy was waited for: update its parameter now."""
+        if self.overlap and grad in self.entries and grad not in self.started:
+            self.started.add(grad)
+            self.futures.append(self.worker.submit(self._update, copy, [self.entries[grad]]))
+
+    def _update(self, copy, entries):
+        copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
+        self.optimizer.update(np, self.iteration, entries, Context(np, workspace=self.workspace).scratch)
+
+    def finish(self):
+        """The Update step: wait for the updates under way, then update the rest (all of them
+        when clipping) here. The caller has synchronised the device."""
+        for future in self.futures:
+            future.result()
+        self.early = len(self.futures)
+        rest = [e for g, e in self.entries.items() if g not in self.started]
+        if rest:
+            self.optimizer.update(np, self.iteration, rest, Context(np, workspace=self.workspace).scratch)
+        self.active = False
+
+    def close(self):
+        self.worker.shutdown(wait=True)
