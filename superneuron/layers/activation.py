@@ -7,6 +7,7 @@ Dropout's backward draws its mask again from the step's seed (the same numbers o
 
 import numpy as np
 
+from . import cuda_kernels as cuda
 from . import register
 from .base import Algo, Key, Layer, workspace_bytes
 
@@ -39,9 +40,8 @@ class ReLU(Layer):
     def forward(self, ctx, bottoms, tops, params):
         xp, slope = ctx.xp, self.cfg["negative_slope"]
         x, y = bottoms[0], tops[0]
-        if not slope and xp is not np:
-            from .cuda_kernels import kernel
-            kernel("relu")(x, y)
+        if not slope and cuda.on_gpu(xp):
+            cuda.kernel("relu")(x, y)
             return
         if not slope:
             xp.maximum(x, 0, out=y)
@@ -56,9 +56,8 @@ class ReLU(Layer):
             return
         xp, slope = ctx.xp, self.cfg["negative_slope"]
         y, dy = tops[0], top_grads[0]
-        if not slope and xp is not np:  # one fused kernel, no mask
-            from .cuda_kernels import kernel
-            kernel("relu_backward")(dy, y, dx)
+        if not slope and cuda.on_gpu(xp):  # one fused kernel, no mask
+            cuda.kernel("relu_backward")(dy, y, dx)
             return
         if not slope:
             active = xp.greater(y, 0, out=ctx.scratch(y.shape, np.bool_))

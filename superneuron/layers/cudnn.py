@@ -69,8 +69,6 @@ class _Op:
 class Cudnn:
     """The cuDNN Frontend on the current device: convolution graphs cached by geometry."""
 
-    name = "cudnn"
-
     def __init__(self, cudnn, handle, tf32, deterministic):
         self.cudnn, self.handle, self.tf32, self.deterministic = cudnn, handle, tf32, deterministic
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
@@ -156,9 +154,9 @@ class Cudnn:
         return self._ops[op, key]
 
     # -- what the layer asks ---------------------------------------------------------------
-    def conv_algorithms(self, key, phase, need_dx=True):
+    def conv_algorithms(self, key, phase):
         """The cuDNN algorithms of a convolution's ``phase``, fastest first; [] if unsupported."""
-        ops = ["fprop"] if phase == "forward" else (["dgrad"] if need_dx else []) + ["wgrad"]
+        ops = ["fprop"] if phase == "forward" else ["dgrad", "wgrad"]
         built = [self.op(o, key) for o in ops]
         if any(b is None for b in built):
             return []

@@ -40,7 +40,9 @@ class HostUpdater:
             self.futures.append(self.worker.submit(self._update, copy, [self.entries[grad]]))
 
     def _update(self, copy, entries):
-        copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
+        if copy is not None:
+            copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
+        # a fresh Context per call: its scratch carving starts over on the one workspace
         self.optimizer.update(np, self.iteration, entries, Context(np, workspace=self.workspace).scratch)
 
     def finish(self):
@@ -51,8 +53,5 @@ class HostUpdater:
         self.early = len(self.futures)
         rest = [e for g, e in self.entries.items() if g not in self.started]
         if rest:
-            self.optimizer.update(np, self.iteration, rest, Context(np, workspace=self.workspace).scratch)
+            self._update(None, rest)
         self.active = False
-
-    def close(self):
-        self.worker.shutdown(wait=True)
