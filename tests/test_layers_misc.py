@@ -86,15 +86,15 @@ def grad_cases(seed=5):
 def test_gradcheck(type_name, shapes, cfg):
     layer, params = build(type_name, shapes, **cfg)
     if type_name == "BatchNorm":  # running statistics away from 0 and 1
-        params["mean"][...] = randn(*params["mean"].shape)
-        params["variance"][...] = RNG.uniform(0.5, 2.0, params["variance"].shape)
+        set_running_stats(params, randn(*params["mean"].shape),
+                          RNG.uniform(0.5, 2.0, params["variance"].shape))
     gradcheck(layer, [randn(*s) for s in shapes], params)
 
 
 def test_gradcheck_test_mode():
     """Outside training BatchNorm uses its running statistics and Dropout passes x through."""
     layer, params = build("BatchNorm", [(3, 4, 2, 2)])
-    params["mean"][...], params["variance"][...] = randn(4), RNG.uniform(0.5, 2.0, 4)
+    set_running_stats(params, randn(4), RNG.uniform(0.5, 2.0, 4))
     gradcheck(layer, [randn(3, 4, 2, 2)], params, train=False)
     layer, params = build("Dropout", [(3, 4)])
     gradcheck(layer, [randn(3, 4)], params, train=False)
@@ -143,12 +143,17 @@ def test_relu_vs_torch(slope):
     np.testing.assert_allclose(dx, tdx, rtol=1e-12)
 
 
+def set_running_stats(params, mean, variance):
+    """Give a BatchNorm these running statistics (a scale factor of 1: the sums are them)."""
+    params["mean"][...], params["variance"][...], params["scale_factor"][...] = mean, variance, 1.0
+
+
 @pytest.mark.parametrize("shape", [(6, 5), (4, 3, 5, 6)])
 def test_batchnorm_training_vs_torch(shape):
     f, eps = 0.9, 1e-4
     layer, params = build("BatchNorm", [shape], moving_average_fraction=f, eps=eps)
     c = shape[1]
-    params["mean"][...], params["variance"][...] = randn(c), RNG.uniform(0.5, 2.0, c)
+    set_running_stats(params, randn(c), RNG.uniform(0.5, 2.0, c))
     mean, var = torch.tensor(params["mean"]), torch.tensor(params["variance"])
     x, dy = randn(*shape) * 3 + 1, randn(*shape)
     ty, (tdx,) = torch_run(lambda t: F.batch_norm(t, mean, var, training=True, momentum=1 - f, eps=eps),
@@ -156,15 +161,41 @@ def test_batchnorm_training_vs_torch(shape):
     y, (dx,), _ = run_both(layer, [x], params, dy)
     np.testing.assert_allclose(y, ty, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(dx, tdx, rtol=1e-9, atol=1e-12)
-    # one forward of ours updated the running statistics as torch's did (unbiased variance)
-    np.testing.assert_allclose(params["mean"], mean.numpy(), rtol=1e-12)
-    np.testing.assert_allclose(params["variance"], var.numpy(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("f", [0.999, 0.9, 0.0])
+def test_batchnorm_running_statistics_are_caffes_unbiased_average(f):
+    """Caffe's three blobs: after batches 1..T the statistics used at test time are
+    sum_t f^(T-t) stat_t / sum_t f^(T-t), stat_t being the batch mean and the unbiased batch
+    variance (torch's), so one iteration already gives that batch's statistics (and not
+    0.001 of them, as a plain moving average from 0 would)."""
+    shape = (5, 3, 2, 2)
+    layer, params = build("BatchNorm", [shape], moving_average_fraction=f)
+    np.testing.assert_array_equal(params["scale_factor"], 0)  # Caffe's blobs start at zero
+    batches = [randn(*shape) * (t + 1) + t for t in range(4)]
+    weights, means, variances = [], [], []
+    for t, x in enumerate(batches):
+        forward(layer, [x], params)
+        tx = torch.tensor(x).transpose(0, 1).reshape(3, -1)
+        means.append(tx.mean(1).numpy())
+        variances.append(tx.var(1, unbiased=True).numpy())
+        weights = [f ** (t - k) for k in range(t + 1)]
+        want_mean = sum(w * m for w, m in zip(weights, means)) / sum(weights)
+        want_var = sum(w * v for w, v in zip(weights, variances)) / sum(weights)
+        got_mean, got_var = layer.running_stats(np, params)
+        np.testing.assert_allclose(got_mean, want_mean, rtol=1e-12)
+        np.testing.assert_allclose(got_var, want_var, rtol=1e-12)
+    # and test mode normalises with exactly those
+    x = randn(*shape)
+    y = forward(layer, [x], params, train=False)[0]
+    ty = F.batch_norm(torch.tensor(x), torch.tensor(got_mean), torch.tensor(got_var), training=False, eps=1e-5)
+    np.testing.assert_allclose(y, ty.numpy(), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("cfg, train", [({}, False), (dict(use_global_stats=True), True)])
 def test_batchnorm_global_stats_vs_torch(cfg, train):
     layer, params = build("BatchNorm", [(4, 3, 5, 5)], **cfg)
-    params["mean"][...], params["variance"][...] = randn(3), RNG.uniform(0.5, 2.0, 3)
+    set_running_stats(params, randn(3), RNG.uniform(0.5, 2.0, 3))
     before = {k: v.copy() for k, v in params.items()}
     mean, var = torch.tensor(params["mean"]), torch.tensor(params["variance"])
     x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
@@ -172,7 +203,7 @@ def test_batchnorm_global_stats_vs_torch(cfg, train):
     y, (dx,), _ = run_both(layer, [x], params, dy, train=train)
     np.testing.assert_allclose(y, ty, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dx, tdx, rtol=1e-12)
-    for k in ("mean", "variance"):
+    for k in ("mean", "variance", "scale_factor"):
         np.testing.assert_array_equal(params[k], before[k])
 
 
@@ -193,10 +224,10 @@ def test_batchnorm_recompute_leaves_running_stats():
 def test_batchnorm_state_buffers():
     layer, params = build("BatchNorm", [(2, 5, 3, 3)])
     specs = {p.name: p for p in layer.param_specs()}
-    assert set(specs) >= {"mean", "variance"}
+    assert list(specs)[:3] == ["mean", "variance", "scale_factor"]  # Caffe's blobs, in order
     assert not any(p.learnable for p in specs.values())
-    np.testing.assert_array_equal(params["mean"], 0)
-    np.testing.assert_array_equal(params["variance"], 1)
+    for k in ("mean", "variance", "scale_factor"):
+        np.testing.assert_array_equal(params[k], 0)
     assert layer.INPLACE and layer.backward_reads() == ((), (0,))
 
 
@@ -434,9 +465,10 @@ def test_flags():
     ("Eltwise", [(2, 3)] * 3, dict(coeff=[1, 2]), "2 coeff value"),
     ("Concat", [(2, 3, 4), (2, 3, 5)], {}, r"bottoms \(2,3,4\) and \(2,3,5\) differ outside axis 1"),
     ("Concat", [(2, 3), (2, 3)], dict(axis=2), "axis 2 is out of range"),
-    ("SoftmaxWithLoss", [(4, 10), (4, 1)], {},
-     r"labels \(4,1\) do not match scores \(4,10\): expected labels \(4\)"),
-    ("SoftmaxWithLoss", [(4, 10, 2, 2), (4,)], {}, "expected labels"),
+    ("SoftmaxWithLoss", [(4, 10), (4, 2)], {},
+     r"labels \(4,2\) hold 8 values, but scores \(4,10\) need 4 \(one per sample\)"),
+    ("SoftmaxWithLoss", [(4, 10, 2, 2), (4,)], {}, r"need 16 \(one per sample and position\)"),
+    ("Accuracy", [(4, 10), (5,)], {}, "need 4"),
     ("Accuracy", [(4, 3), (4,)], dict(top_k=4), "top_k must be between 1 and the 3 classes"),
     ("ReLU", [(2, 3)], dict(negative_slope=-0.1), "negative_slope must be >= 0"),
     ("Dropout", [(2, 3)], dict(dropout_ratio=1.0), r"dropout_ratio must be in \[0, 1\)"),
@@ -448,6 +480,24 @@ def test_flags():
 def test_errors(type_name, shapes, cfg, message):
     with pytest.raises(LayerError, match=message):
         build(type_name, shapes, **cfg)
+
+
+@pytest.mark.parametrize("scores, labels", [
+    ((4, 5), (4, 1, 1)), ((4, 5), (4, 1)), ((4, 5, 1, 1), (4,)), ((2, 5, 3, 3), (2, 1, 3, 3)),
+])
+def test_labels_are_matched_by_count_as_caffe(scores, labels):
+    """Caffe checks only that there is one label per sample (and position): the loss and
+    accuracy of any label layout of the right count equal those of the (N, ...) layout."""
+    rng = np.random.default_rng(4)
+    x = randn(*scores, rng=rng)
+    lab = rng.integers(0, scores[1], labels).astype(np.float64)
+    flat_shape = scores[:1] + scores[2:]
+    for name in ("SoftmaxWithLoss", "Accuracy"):
+        layer, params = build(name, [scores, labels])
+        ref, ref_params = build(name, [scores, flat_shape])
+        got = forward(layer, [x, lab], params)[0]
+        want = forward(ref, [x, lab.reshape(flat_shape)], ref_params)[0]
+        assert got == want and np.isfinite(got)
 
 
 def test_label_out_of_range_fails():

@@ -60,7 +60,9 @@ def run_torch(net, feed, dtype=torch.float32):
             slope = cfg["negative_slope"]
             outs = [F.leaky_relu(xs[0], slope) if slope else F.relu(xs[0])]
         elif kind == "BatchNorm":
-            mean, var = params[node.params["mean"]].clone(), params[node.params["variance"]].clone()
+            s = float(params[node.params["scale_factor"]][0])  # Caffe's: statistics are sums / s
+            factor = 0.0 if s == 0 else 1.0 / s
+            mean, var = params[node.params["mean"]] * factor, params[node.params["variance"]] * factor
             outs = [F.batch_norm(xs[0], mean, var, training=not cfg["use_global_stats"],
                                  momentum=1 - cfg["moving_average_fraction"], eps=cfg["eps"])]
         elif kind == "Scale":

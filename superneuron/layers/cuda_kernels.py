@@ -104,9 +104,9 @@ def _kernels():
                if (var < 0.0) var = 0.0;
                invstd = (T)(1.0 / sqrt(var + eps));
                if (update) {
-                   running_mean = (T)(f * (double)running_mean + (1.0 - f) * mean);
+                   running_mean = (T)(f * (double)running_mean + mean);
                    running_var = (T)(f * (double)running_var
-                                     + (1.0 - f) * var * (count / (count > 1.0 ? count - 1.0 : 1.0)));
+                                     + var * (count / (count > 1.0 ? count - 1.0 : 1.0)));
                }""", "sn_bn_stats"),
         # y = (x - mean[c]) * invstd[c]   (y may be x)
         "bn_normalize": cupy.ElementwiseKernel(

@@ -71,7 +71,9 @@ class Softmax(Layer):
 
 
 class _ScoresAndLabels(Layer):
-    """Scores ``(N, C, ...)`` and labels ``(N, ...)`` in, a 0-d top out."""
+    """Scores ``(N, C, ...)`` and labels in, a 0-d top out. As in Caffe, labels are matched by
+    count, not shape: one label per sample and position, so (N,), (N, 1, 1) and (N, 1) all
+    serve (N, C) scores, and (N, H, W) or (N, 1, H, W) serve (N, C, H, W) ones."""
 
     BOTTOMS = (2, 2)
     LABEL_BOTTOMS = (1,)
@@ -80,11 +82,13 @@ class _ScoresAndLabels(Layer):
         scores, labels = (tuple(s) for s in bottom_shapes)
         if len(scores) < 2:
             self.fail(f"scores must be (N, C) or (N, C, H, W), got {shape_str(scores)}")
-        expected = scores[:1] + scores[2:]
-        if labels != expected:
-            self.fail(f"labels {shape_str(labels)} do not match scores {shape_str(scores)}: "
-                      f"expected labels {shape_str(expected)}")
         self.ncl = _ncl(scores)
+        n, _, l = self.ncl
+        count = int(np.prod(labels, dtype=np.int64))
+        if count != n * l:
+            per = "sample" if l == 1 else "sample and position"
+            self.fail(f"labels {shape_str(labels)} hold {count} values, but scores "
+                      f"{shape_str(scores)} need {n * l} (one per {per})")
         return [()]
 
     def cost(self):

@@ -45,15 +45,19 @@ class BatchNorm(Layer):
     """Normalise each channel by its batch statistics (training) or by running statistics
     (``use_global_stats``, and always outside training); no scale or shift (see Scale).
 
-    Training updates ``running = f * running + (1 - f) * batch`` (unbiased batch variance) once
-    per iteration: a recomputed forward (``ctx.recompute``) leaves the running statistics alone.
+    The running statistics are Caffe's three blobs: ``mean`` and ``variance`` hold decayed
+    sums, ``sum <- f * sum + batch`` (unbiased batch variance), and ``scale_factor`` holds
+    ``s <- f * s + 1``; at use they are divided by ``s``, which makes them an unbiased moving
+    average from the first iteration (a plain ``f * running + (1 - f) * batch`` from 0 and 1
+    stays mostly its initial value for thousands of iterations). They are updated once per
+    iteration: a recomputed forward (``ctx.recompute``) leaves them alone.
     The backward reads only the top (x_hat) and the per-channel ``saved_invstd`` that the
     forward keeps, so the layer may run in place."""
 
     KEYS = {
         "use_global_stats": Key("bool", False, doc="normalise with the running statistics even "
                                 "in training (they are always used outside training)"),
-        "moving_average_fraction": Key("float", 0.999, doc="f in running = f*running + (1-f)*batch"),
+        "moving_average_fraction": Key("float", 0.999, doc="f in sum = f*sum + batch, s = f*s + 1"),
         "eps": Key("float", 1e-5, doc="added to the variance"),
     }
     INPLACE = True
@@ -72,11 +76,20 @@ class BatchNorm(Layer):
         return [shape]
 
     def param_specs(self):
-        c = (self.ncl[1],)
-        return [ParamSpec("mean", c, parse_filler({"type": "constant", "value": 0}), learnable=False),
-                ParamSpec("variance", c, parse_filler({"type": "constant", "value": 1}), learnable=False),
+        c, zero = (self.ncl[1],), parse_filler({"type": "constant", "value": 0})
+        # Caffe's blobs in Caffe's order (all zero at start), then the backward's own state
+        return [ParamSpec("mean", c, zero, learnable=False),
+                ParamSpec("variance", c, zero, learnable=False),
+                ParamSpec("scale_factor", (1,), zero, learnable=False),
                 ParamSpec("saved_invstd", c, parse_filler({"type": "constant", "value": 1}),
                           learnable=False)]
+
+    def running_stats(self, xp, params):
+        """``(mean, variance)``: the running sums divided by the scale factor (0 before any
+        update, as Caffe)."""
+        s = params["scale_factor"]
+        factor = xp.where(s == 0, 0.0, 1.0 / xp.where(s == 0, 1.0, s)).astype(self.dtype)
+        return params["mean"] * factor, params["variance"] * factor
 
     def backward_reads(self):
         return (), (0,)
@@ -96,8 +109,9 @@ class BatchNorm(Layer):
         xp, eps = ctx.xp, self.cfg["eps"]
         x, y = bottoms[0].reshape(self.ncl), tops[0].reshape(self.ncl)
         if self._global(ctx):
-            invstd = 1.0 / xp.sqrt(params["variance"] + eps)
-            xp.subtract(x, params["mean"][:, None], out=y)
+            mean, var = self.running_stats(xp, params)
+            invstd = 1.0 / xp.sqrt(var + eps)
+            xp.subtract(x, mean[:, None], out=y)
             y *= invstd[:, None]
             return
         n, c, l = self.ncl
@@ -112,10 +126,16 @@ class BatchNorm(Layer):
         xp.reciprocal(invstd, out=invstd)
         y *= invstd[:, None]
         if not ctx.recompute:
+            self._update_scale_factor(params)
             f = self.cfg["moving_average_fraction"]
             for running, batch in ((params["mean"], mean), (params["variance"], var * (m / max(m - 1, 1)))):
                 running *= f
-                running += (1.0 - f) * batch
+                running += batch
+
+    def _update_scale_factor(self, params):
+        s = params["scale_factor"]
+        s *= self.cfg["moving_average_fraction"]
+        s += 1.0
 
     def _forward_fused(self, ctx, x, y, params):
         """The training forward in three kernels on the GPU (sums of x and x^2 in one pass);
@@ -130,6 +150,8 @@ class BatchNorm(Layer):
         cuda.kernel("bn_stats")(sums, float(n * l), self.cfg["eps"], self.cfg["moving_average_fraction"],
                                 np.int32(not ctx.recompute), c, invstd, params["mean"], params["variance"])
         cuda.kernel("bn_normalize")(x, sums, invstd, float(n * l), l, c, y)
+        if not ctx.recompute:
+            self._update_scale_factor(params)
         return True
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
@@ -138,7 +160,8 @@ class BatchNorm(Layer):
         xp = ctx.xp
         dy, dx = top_grads[0].reshape(self.ncl), bottom_grads[0].reshape(self.ncl)
         if self._global(ctx):
-            xp.multiply(dy, 1.0 / xp.sqrt(params["variance"][:, None] + self.cfg["eps"]), out=dx)
+            var = self.running_stats(xp, params)[1]
+            xp.multiply(dy, 1.0 / xp.sqrt(var[:, None] + self.cfg["eps"]), out=dx)
             return
         n, c, l = self.ncl
         splits = cuda.splits_for(self.ncl, n * c * l * self.dtype.itemsize) if cuda.on_gpu(xp) else 0
