@@ -5,10 +5,22 @@ anything runs, as ``file:line:col: layer 'x' (Type): what``): dangling bottoms, 
 twice, cycles, shapes that do not fit, and in-place requests that would corrupt a gradient.
 
 Tensor names: a top keeps its name; a top written in place (Caffe's ``top == bottom``) is a
-new version ``name@layer`` that shares the first version's memory (``alias``). Where one
-tensor feeds several layers a ``Split`` is inserted (as Caffe does): its tops are views of the
-tensor, and its backward adds their gradients, so every gradient has exactly one writer.
-The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is ``l/p``.
+new version ``name@layer``. In place is a request, as in Caffe, where any chain such as
+conv → BatchNorm → Scale → ReLU on one blob is accepted: the version shares the previous
+version's memory (``alias``) unless that would destroy a value some backward still reads (the
+layer's own, such as Scale's, or an earlier layer's, such as BatchNorm's x_hat under a Scale).
+Then it gets memory of its own, so the value it would have destroyed stays an ordinary tensor
+that the scheduler sees, frees, offloads or recomputes like any other (``Node.kept`` says
+which and why). One kept value serves every backward that reads it: in conv → BatchNorm →
+Scale → ReLU, x_hat is kept once for both BatchNorm's and Scale's backward, and the ReLU
+writes over Scale's output, since its backward needs only its own output.
+
+Where one tensor feeds several layers a ``Split`` is inserted (as Caffe does): its tops are
+views of the tensor, and its backward adds their gradients, so every gradient has exactly one
+writer. The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is ``l/p``.
+Internal names cannot be spelt by users: ``@`` and ``#`` are refused in names (in-place
+versions and Splits, ``t#split``, ``t#0``..., use them), and a top may not end in ``.grad``
+nor take the name of a parameter.
 """
 
 import functools
@@ -58,6 +70,8 @@ class Node:
     top_grads: list = field(default_factory=list)     # tensor name or None per top
     backward: bool = False          # runs a backward step
     loss_weight: float = 0.0
+    inplace: bool = False           # its first top shares its first bottom's memory
+    kept: str = None                # why an in-place request got memory of its own
 
     @property
     def name(self):
@@ -78,6 +92,7 @@ class Graph:
         self._problems = []
         layers = self._instantiate(spec)
         order = self._resolve(layers)
+        self._check_names(order)
         if not self._problems:
             self._build(order)
         if not self._problems:
@@ -174,6 +189,18 @@ class Graph:
             resolved.append((ls, layer, bottoms, tops))
         return resolved
 
+    def _check_names(self, order):
+        """Names users write must not spell the graph's own (versions, Splits, gradients,
+        parameters, workspaces): such a collision would silently share memory."""
+        for ls, _, _, _ in order:
+            for t in ls.tops:
+                if "@" in t or "#" in t:
+                    self._problem(ls, f"top '{t}': names may not contain '@' or '#' (superneuron "
+                                      f"names in-place versions and splits with them)")
+                elif t.endswith(".grad") or t.startswith("ws:"):
+                    self._problem(ls, f"top '{t}': names ending in '.grad' or starting with 'ws:' "
+                                      f"are superneuron's own (gradients, workspaces); rename it")
+
     def _build(self, order):
         readers = {}  # version -> [position] of layers reading it
         for pos, (_, _, bottoms, _) in enumerate(order):
@@ -185,7 +212,7 @@ class Graph:
                 reads_b, reads_t = layer.backward_reads()
                 for v in [bottoms[i] for i in reads_b] + [tops[i] for i in reads_t]:
                     backward_readers.setdefault(v, []).append((ls, layer))
-        shapes = {}
+        shapes, inplace = {}, {}
         failed = set()
         for ls, layer, bottoms, tops in order:
             if any(b in failed for b in bottoms):
@@ -205,7 +232,7 @@ class Graph:
             layer.top_shapes = [tuple(s) for s in top_shapes]
             for t, s in zip(tops, top_shapes):
                 shapes[t] = tuple(s)
-            self._check_inplace(ls, layer, bottoms, tops, backward_readers)
+            inplace[ls.name] = self._inplace(ls, layer, bottoms, tops, backward_readers)
         if self._problems:
             return
         # Insert Splits where a version is read more than once; each read gets its own top.
@@ -218,14 +245,16 @@ class Graph:
                     split = self._split_of(b, shapes[b], len(readers[b]), split_cls)
                     renamed[i] = split.tops[seen.get(b, 0)]
                     seen[b] = seen.get(b, 0) + 1
-            self._add_node(ls, layer, renamed, tops)
+            node = self._add_node(ls, layer, renamed, tops, *inplace[ls.name])
+            if node.inplace:
+                self.tensors[tops[0]].alias = renamed[0]
 
     def _split_of(self, version, shape, count, split_cls):
         """The Split node for ``version``, created just before its first reader."""
-        name = f"{version}_split"
+        name = f"{version}#split"
         if name in self._by_name:
             return self._by_name[name]
-        tops = [f"{version}_split_{k}" for k in range(count)]
+        tops = [f"{version}#{k}" for k in range(count)]
         layer = split_cls(name, [version], tops, split_cls.config({}), dtype=self.dtype)
         layer.bottom_shapes = [shape]
         layer.top_shapes = layer.setup([shape])
@@ -234,13 +263,16 @@ class Graph:
             self.tensors[t].alias = version
         return node
 
-    def _add_node(self, ls, layer, bottoms, tops):
-        node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops))
+    def _add_node(self, ls, layer, bottoms, tops, inplace=False, kept=None):
+        node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops), inplace=inplace, kept=kept)
         for t, s in zip(tops, layer.top_shapes):
-            alias = bottoms[0] if "@" in t else None  # an in-place version
-            self.tensors[t] = TensorInfo(t, s, self.dtype, "data", alias)
+            if t in self.tensors:  # only a parameter's name can be taken already
+                self._problem(ls, f"top '{t}' has the name of a parameter ('layer/param'); rename it")
+            self.tensors[t] = TensorInfo(t, s, self.dtype, "data")
         for k, p in enumerate(layer.param_specs()):
             tname = f"{layer.name}/{p.name}"
+            if tname in self.tensors:
+                self._problem(ls, f"parameter '{tname}' has the name of a top; rename that top")
             if ls is not None:
                 p.lr_mult = ls.lr_mult[k] if k < len(ls.lr_mult) else p.lr_mult
                 p.decay_mult = ls.decay_mult[k] if k < len(ls.decay_mult) else p.decay_mult
@@ -256,24 +288,24 @@ class Graph:
         self._by_name[layer.name] = node
         return node
 
-    def _check_inplace(self, ls, layer, bottoms, tops, backward_readers):
-        """An in-place top must not destroy data that some backward still reads."""
-        for k, t in enumerate(tops):
-            if "@" not in t:
-                continue
-            if not layer.INPLACE:
-                why = ": its backward reads its bottom" if 0 in layer.backward_reads()[0] else ""
-                self._problem(ls, f"{layer.type} cannot run in place (top == bottom '{ls.tops[k]}'){why}")
-                continue
-            if k != 0 or ls.tops[0] != ls.bottoms[0]:
-                self._problem(ls, "only the first top may be written in place, over the first bottom")
-                continue
-            for rls, rlayer in backward_readers.get(bottoms[0], []):
-                if rlayer is not layer:
-                    self._problem(ls, f"cannot run in place on '{ls.bottoms[0]}': the backward of "
-                                      f"layer '{rls.name}' (line {rls.line}) reads it; give this "
-                                      f"layer its own top")
-                    break
+    def _inplace(self, ls, layer, bottoms, tops, backward_readers):
+        """``(inplace, kept)`` for a layer: whether its top may share its bottom's memory, and if
+        it asked to (Caffe's ``top == bottom``) but may not, why (the value it keeps)."""
+        if not tops or "@" not in tops[0] or layer.ALIAS_TOPS:
+            return False, None
+        if ls.tops[0] != ls.bottoms[0]:
+            return False, f"its first top overwrites its bottom '{ls.tops[0]}' out of place"
+        if layer.top_shapes[0] != layer.bottom_shapes[0]:
+            return False, "its top's shape differs from its bottom's"
+        readers = [rls.name for rls, rlayer in backward_readers.get(bottoms[0], []) if rlayer is not layer]
+        if not layer.INPLACE and 0 in layer.backward_reads()[0]:
+            readers.insert(0, ls.name)
+        if readers:
+            return False, f"keeps '{bottoms[0]}', read by the backward of " + ", ".join(
+                f"'{r}'" for r in readers)
+        if not layer.INPLACE:
+            return False, f"{layer.type} does not run in place"
+        return True, None
 
     # -- gradients -----------------------------------------------------------------------
     def _gradients(self):
@@ -315,8 +347,7 @@ class Graph:
                 self.tensors[g] = TensorInfo(g, self.tensors[n.params[k]].shape, self.dtype, "param_grad")
         # An in-place layer writes its bottom's gradient over its top's.
         for n in self.nodes:
-            if (n.backward and not n.layer.ALIAS_TOPS and "@" in n.tops[0]
-                    and n.bottom_grads[0] is not None):
+            if n.backward and n.inplace and n.bottom_grads[0] is not None:
                 self.tensors[n.bottom_grads[0]].alias = n.top_grads[0]
 
 

@@ -56,12 +56,12 @@ def test_fan_out_gets_a_split_whose_tops_alias_the_tensor(tmp_path):
       - {name: acc, type: Accuracy, bottom: [fc, label], top: acc}
     """)
     names = [n.name for n in g.nodes]
-    assert names.index("data_split") < names.index("conv") and names.index("fc_split") < names.index("loss")
-    split = g.node("fc_split")
+    assert names.index("data#split") < names.index("conv") and names.index("fc#split") < names.index("loss")
+    split = g.node("fc#split")
     assert [g.root(t) for t in split.tops] == ["fc", "fc"]
-    assert g.node("loss").bottoms[0] == "fc_split_0" and g.node("acc").bottoms[0] == "fc_split_1"
+    assert g.node("loss").bottoms[0] == "fc#0" and g.node("acc").bottoms[0] == "fc#1"
     # only the loss contributes a gradient; Accuracy has none
-    assert split.top_grads == ["fc_split_0.grad", None] and split.backward
+    assert split.top_grads == ["fc#0.grad", None] and split.backward
     assert not g.node("acc").backward
     # data needs no gradient, but the Eltwise still differentiates with respect to conv
     assert g.node("sum").bottom_grads == ["conv.grad", None]
@@ -85,14 +85,15 @@ def test_fan_out_gets_a_split_whose_tops_alias_the_tensor(tmp_path):
       - {name: sum, type: Eltwise, bottom: [c1, c2], top: sum}
     """, "layer 'sum' (Eltwise): bottoms (2,4,8,8) and (2,6,8,8) differ", 6),
     ("""\
-      - {name: c1, type: Convolution, bottom: data, top: c1, num_output: 4, kernel_size: 1}
-      - {name: sc, type: Scale, bottom: c1, top: c1}
-    """, "layer 'sc' (Scale): Scale cannot run in place (top == bottom 'c1'): its backward reads its bottom", 5),
+      - {name: a, type: InnerProduct, bottom: data, top: "fc#0", num_output: 5}
+    """, "layer 'a' (InnerProduct): top 'fc#0': names may not contain '@' or '#'", 4),
     ("""\
-      - {name: c1, type: Convolution, bottom: data, top: c1, num_output: 4, kernel_size: 1}
-      - {name: bn, type: BatchNorm, bottom: c1, top: c1}
-      - {name: relu, type: ReLU, bottom: c1, top: c1}
-    """, "layer 'relu' (ReLU): cannot run in place on 'c1': the backward of layer 'bn' (line 5) reads it", 6),
+      - {name: a, type: InnerProduct, bottom: data, top: pool1.grad, num_output: 5}
+    """, "top 'pool1.grad': names ending in '.grad' or starting with 'ws:' are superneuron's own", 4),
+    ("""\
+      - {name: a, type: InnerProduct, bottom: data, top: a, num_output: 5}
+      - {name: b, type: ReLU, bottom: a, top: a/weight}
+    """, "layer 'b' (ReLU): top 'a/weight' has the name of a parameter", 5),
     ("""\
       - {name: c1, type: Convolution, bottom: data, top: c1, num_output: 4, kernel_size: 9}
     """, "layer 'c1' (Convolution):", 4),
@@ -120,7 +121,8 @@ def test_shapes_of_every_net(tmp_path):
         g = Graph(load_spec(path))
         if top is not None:
             assert g.tensors[top].shape == shape, (path, g.tensors[top].shape)
-        assert g.losses and all(n.layer.type != "Split" or n.backward or True for n in g.nodes)
+        assert g.losses and all(n.backward for n in g.nodes if n.layer.type == "Split"
+                                if any(n.top_grads)), path
 
 
 def test_resnet_depths_have_the_classic_parameter_counts():
@@ -131,3 +133,42 @@ def test_resnet_depths_have_the_classic_parameter_counts():
         g = Graph(load_spec("nets/resnet.yaml", overrides={"depth": depth}, batch=1))
         n = sum(int(np.prod(t.shape)) for t in g.tensors.values() if t.kind == "param")
         assert n == count, (depth, n)
+
+
+def test_caffe_in_place_chain_keeps_one_value(tmp_path):
+    """conv → BatchNorm → Scale → ReLU all on one blob, as every Caffe ResNet writes it: the
+    BatchNorm writes over the convolution's output (whose backward needs only its bottom), the
+    Scale may not write over x_hat (its own backward and BatchNorm's read it), so x_hat is kept
+    as an ordinary tensor, and the ReLU writes over the Scale's output: two storage roots."""
+    g = graph_of(tmp_path, HEAD + """\
+      - {name: c1, type: Convolution, bottom: data, top: c1, num_output: 4, kernel_size: 1}
+      - {name: bn, type: BatchNorm, bottom: c1, top: c1}
+      - {name: sc, type: Scale, bottom: c1, top: c1, bias_term: true}
+      - {name: relu, type: ReLU, bottom: c1, top: c1}
+      - {name: fc, type: InnerProduct, bottom: c1, top: fc, num_output: 5}
+      - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+    """)
+    bn, sc, relu = g.node("bn"), g.node("sc"), g.node("relu")
+    assert bn.inplace and relu.inplace and not sc.inplace
+    assert sc.kept == "keeps 'c1@bn', read by the backward of 'sc', 'bn'"
+    assert [g.root(t) for t in ("c1", "c1@bn", "c1@sc", "c1@relu")] == ["c1", "c1", "c1@sc", "c1@sc"]
+    roots = {g.root(t.name) for t in g.tensors.values() if t.kind == "data" and t.name.startswith("c1")}
+    assert roots == {"c1", "c1@sc"}
+    # gradients: BatchNorm and ReLU write their bottom gradient over their top's; Scale cannot
+    assert g.root("c1.grad") == "c1@bn.grad" and g.root("c1@sc.grad") == "c1@relu.grad"
+    assert g.root("c1@bn.grad") == "c1@bn.grad"
+
+
+def test_in_place_relu_on_batchnorm_output_keeps_x_hat(tmp_path):
+    """Caffe accepts a ReLU in place on a BatchNorm's output; BatchNorm's backward reads x_hat,
+    so the ReLU gets memory of its own."""
+    g = graph_of(tmp_path, HEAD + """\
+      - {name: c1, type: Convolution, bottom: data, top: c1, num_output: 4, kernel_size: 1}
+      - {name: bn, type: BatchNorm, bottom: c1, top: c1}
+      - {name: relu, type: ReLU, bottom: c1, top: c1}
+      - {name: fc, type: InnerProduct, bottom: c1, top: fc, num_output: 5}
+      - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+    """)
+    assert g.node("bn").inplace and not g.node("relu").inplace
+    assert g.node("relu").kept == "keeps 'c1@bn', read by the backward of 'bn'"
+    assert g.root("c1@relu") == "c1@relu"

@@ -93,7 +93,7 @@ def test_liveness_at_a_fork_joined_by_eltwise_and_concat(tmp_path):
     b = blocks(s)
     # the Split's tops are views of c1: its forward allocates nothing, and c1 lives until the
     # last backward that reads it through a view (a's, the last convolution to run backward)
-    assert b["Forward(c1_split)"] == (set(), set())
+    assert b["Forward(c1#split)"] == (set(), set())
     assert b["Forward(c1)"][0] == {"c1"}
     assert "c1" in b["Backward(a)"][1]
     assert not any(s.tensors[st.target].alias for st in s.steps if st.kind in MEMORY)
@@ -101,10 +101,10 @@ def test_liveness_at_a_fork_joined_by_eltwise_and_concat(tmp_path):
     assert b["Forward(sum)"] == ({"sum"}, {"a", "b"})
     assert b["Forward(cat)"] == ({"cat"}, {"sum"})
     # each gradient lives from the backward that writes it to the one that reads it
-    assert b["Backward(cat)"] == ({"sum.grad", "c1_split_2.grad"}, {"cat.grad"})
+    assert b["Backward(cat)"] == ({"sum.grad", "c1#2.grad"}, {"cat.grad"})
     assert b["Backward(sum)"] == ({"a.grad", "b.grad"}, {"sum.grad"})
-    assert b["Backward(b)"] == ({"c1_split_1.grad"}, {"b.grad"})
-    assert b["Backward(c1_split)"] == ({"c1.grad"}, {f"c1_split_{k}.grad" for k in range(3)})
+    assert b["Backward(b)"] == ({"c1#1.grad"}, {"b.grad"})
+    assert b["Backward(c1#split)"] == ({"c1.grad"}, {f"c1#{k}.grad" for k in range(3)})
     assert b["Backward(c1)"] == (set(), {"c1.grad", "data"})
 
 
@@ -164,7 +164,7 @@ def test_inplace_refused_when_a_later_layer_reads_the_bottom(tmp_path):
     s = inplace(lower(g))
     assert root(s.tensors, "relu") == "relu"
     # its gradients may still share: nothing reads relu.grad after the ReLU's backward
-    assert root(s.tensors, "conv_split_0.grad") == "relu.grad"
+    assert root(s.tensors, "conv#0.grad") == "relu.grad"
 
 
 def test_inplace_refused_after_batchnorm_whose_backward_reads_its_top(tmp_path):
