@@ -90,8 +90,9 @@ def time_summary(info):
 
 
 def layers_table(schedule, plan):
-    """Per layer: forward and backward working sets, and the bytes live on the device while
-    each runs (resident included)."""
+    """Per layer: forward and backward working sets, the bytes live on the device while each
+    runs (resident included), and for a layer written in place (``top == bottom``) whether it
+    shares its bottom's memory or keeps that value for a backward (and how many bytes)."""
     from .scheduler.liveness import Roots
     from .scheduler.simulate import working_set
     roots, at = Roots(schedule), {}
@@ -105,9 +106,16 @@ def layers_table(schedule, plan):
         cells = [node.name, node.layer.type]
         for k in (0, 1):
             cells += [human_bytes(x[k]) if x else "-" for x in (f, b)]
+        if node.inplace:
+            cells.append("yes")
+        elif node.kept:
+            kept = human_bytes(schedule.graph.tensors[node.bottoms[0]].nbytes)
+            cells.append(f"no, {kept}: {node.kept}")
+        else:
+            cells.append("")
         rows.append(cells)
     return table(rows, ["layer", "type", "fwd working set", "bwd working set", "live at fwd",
-                        "live at bwd"])
+                        "live at bwd", "in place"])
 
 
 def steps_table(schedule, plan):

@@ -59,6 +59,19 @@ CHAIN = HEAD + _block(1, "data") + """\
   - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
 """
 
+# The same chain as Caffe writes it: conv → BatchNorm → Scale → ReLU all on one blob, and a
+# Dropout in place after a ReLU (whose backward reads the ReLU's top: the graph keeps it).
+CAFFE_CHAIN = HEAD + "".join(f"""\
+  - {{name: conv{i}, type: Convolution, bottom: {b}, top: conv{i}, num_output: 8, kernel_size: 1}}
+  - {{name: bn{i}, type: BatchNorm, bottom: conv{i}, top: conv{i}}}
+  - {{name: scale{i}, type: Scale, bottom: conv{i}, top: conv{i}, bias_term: true}}
+  - {{name: relu{i}, type: ReLU, bottom: conv{i}, top: conv{i}}}
+""" for i, b in ((1, "data"), (2, "conv1"), (3, "conv2"))) + """\
+  - {name: drop, type: Dropout, bottom: conv3, top: conv3, dropout_ratio: 0.5}
+  - {name: fc, type: InnerProduct, bottom: conv3, top: fc, num_output: 5}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+"""
+
 # Dropout (own top, p = 0.5) between a convolution and a pooling, so recompute redraws its mask.
 DROPOUT = HEAD + """\
   - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 8, kernel_size: 3, pad: 1}
@@ -520,3 +533,28 @@ def test_plan_equals_run_for_every_policy(graph, policy, placement):
         assert plan.host_bytes == 0
     if policy.endswith("+params"):  # only BatchNorm's statistics stay on the device
         assert plan.resident_bytes < apply_policy(lower(g), "superneurons").resident_bytes
+
+
+@pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "superneurons"])
+def test_caffe_in_place_chains_give_baselines_results_and_plan_equals_run(policy):
+    """Every policy on a net written as Caffe writes it (all in place) computes baseline's
+    losses and gradients bit for bit, over two iterations (BatchNorm's statistics and the
+    Dropout mask carry over), with the kept values freed, offloaded or recomputed like any
+    other tensor; and the planned peak is the run's."""
+    g = graph_of(CAFFE_CHAIN)
+    assert [g.node(f"scale{i}").kept for i in (1, 2, 3)] == [
+        f"keeps 'conv{i}@bn{i}', read by the backward of 'scale{i}', 'bn{i}'" for i in (1, 2, 3)]
+    assert g.node("drop").kept == "keeps 'conv3@relu3', read by the backward of 'relu3'"
+    schedule = apply_policy(lower(g), policy)
+    for iteration in (0, 1):
+        assert_same_results(g, schedule, iteration)
+    spec = loads_spec(CAFFE_CHAIN)
+    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(SolverConfig())) for p in ("baseline", policy)}
+    for iteration in range(3):
+        feed = feed_of(g, seed=iteration)
+        losses = {p: net.train_step(feed, iteration) for p, net in nets.items()}
+        assert losses[policy] == losses["baseline"] and np.isfinite(losses[policy])
+    for name in nets["baseline"].param_names:  # weights and BatchNorm's statistics
+        np.testing.assert_array_equal(nets[policy].param(name), nets["baseline"].param(name), err_msg=name)
+    assert nets[policy].peak_bytes == nets[policy].plans["train"].peak_bytes
+    assert nets[policy].peak_bytes < nets["baseline"].peak_bytes

@@ -4,6 +4,7 @@ network, plan equals run and policy invariance (bit-identical loss and gradients
 
 import functools
 import glob
+import os
 import textwrap
 
 import numpy as np
@@ -23,7 +24,11 @@ from superneuron.scheduler.schedule import MEMORY, root
 from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
 
-NETS = sorted(glob.glob("nets/*.yaml"))
+# paths as the tests load them (from the repository root); found from this file, so that a run
+# from another folder fails loudly instead of testing fewer nets
+NETS = sorted(f"nets/{os.path.basename(p)}"
+              for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "nets", "*.yaml")))
+assert len(NETS) >= 6, NETS
 from test_net import SMALL  # noqa: E402  small sizes: an iteration of each net runs in a moment
 
 HEAD = """\
