@@ -24,6 +24,15 @@ CASES = [
     ("Eltwise", [(2, 3, 4, 4)] * 3, dict(operation="MAX")),
     ("Concat", [(2, 3, 4, 4), (2, 2, 4, 4)], dict()),
     ("Softmax", [(2, 5, 3)], dict()),
+    ("Sigmoid", [(2, 3, 4, 4)], dict()),
+    ("TanH", [(2, 3, 4, 4)], dict()),
+    ("ELU", [(2, 3, 4, 4)], dict(alpha=0.5)),
+    ("ELU", [(2, 3, 4, 4)], dict(alpha=-0.5)),
+    ("PReLU", [(2, 3, 4, 4)], dict()),
+    ("PReLU", [(2, 3, 4, 4)], dict(channel_shared=True)),
+    ("Power", [(2, 3, 4, 4)], dict(power=2.5, scale=0.5, shift=5)),
+    ("AbsVal", [(2, 3, 4, 4)], dict()),
+    ("BNLL", [(2, 3, 4, 4)], dict()),
 ]
 
 
