@@ -6,6 +6,8 @@ A layer test writes only the inputs and an expected value; see tests/test_layers
 import tracemalloc
 
 import numpy as np
+import pytest
+import torch
 
 from superneuron.layers import layer_class
 from superneuron.layers.base import Context, fill
@@ -166,3 +168,40 @@ def peak_allocation(layer, bottoms, params, train=True):
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
+
+
+def only(layer, name):
+    """Make ``name`` the layer's only algorithm (peak_allocation runs the first one)."""
+    every = type(layer).algorithms
+    layer.algorithms = lambda phase: [a for a in every(layer, phase) if a.name == name]
+    return layer
+
+
+def run_with_workspace(layer, phase, algo, nbytes, x, params):
+    """Run one phase with a workspace of exactly ``nbytes`` (the bottom gradient requested)."""
+    ctx = Context(np, workspace=np.zeros(nbytes, dtype=np.uint8), algo=algo)
+    top = np.zeros(layer.top_shapes[0], dtype=layer.dtype)
+    if phase == "forward":
+        return layer.forward(ctx, [x], [top], params)
+    layer.forward(Context(np, workspace=np.zeros(1 << 20, np.uint8)), [x], [top], params)
+    grads = {k: np.zeros_like(v) for k, v in params.items()}
+    layer.backward(ctx, [x], [top], [np.ones_like(top)], [np.zeros_like(x)], params, grads)
+
+
+def assert_workspace_exact(layer, x, params):
+    """Each algorithm runs in the workspace it declares and fails with one byte less."""
+    for phase in ("forward", "backward"):
+        for algo in layer.algorithms(phase):
+            run_with_workspace(layer, phase, algo.name, algo.workspace, x, params)
+            if algo.workspace:
+                with pytest.raises(AssertionError, match="exceeds workspace"):
+                    run_with_workspace(layer, phase, algo.name, algo.workspace - 1, x, params)
+
+
+def torch_grads(fn, x, params, dy):
+    """Top, bottom gradient and parameter gradients of ``fn(x, **params)`` by torch autograd."""
+    tx = torch.tensor(x, requires_grad=True)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    y = fn(tx, **tp)
+    y.backward(torch.tensor(dy))
+    return y.detach().numpy(), tx.grad.numpy(), {k: v.grad.numpy() for k, v in tp.items()}

@@ -13,6 +13,9 @@ pytestmark = pytest.mark.gpu
 CASES = [
     ("Convolution", [(2, 3, 9, 9)], dict(num_output=4, kernel_size=3, stride=2, pad=1, group=1)),
     ("Convolution", [(2, 4, 8, 8)], dict(num_output=4, kernel_size=3, pad=1, group=2, dilation=2)),
+    ("Convolution", [(2, 4, 7, 9)], dict(num_output=4, kernel_h=3, kernel_w=1, stride_h=1, stride_w=2,
+                                         pad_h=1, pad_w=0)),
+    ("Deconvolution", [(2, 4, 5, 5)], dict(num_output=6, kernel_size=4, stride=2, pad=1, group=2)),
     ("Pooling", [(2, 3, 9, 9)], dict(pool="MAX", kernel_size=3, stride=2)),
     ("Pooling", [(2, 3, 9, 9)], dict(pool="AVE", kernel_size=3, stride=2, pad=1)),
     ("InnerProduct", [(2, 3, 4, 4)], dict(num_output=5)),
@@ -21,6 +24,7 @@ CASES = [
     ("BatchNorm", [(4, 3, 4, 4)], dict()),
     ("Scale", [(2, 3, 4, 4)], dict(bias_term=True)),
     ("LRN", [(2, 7, 4, 4)], dict(local_size=5)),
+    ("LRN", [(2, 3, 5, 4)], dict(local_size=3, norm_region="WITHIN_CHANNEL")),
     ("Eltwise", [(2, 3, 4, 4)] * 3, dict(operation="MAX")),
     ("Concat", [(2, 3, 4, 4), (2, 2, 4, 4)], dict()),
     ("Softmax", [(2, 5, 3)], dict()),

@@ -3,51 +3,22 @@ convolution algorithms, agreement with torch.nn.functional, declared workspaces 
 
 import numpy as np
 import pytest
-import torch
 import torch.nn.functional as F
-from layer_harness import backward, build, forward, gradcheck, peak_allocation
+from layer_harness import (
+    assert_workspace_exact,
+    backward,
+    build,
+    forward,
+    gradcheck,
+    only,
+    peak_allocation,
+    torch_grads,
+)
 
 from superneuron.errors import LayerError
 from superneuron.layers.base import Context
 
 KIB = 1024
-
-
-def only(layer, name):
-    """Make ``name`` the layer's only algorithm (peak_allocation runs the first one)."""
-    every = type(layer).algorithms
-    layer.algorithms = lambda phase: [a for a in every(layer, phase) if a.name == name]
-    return layer
-
-
-def run(layer, phase, algo, nbytes, x, params):
-    """Run one phase with a workspace of exactly ``nbytes`` (the bottom gradient requested)."""
-    ctx = Context(np, workspace=np.zeros(nbytes, dtype=np.uint8), algo=algo)
-    top = np.zeros(layer.top_shapes[0], dtype=layer.dtype)
-    if phase == "forward":
-        return layer.forward(ctx, [x], [top], params)
-    layer.forward(Context(np, workspace=np.zeros(1 << 20, np.uint8)), [x], [top], params)
-    grads = {k: np.zeros_like(v) for k, v in params.items()}
-    layer.backward(ctx, [x], [top], [np.ones_like(top)], [np.zeros_like(x)], params, grads)
-
-
-def assert_workspace_exact(layer, x, params):
-    """Each algorithm runs in the workspace it declares and fails with one byte less."""
-    for phase in ("forward", "backward"):
-        for algo in layer.algorithms(phase):
-            run(layer, phase, algo.name, algo.workspace, x, params)
-            if algo.workspace:
-                with pytest.raises(AssertionError, match="exceeds workspace"):
-                    run(layer, phase, algo.name, algo.workspace - 1, x, params)
-
-
-def torch_grads(fn, x, params, dy):
-    """Top, bottom gradient and parameter gradients of ``fn(x, **params)`` by torch autograd."""
-    tx = torch.tensor(x, requires_grad=True)
-    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
-    y = fn(tx, **tp)
-    y.backward(torch.tensor(dy))
-    return y.detach().numpy(), tx.grad.numpy(), {k: v.grad.numpy() for k, v in tp.items()}
 
 
 # -- Convolution -------------------------------------------------------------------------------
@@ -83,9 +54,8 @@ def random_conv_cases(count=6, seed=7):
 
 
 def torch_conv(layer):
-    c = layer.cfg
-    return lambda x, weight, bias=None: F.conv2d(x, weight, bias, stride=c["stride"], padding=c["pad"],
-                                                 dilation=c["dilation"], groups=c["group"])
+    return lambda x, weight, bias=None: F.conv2d(x, weight, bias, stride=layer.stride, padding=layer.pad,
+                                                 dilation=layer.dilation, groups=layer.cfg["group"])
 
 
 @pytest.mark.parametrize("shape,cfg", CONV_CASES + random_conv_cases())
@@ -188,11 +158,10 @@ POOL_CASES = [
 
 
 def torch_pool(layer):
-    c, (_, _, h, w) = layer.cfg, layer.bottom_shapes[0]
-    kernel = (h, w) if c["global_pooling"] else c["kernel_size"]
-    if c["pool"] == "MAX":
-        return lambda x: F.max_pool2d(x, kernel, c["stride"], c["pad"], ceil_mode=True)
-    return lambda x: F.avg_pool2d(x, kernel, c["stride"], c["pad"], ceil_mode=True,
+    ceil = layer.cfg["ceil_mode"]
+    if layer.cfg["pool"] == "MAX":
+        return lambda x: F.max_pool2d(x, layer.kernel, layer.stride, layer.pad, ceil_mode=ceil)
+    return lambda x: F.avg_pool2d(x, layer.kernel, layer.stride, layer.pad, ceil_mode=ceil,
                                   count_include_pad=True)
 
 

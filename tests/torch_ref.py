@@ -22,6 +22,13 @@ def _dropout_scale(net, node, iteration=0):
     return out
 
 
+def lrn_within_channel(x, n, alpha, beta):
+    """Caffe's LRN WITHIN_CHANNEL as Caffe builds it: x * (1 + alpha * AVE pool of x^2)^-beta,
+    the pool n x n, stride 1, padded by (n-1)/2 and counting the padding (so dividing by n^2)."""
+    mean = F.avg_pool2d(x * x, n, 1, (n - 1) // 2, count_include_pad=True)
+    return x * (1 + alpha * mean) ** -beta
+
+
 def run_torch(net, feed, dtype=torch.float32):
     """Forward and backward of ``net``'s graph in PyTorch with ``net``'s current parameters.
 
@@ -43,16 +50,19 @@ def run_torch(net, feed, dtype=torch.float32):
         elif kind == "Split":
             outs = [xs[0]] * len(node.tops)
         elif kind == "Convolution":
-            outs = [F.conv2d(xs[0], p["weight"], p.get("bias"), cfg["stride"], cfg["pad"],
-                             cfg["dilation"], cfg["group"])]
+            outs = [F.conv2d(xs[0], p["weight"], p.get("bias"), layer.stride, layer.pad,
+                             layer.dilation, cfg["group"])]
+        elif kind == "Deconvolution":  # Caffe's weight layout (C, K/g, kh, kw) is torch's here
+            outs = [F.conv_transpose2d(xs[0], p["weight"], p.get("bias"), layer.stride, layer.pad,
+                                       0, cfg["group"], layer.dilation)]
         elif kind == "Pooling":
             x = xs[0]
             if cfg["global_pooling"]:
                 outs = [x.amax((2, 3), keepdim=True) if cfg["pool"] == "MAX" else x.mean((2, 3), keepdim=True)]
             elif cfg["pool"] == "MAX":
-                outs = [F.max_pool2d(x, cfg["kernel_size"], cfg["stride"], cfg["pad"], ceil_mode=True)]
+                outs = [F.max_pool2d(x, layer.kernel, layer.stride, layer.pad, ceil_mode=cfg["ceil_mode"])]
             else:
-                outs = [F.avg_pool2d(x, cfg["kernel_size"], cfg["stride"], cfg["pad"], ceil_mode=True,
+                outs = [F.avg_pool2d(x, layer.kernel, layer.stride, layer.pad, ceil_mode=cfg["ceil_mode"],
                                      count_include_pad=True)]
         elif kind == "InnerProduct":
             outs = [F.linear(xs[0].flatten(cfg["axis"]), p["weight"], p.get("bias"))]
@@ -86,6 +96,8 @@ def run_torch(net, feed, dtype=torch.float32):
             outs = [xs[0] * torch.tensor(_dropout_scale(net, node), dtype=dtype)]
         elif kind == "Concat":
             outs = [torch.cat(xs, cfg["axis"])]
+        elif kind == "LRN" and cfg["norm_region"] == "WITHIN_CHANNEL":
+            outs = [lrn_within_channel(xs[0], cfg["local_size"], cfg["alpha"], cfg["beta"])]
         elif kind == "LRN":
             outs = [F.local_response_norm(xs[0], cfg["local_size"], cfg["alpha"], cfg["beta"], cfg["k"])]
         elif kind == "Softmax":

@@ -1,20 +1,27 @@
 """Convolution (Caffe's ``Convolution``) with three algorithms that trade speed for workspace.
 
 Shapes: bottom (N, C, H, W), weight (K, C/g, kh, kw), bias (K,), top (N, K, Ho, Wo) with
-Caffe's ``Ho = (H + 2p - (d(kh-1)+1)) // s + 1``. Everything is built from two moves along the
-kernel taps (i, j): :func:`gather` copies the input pixel each output position sees through
-one tap into a buffer (zero where it sees padding), and :func:`scatter_add` is its adjoint
-(Caffe's col2im), used for the data gradient. Column buffers are laid out (C, kh, kw, ...),
-so with groups they read as (g, C/g·kh·kw, ...) and match the weight's (g, K/g, C/g·kh·kw).
+Caffe's ``Ho = (H + 2p - (d(kh-1)+1)) // s + 1``. The window is Caffe's: ``kernel_size``,
+``stride`` and ``pad`` (one int, or [h, w]), or each as ``_h`` and ``_w`` (``kernel_h``,
+``kernel_w``, ...; see :func:`window_settings`, shared with Pooling).
 
-Algorithms, fastest first (the same three for forward and backward):
+Everything is built from two moves along the kernel taps (i, j): :func:`gather` copies the
+input pixel each output position sees through one tap into a buffer (zero where it sees
+padding), and :func:`scatter_add` is its adjoint (Caffe's col2im), used for the data gradient.
+Column buffers are laid out (C, kh, kw, ...), so with groups they read as (g, C/g·kh·kw, ...)
+and match the weight's (g, K/g, C/g·kh·kw).
+
+Each algorithm is one method that computes any of three products of ``y = conv(x, w)``: ``y``,
+the weight gradient ``dw`` (from x and dy) and the data gradient ``dx`` (from dy). The forward
+asks for y, the backward for dw and dx; Deconvolution (layers/deconv.py), the adjoint, asks
+for dx in its forward and for y and dw in its backward. Fastest first:
 
 - ``im2col``: the whole batch's columns as (C·kh·kw, N·Ho·Wo) per group, one GEMM per group.
   The batch sits inside the GEMM, so the weight gradient needs no per-sample partial sums;
-  the price is a top-sized buffer holding the top (or its gradient) in (K, N·Ho·Wo) order.
-- ``im2col_chunked``: one sample's columns at a time; the forward GEMM writes into top[n]
-  directly, the backward adds per-sample weight gradients through a weight-sized buffer.
-  A pointwise convolution (1x1, stride 1, no pad) uses the input itself as its columns.
+  the price is a top-sized buffer holding y (or dy) in (K, N·Ho·Wo) order.
+- ``im2col_chunked``: one sample's columns at a time; y's GEMM writes into y[n] directly, the
+  weight gradient adds per-sample parts through a weight-sized buffer. A pointwise
+  convolution (1x1, stride 1, no pad) uses x itself as its columns, and dx as theirs.
 - ``direct``: for each tap and sample, the shifted input (C, Ho·Wo) times that tap's weight
   slice, accumulated through a product buffer; workspace about two feature maps of one sample.
   (Not offered for pointwise convolutions, where ``im2col_chunked`` already needs none.)
@@ -23,6 +30,8 @@ On a GPU with NVIDIA's cuDNN Frontend (``self.kernels``, set by the Graph; layer
 float32 convolutions offer cuDNN's engines instead (``cudnn``, ``cudnn_lean``); the three
 above remain the fallback where cuDNN refuses a shape.
 """
+
+import math
 
 from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
@@ -87,15 +96,51 @@ def scatter_add(xp, dst, src, out_index, in_index):
     xp.add(view, src[out_index], out=view)
 
 
+def window_keys(window):
+    """Caffe's keys for a ``window``'s size, stride and padding: each square (one int, or [h, w])
+    or as ``_h`` and ``_w``. The square keys default to None so that :func:`window_settings`
+    can tell a key written from one left out, as Caffe's ``has_pad()`` does."""
+    keys = {}
+    for square, name, doc in (("kernel_size", "kernel", f"{window} height and width"),
+                              ("stride", "stride", "step between windows (default 1)"),
+                              ("pad", "pad", "padding on each side (default 0)")):
+        keys[square] = Key("pair", None, doc=f"{doc}; or {name}_h and {name}_w")
+        keys[name + "_h"] = Key("int", None)
+        keys[name + "_w"] = Key("int", None)
+    return keys
+
+
+def _pair_setting(layer, square, name):
+    """``cfg[square]``, or ``(name_h, name_w)``; None if neither is written. Fails, as Caffe's
+    checks do, on half a pair or on both spellings at once."""
+    cfg = layer.cfg
+    h, w = cfg[name + "_h"], cfg[name + "_w"]
+    if h is None and w is None:
+        return cfg[square]
+    if h is None or w is None:
+        have, lack = (f"{name}_h", f"{name}_w") if w is None else (f"{name}_w", f"{name}_h")
+        layer.fail(f"{have} needs {lack} too (or write {square}: [h, w])")
+    if cfg[square] is not None:
+        layer.fail(f"{square} and {name}_h/{name}_w are two spellings of one setting; write "
+                   f"either {square}: [{h}, {w}] or {name}_h: {h} and {name}_w: {w}")
+    return (h, w)
+
+
+def window_settings(layer):
+    """``(kernel, stride, pad)`` of a layer with :func:`window_keys`, each an (h, w) tuple
+    (kernel None when not given; stride 1 and pad 0 by default)."""
+    return (_pair_setting(layer, "kernel_size", "kernel"),
+            _pair_setting(layer, "stride", "stride") or (1, 1),
+            _pair_setting(layer, "pad", "pad") or (0, 0))
+
+
 @register
 class Convolution(Layer):
     """2-D convolution with groups and dilation; Caffe's parameters, flattened."""
 
     KEYS = {
         "num_output": Key("int", doc="output channels K"),
-        "kernel_size": Key("pair", doc="kernel height and width"),
-        "stride": Key("pair", (1, 1)),
-        "pad": Key("pair", (0, 0), doc="zero padding on each side"),
+        **window_keys("kernel"),
         "dilation": Key("pair", (1, 1)),
         "group": Key("int", 1, doc="channel groups; C and K must both divide by it"),
         "bias_term": Key("bool", True),
@@ -104,13 +149,29 @@ class Convolution(Layer):
     }
 
     def setup(self, bottom_shapes):
+        n, c, h, w = self._check(bottom_shapes)
+        k, g = self.cfg["num_output"], self.cfg["group"]
+        ho, wo = (conv_out_size((h, w)[a], self.kernel[a], self.stride[a], self.pad[a],
+                                self.dilation[a]) for a in (0, 1))
+        if ho < 1 or wo < 1:
+            extent = [d * (kk - 1) + 1 for kk, d in zip(self.kernel, self.dilation, strict=True)]
+            self.fail(f"input {h}x{w} (pad {list(self.pad)}) is smaller than the kernel's extent "
+                      f"{extent[0]}x{extent[1]}")
+        self._set_geometry((n, c, h, w, k, g, ho, wo))
+        self.top_shapes = [(n, k, ho, wo)]
+        return list(self.top_shapes)
+
+    def _check(self, bottom_shapes):
+        """Check the bottom and the keys, set ``kernel``, ``stride``, ``pad`` and ``dilation``
+        as (h, w) tuples; return the bottom's shape (shared with Deconvolution)."""
         shape = tuple(bottom_shapes[0])
         if len(shape) != 4:
             self.fail(f"expects a 4-D bottom (N, C, H, W), got {shape}")
-        n, c, h, w = shape
-        cfg = self.cfg
-        k, g = cfg["num_output"], cfg["group"]
-        kernel, stride, pad, dil = cfg["kernel_size"], cfg["stride"], cfg["pad"], cfg["dilation"]
+        c, k, g = shape[1], self.cfg["num_output"], self.cfg["group"]
+        kernel, stride, pad = window_settings(self)
+        dil = self.cfg["dilation"]
+        if kernel is None:
+            self.fail("missing kernel_size (or kernel_h and kernel_w)")
         if k < 1 or g < 1:
             self.fail(f"num_output ({k}) and group ({g}) must be >= 1")
         if min(kernel) < 1 or min(stride) < 1 or min(dil) < 1 or min(pad) < 0:
@@ -120,32 +181,31 @@ class Convolution(Layer):
             self.fail(f"{c} input channels are not divisible by group {g}")
         if k % g:
             self.fail(f"num_output {k} is not divisible by group {g}")
-        ho, wo = (conv_out_size((h, w)[a], kernel[a], stride[a], pad[a], dil[a]) for a in (0, 1))
-        if ho < 1 or wo < 1:
-            extent = [d * (kk - 1) + 1 for kk, d in zip(kernel, dil, strict=True)]
-            self.fail(f"input {h}x{w} (pad {list(pad)}) is smaller than the kernel's extent "
-                      f"{extent[0]}x{extent[1]}")
-        self.geometry = (n, c, h, w, k, g, ho, wo)
-        self._taps = window_taps(kernel, stride, pad, dil, (h, w), (ho, wo))
-        self._pointwise = kernel == (1, 1) and stride == (1, 1) and pad == (0, 0)
-        self.bottom_shapes, self.top_shapes = [shape], [(n, k, ho, wo)]
-        return list(self.top_shapes)
+        self.kernel, self.stride, self.pad, self.dilation = kernel, stride, pad, dil
+        self.bottom_shapes = [shape]
+        return shape
+
+    def _set_geometry(self, geometry):
+        """``(N, C, H, W, K, g, Ho, Wo)`` of the convolution the kernels compute, and its taps."""
+        n, c, h, w, k, g, ho, wo = self.geometry = geometry
+        self._taps = window_taps(self.kernel, self.stride, self.pad, self.dilation, (h, w), (ho, wo))
+        self._pointwise = self.kernel == (1, 1) and self.stride == (1, 1) and self.pad == (0, 0)
 
     def param_specs(self):
         n, c, h, w, k, g, ho, wo = self.geometry
-        kh, kw = self.cfg["kernel_size"]
+        kh, kw = self.kernel
         specs = [ParamSpec("weight", (k, c // g, kh, kw), self.cfg["weight_filler"],
                            fan_in=c // g * kh * kw, fan_out=k * kh * kw)]
         if self.cfg["bias_term"]:
-            specs.append(ParamSpec("bias", (k,), self.cfg["bias_filler"], fan_in=1, fan_out=1))
+            specs.append(ParamSpec("bias", (self.cfg["num_output"],), self.cfg["bias_filler"],
+                                   fan_in=1, fan_out=1))
         return specs
 
     def backward_reads(self):
         return (0,), ()
 
     def _cudnn_key(self):
-        cfg = self.cfg
-        return (self.geometry, cfg["kernel_size"], cfg["stride"], cfg["pad"], cfg["dilation"])
+        return self.geometry, self.kernel, self.stride, self.pad, self.dilation
 
     def _cudnn_algorithms(self, phase):
         if self.kernels is None or self.dtype != "float32":
@@ -153,39 +213,56 @@ class Convolution(Layer):
         return self.kernels.conv_algorithms(self._cudnn_key(), phase)
 
     def algorithms(self, phase):
-        vendor = self._cudnn_algorithms(phase)
-        if vendor:
-            return vendor
+        outputs = {"y"} if phase == "forward" else {"dw", "dx"}
+        return self._cudnn_algorithms(phase) or self._algorithms(outputs)
+
+    def _algorithms(self, outputs):
+        """The three algorithms computing ``outputs`` (of 'y', 'dw', 'dx'), with their workspace."""
         n, c, h, w, k, g, ho, wo = self.geometry
-        kh, kw = self.cfg["kernel_size"]
+        kh, kw = self.kernel
         dt, p, cg = self.dtype, ho * wo, c // g
         cols = (0,) if self._pointwise else (c * kh * kw, p)  # one sample's columns
-        if phase == "forward":
-            chunked = workspace_bytes((cols, dt))
-            direct = workspace_bytes(((k, cg), dt), ((c, p), dt), ((k, p), dt))
-        else:
-            chunked = workspace_bytes((cols, dt), ((k, cg * kh * kw), dt))
-            direct = workspace_bytes(((k, cg), dt), ((c, p), dt), ((k, cg), dt))
+        part = [((k, cg * kh * kw), dt)] if "dw" in outputs else []
+        direct = [((k, cg), dt), ((c, p), dt)]
+        direct += [((k, p), dt)] if "y" in outputs else []
+        direct += [((k, cg), dt)] if "dw" in outputs else []
         algos = [Algo("im2col", workspace_bytes(((c * kh * kw, n * p), dt), ((k, n * p), dt)), 1.0),
-                 Algo("im2col_chunked", chunked, 0.8)]
+                 Algo("im2col_chunked", workspace_bytes((cols, dt), *part), 0.8)]
         if not self._pointwise:
-            algos.append(Algo("direct", direct, 0.5))
+            algos.append(Algo("direct", workspace_bytes(*direct), 0.5))
         return algos
 
     def cost(self):
         n, c, h, w, k, g, ho, wo = self.geometry
-        kh, kw = self.cfg["kernel_size"]
+        kh, kw = self.kernel
         flops = 2.0 * n * k * ho * wo * (c // g) * kh * kw
         item = self.dtype.itemsize
-        x, y, wt = n * c * h * w * item, n * k * ho * wo * item, k * (c // g) * kh * kw * item
+        # bottom and top bytes (for Deconvolution the geometry's x is the top); the backward
+        # reads the bottom and the top gradient and writes the bottom gradient
+        x, y = (math.prod(s) * item for s in (self.bottom_shapes[0], self.top_shapes[0]))
+        wt = k * (c // g) * kh * kw * item
         return Cost(flops, 2 * flops, float(x + y + wt), float(2 * x + y + 2 * wt))
 
     # -- kernels -------------------------------------------------------------------------
-    def _shapes(self):
-        """(N, K, g, K/g, C/g·kh·kw, Ho·Wo): the GEMM dimensions."""
-        n, c, h, w, k, g, ho, wo = self.geometry
-        kh, kw = self.cfg["kernel_size"]
-        return n, k, g, k // g, c // g * kh * kw, ho * wo
+    def forward(self, ctx, bottoms, tops, params):
+        algo = ctx.algo or self.algorithms("forward")[0].name
+        if algo.startswith("cudnn"):
+            self.kernels.conv_forward(self._cudnn_key(), algo, bottoms[0], params["weight"],
+                                      tops[0], ctx.workspace)
+        else:
+            getattr(self, "_" + algo)(ctx, params["weight"], x=bottoms[0], y=tops[0])
+        self._add_bias(ctx.xp, tops[0], params)
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        algo = ctx.algo or self.algorithms("backward")[0].name
+        if algo.startswith("cudnn"):
+            self.kernels.conv_backward(self._cudnn_key(), algo, bottoms[0], params["weight"],
+                                       top_grads[0], bottom_grads[0], param_grads["weight"],
+                                       ctx.workspace)
+        else:
+            getattr(self, "_" + algo)(ctx, params["weight"], x=bottoms[0], dy=top_grads[0],
+                                      dw=param_grads["weight"], dx=bottom_grads[0])
+        self._bias_grad(ctx.xp, top_grads[0], param_grads)
 
     def _add_bias(self, xp, top, params):
         if self.cfg["bias_term"]:
@@ -195,164 +272,105 @@ class Convolution(Layer):
         if self.cfg["bias_term"]:
             xp.sum(dy, axis=(0, 2, 3), out=param_grads["bias"])
 
-    def forward(self, ctx, bottoms, tops, params):
-        algo = ctx.algo or self.algorithms("forward")[0].name
-        if algo.startswith("cudnn"):
-            self.kernels.conv_forward(self._cudnn_key(), algo, bottoms[0], params["weight"],
-                                      tops[0], ctx.workspace)
-            self._add_bias(ctx.xp, tops[0], params)
-            return
-        getattr(self, "_forward_" + algo)(ctx, bottoms[0], tops[0], params)
-
-    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
-        algo = ctx.algo or self.algorithms("backward")[0].name
-        if algo.startswith("cudnn"):
-            self.kernels.conv_backward(self._cudnn_key(), algo, bottoms[0], params["weight"],
-                                       top_grads[0], bottom_grads[0], param_grads["weight"],
-                                       ctx.workspace)
-            self._bias_grad(ctx.xp, top_grads[0], param_grads)
-            return
-        getattr(self, "_backward_" + algo)(ctx, bottoms[0], top_grads[0], bottom_grads[0],
-                                           params["weight"], param_grads)
-
-    def _batch_columns(self, ctx, x):
-        """The whole batch's columns, (C, kh, kw, N, Ho, Wo) in a (g, C/g·kh·kw, N·Ho·Wo) view."""
+    def _shapes(self):
+        """(N, K, g, K/g, C/g·kh·kw, Ho·Wo): the GEMM dimensions."""
         n, c, h, w, k, g, ho, wo = self.geometry
-        kh, kw = self.cfg["kernel_size"]
-        col = ctx.scratch((c, kh, kw, n, ho, wo), x.dtype)
-        xt = x.transpose(1, 0, 2, 3)
-        for i, j, out_index, in_index in self._taps:
-            gather(ctx.xp, col[:, i, j], xt, out_index, in_index)
-        return col
+        kh, kw = self.kernel
+        return n, k, g, k // g, c // g * kh * kw, ho * wo
 
-    def _forward_im2col(self, ctx, x, top, params):
+    # Each kernel below writes any of y = conv(x, weight), dw (from x and dy) and dx (from dy);
+    # an output not asked for is None, and x is read only for y or dw.
+
+    def _im2col(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
+        assert y is None or dx is None  # both would need the top-sized buffer at once
         xp = ctx.xp
         n, k, g, kg, ckk, p = self._shapes()
-        col = self._batch_columns(ctx, x)
-        y = ctx.scratch((k, n, p), x.dtype)
-        xp.matmul(params["weight"].reshape(g, kg, ckk), col.reshape(g, ckk, n * p),
-                  out=y.reshape(g, kg, n * p))
-        xp.copyto(top.reshape(n, k, p), y.transpose(1, 0, 2))
-        self._add_bias(xp, top, params)
-
-    def _backward_im2col(self, ctx, x, dy, dx, weight, param_grads):
-        xp = ctx.xp
-        n, k, g, kg, ckk, p = self._shapes()
-        col = self._batch_columns(ctx, x)
-        cols = col.reshape(g, ckk, n * p)
-        dyt = ctx.scratch((k, n, p), x.dtype)
-        xp.copyto(dyt, dy.reshape(n, k, p).transpose(1, 0, 2))
-        dyt = dyt.reshape(g, kg, n * p)
-        xp.matmul(dyt, cols.transpose(0, 2, 1), out=param_grads["weight"].reshape(g, kg, ckk))
-        self._bias_grad(xp, dy, param_grads)
-        if dx is None:
-            return
-        xp.matmul(weight.reshape(g, kg, ckk).transpose(0, 2, 1), dyt, out=cols)  # dcol
-        dx.fill(0)
-        dxt = dx.transpose(1, 0, 2, 3)
-        for i, j, out_index, in_index in self._taps:
-            scatter_add(xp, dxt, col[:, i, j], out_index, in_index)
-
-    def _sample_columns(self, ctx, x):
-        """A buffer for one sample's columns, (C, kh, kw, Ho, Wo), and a function filling it."""
-        n, c, h, w, k, g, ho, wo = self.geometry
-        kh, kw = self.cfg["kernel_size"]
-        if self._pointwise:
-            return None, lambda i: x[i]
-        col = ctx.scratch((c, kh, kw, ho, wo), x.dtype)
-
-        def columns(s):
+        c, (kh, kw) = self.geometry[1], self.kernel
+        col = ctx.scratch((c, kh, kw, n) + self.geometry[6:], self.dtype)
+        if x is not None:
+            xt = x.transpose(1, 0, 2, 3)
             for i, j, out_index, in_index in self._taps:
-                gather(ctx.xp, col[:, i, j], x[s], out_index, in_index)
-            return col
-        return col, columns
+                gather(xp, col[:, i, j], xt, out_index, in_index)
+        cols = col.reshape(g, ckk, n * p)
+        t = ctx.scratch((k, n, p), self.dtype)  # y or dy with the batch inside the GEMM
+        t3, w3 = t.reshape(g, kg, n * p), weight.reshape(g, kg, ckk)
+        if dy is not None:
+            xp.copyto(t, dy.reshape(n, k, p).transpose(1, 0, 2))
+        if dw is not None:
+            xp.matmul(t3, cols.transpose(0, 2, 1), out=dw.reshape(g, kg, ckk))
+        if y is not None:  # after dw, which reads dy from t
+            xp.matmul(w3, cols, out=t3)
+            xp.copyto(y.reshape(n, k, p), t.transpose(1, 0, 2))
+        if dx is not None:  # the columns' gradient replaces the columns
+            xp.matmul(w3.transpose(0, 2, 1), t3, out=cols)
+            dx.fill(0)
+            dxt = dx.transpose(1, 0, 2, 3)
+            for i, j, out_index, in_index in self._taps:
+                scatter_add(xp, dxt, col[:, i, j], out_index, in_index)
 
-    def _forward_im2col_chunked(self, ctx, x, top, params):
+    def _im2col_chunked(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
         xp = ctx.xp
         n, k, g, kg, ckk, p = self._shapes()
-        w3 = params["weight"].reshape(g, kg, ckk)
-        _, columns = self._sample_columns(ctx, x)
-        for s in range(n):
-            xp.matmul(w3, columns(s).reshape(g, ckk, p), out=top[s].reshape(g, kg, p))
-        self._add_bias(xp, top, params)
-
-    def _backward_im2col_chunked(self, ctx, x, dy, dx, weight, param_grads):
-        xp = ctx.xp
-        n, k, g, kg, ckk, p = self._shapes()
-        col, columns = self._sample_columns(ctx, x)
-        part = ctx.scratch((g, kg, ckk), x.dtype)
-        dw = param_grads["weight"].reshape(g, kg, ckk)
-        wt = weight.reshape(g, kg, ckk).transpose(0, 2, 1)
-        self._bias_grad(xp, dy, param_grads)
+        c, (kh, kw) = self.geometry[1], self.kernel
+        col = None if self._pointwise else ctx.scratch((c, kh, kw) + self.geometry[6:], self.dtype)
+        part = None if dw is None else ctx.scratch((g, kg, ckk), self.dtype)
+        w3, dw3 = weight.reshape(g, kg, ckk), None if dw is None else dw.reshape(g, kg, ckk)
         if dx is not None and col is not None:
             dx.fill(0)
         for s in range(n):
-            cols = columns(s).reshape(g, ckk, p)
-            dys = dy[s].reshape(g, kg, p)
-            xp.matmul(dys, cols.transpose(0, 2, 1), out=dw if s == 0 else part)
-            if s:
-                xp.add(dw, part, out=dw)
-            if dx is None:
-                continue
-            if col is None:  # pointwise: the sample's gradient is its column gradient
-                xp.matmul(wt, dys, out=dx[s].reshape(g, ckk, p))
-                continue
-            xp.matmul(wt, dys, out=cols)
-            for i, j, out_index, in_index in self._taps:
-                scatter_add(xp, dx[s], col[:, i, j], out_index, in_index)
+            if col is None:  # pointwise: x's sample is its own columns, dx's its gradient
+                cols = None if x is None else x[s].reshape(g, ckk, p)
+            else:
+                if x is not None:
+                    for i, j, out_index, in_index in self._taps:
+                        gather(xp, col[:, i, j], x[s], out_index, in_index)
+                cols = col.reshape(g, ckk, p)
+            if dw is not None:
+                xp.matmul(dy[s].reshape(g, kg, p), cols.transpose(0, 2, 1), out=part if s else dw3)
+                if s:
+                    xp.add(dw3, part, out=dw3)
+            if y is not None:
+                xp.matmul(w3, cols, out=y[s].reshape(g, kg, p))
+            if dx is not None:
+                dcols = dx[s].reshape(g, ckk, p) if col is None else cols
+                xp.matmul(w3.transpose(0, 2, 1), dy[s].reshape(g, kg, p), out=dcols)
+                if col is not None:
+                    for i, j, out_index, in_index in self._taps:
+                        scatter_add(xp, dx[s], col[:, i, j], out_index, in_index)
 
     def _by_tap(self, weight):
         """``weight`` as (g, K/g, C/g, kh, kw): ``[..., i, j]`` is tap (i, j)'s slice, a view."""
         n, c, h, w, k, g, ho, wo = self.geometry
-        return weight.reshape((g, k // g, c // g) + tuple(self.cfg["kernel_size"]))
+        return weight.reshape((g, k // g, c // g) + self.kernel)
 
-    def _direct_buffers(self, ctx, x):
-        """One tap's weight slice (contiguous, for the GEMM) and one sample's shifted input."""
-        n, c, h, w, k, g, ho, wo = self.geometry
-        return ctx.scratch((g, k // g, c // g), x.dtype), ctx.scratch((c, ho, wo), x.dtype)
-
-    def _forward_direct(self, ctx, x, top, params):
+    def _direct(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
         xp = ctx.xp
         n, k, g, kg, ckk, p = self._shapes()
-        cg = x.shape[1] // g
-        w_tap, shifted = self._direct_buffers(ctx, x)
-        weight = self._by_tap(params["weight"])
-        prod = ctx.scratch((g, kg, p), x.dtype)
-        if self.cfg["bias_term"]:
-            xp.copyto(top, params["bias"].reshape(1, -1, 1, 1))
-        else:
-            top.fill(0)
+        c = self.geometry[1]
+        w_tap = ctx.scratch((g, kg, c // g), self.dtype)  # contiguous, for the GEMM
+        shifted = ctx.scratch((c,) + self.geometry[6:], self.dtype)  # one sample through one tap
+        shifted3 = shifted.reshape(g, c // g, p)
+        prod = None if y is None else ctx.scratch((g, kg, p), self.dtype)
+        part = None if dw is None else ctx.scratch((g, kg, c // g), self.dtype)
+        for out in (y, dw, dx):
+            if out is not None:
+                out.fill(0)
+        weight, dw_taps = self._by_tap(weight), None if dw is None else self._by_tap(dw)
         for i, j, out_index, in_index in self._taps:
             if out_index is None:
                 continue  # this tap sees only padding
             xp.copyto(w_tap, weight[..., i, j])
             for s in range(n):
-                gather(xp, shifted, x[s], out_index, in_index)
-                xp.matmul(w_tap, shifted.reshape(g, cg, p), out=prod)
-                ys = top[s].reshape(g, kg, p)
-                xp.add(ys, prod, out=ys)
-
-    def _backward_direct(self, ctx, x, dy, dx, weight, param_grads):
-        xp = ctx.xp
-        n, k, g, kg, ckk, p = self._shapes()
-        cg = x.shape[1] // g
-        w_tap, shifted = self._direct_buffers(ctx, x)
-        part = ctx.scratch((g, kg, cg), x.dtype)
-        param_grads["weight"].fill(0)
-        weight, dw = self._by_tap(weight), self._by_tap(param_grads["weight"])
-        self._bias_grad(xp, dy, param_grads)
-        if dx is not None:
-            dx.fill(0)
-        for i, j, out_index, in_index in self._taps:
-            if out_index is None:
-                continue
-            dw_tap = dw[..., i, j]
-            xp.copyto(w_tap, weight[..., i, j])
-            for s in range(n):
-                gather(xp, shifted, x[s], out_index, in_index)
-                dys = dy[s].reshape(g, kg, p)
-                xp.matmul(dys, shifted.reshape(g, cg, p).transpose(0, 2, 1), out=part)
-                xp.add(dw_tap, part, out=dw_tap)
-                if dx is not None:
-                    xp.matmul(w_tap.transpose(0, 2, 1), dys, out=shifted.reshape(g, cg, p))
+                if x is not None:
+                    gather(xp, shifted, x[s], out_index, in_index)
+                if dw is not None:
+                    dw_tap = dw_taps[..., i, j]
+                    xp.matmul(dy[s].reshape(g, kg, p), shifted3.transpose(0, 2, 1), out=part)
+                    xp.add(dw_tap, part, out=dw_tap)
+                if y is not None:
+                    ys = y[s].reshape(g, kg, p)
+                    xp.matmul(w_tap, shifted3, out=prod)
+                    xp.add(ys, prod, out=ys)
+                if dx is not None:  # last: the shifted gradient replaces the shifted input
+                    xp.matmul(w_tap.transpose(0, 2, 1), dy[s].reshape(g, kg, p), out=shifted3)
                     scatter_add(xp, dx[s], shifted, out_index, in_index)

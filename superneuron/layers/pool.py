@@ -1,10 +1,12 @@
 """Pooling (Caffe's ``Pooling``): MAX or AVE over windows, with Caffe's rounding of the output size.
 
-The output size rounds up, as Caffe's does: ``Ho = ceil((H + 2p - k) / s) + 1``, less one if the
-last window would start at or beyond ``H + p`` (it would see only padding). Both kinds loop over
-the kernel taps (i, j) like the convolution's direct algorithm, each tap one strided view of
-the input against the outputs whose window sees the image there (see
-:func:`~superneuron.layers.conv.window_taps`):
+The window takes Convolution's keys (``kernel_size`` or ``kernel_h``/``kernel_w``, and the same
+for ``stride`` and ``pad``). The output size rounds up, as Caffe's does:
+``Ho = ceil((H + 2p - k) / s) + 1``, less one if the last window would start at or beyond
+``H + p`` (it would see only padding); ``ceil_mode: false`` (an extension found in some Caffe
+forks) rounds down as convolution does. Both kinds loop over the kernel taps (i, j) like the
+convolution's direct algorithm, each tap one strided view of the input against the outputs
+whose window sees the image there (see :func:`~superneuron.layers.conv.window_taps`):
 
 - MAX ignores padding; its backward sends each output's gradient to the first maximum of its
   window in scan order (as PyTorch does with ties), finding it again from the bottom and top.
@@ -17,13 +19,16 @@ import numpy as np
 
 from . import register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
-from .conv import scatter_add, window_taps
+from .conv import scatter_add, window_keys, window_settings, window_taps
 
 
-def pooled_size(n, k, s, p):
+def pooled_size(n, k, s, p, ceil=True):
     """Caffe's pooled size along one axis (ceil rounding, dropping a window that sees only
     padding; Caffe checks that only when padding, but without padding such a window can only
-    arise when stride > kernel, and Caffe would output garbage for it)."""
+    arise when stride > kernel, and Caffe would output garbage for it). ``ceil=False`` rounds
+    down; then every window starts inside the image, as p < k."""
+    if not ceil:
+        return (n + 2 * p - k) // s + 1
     out = -(-(n + 2 * p - k) // s) + 1
     if (out - 1) * s >= n + p:
         out -= 1
@@ -41,10 +46,9 @@ class Pooling(Layer):
 
     KEYS = {
         "pool": Key("str", "MAX", choices=("MAX", "AVE")),
-        "kernel_size": Key("pair", None, doc="window height and width; required unless global_pooling"),
-        "stride": Key("pair", (1, 1)),
-        "pad": Key("pair", (0, 0), doc="padding on each side (ignored by MAX, counted by AVE)"),
+        **window_keys("window"),  # the window is required unless global_pooling
         "global_pooling": Key("bool", False, doc="one window covering the whole map"),
+        "ceil_mode": Key("bool", True, doc="round the output size up (Caffe); false: down"),
     }
     CHEAP = True
 
@@ -54,16 +58,17 @@ class Pooling(Layer):
             self.fail(f"expects a 4-D bottom (N, C, H, W), got {shape}")
         n, c, h, w = shape
         cfg = self.cfg
-        kernel, stride, pad = cfg["kernel_size"], cfg["stride"], cfg["pad"]
+        kernel, stride, pad = window_settings(self)
         if cfg["global_pooling"]:
             if kernel is not None:
-                self.fail("global_pooling takes its window from the input; drop kernel_size")
+                self.fail("global_pooling takes its window from the input; drop kernel_size "
+                          "(or kernel_h and kernel_w)")
             if stride != (1, 1) or pad != (0, 0):
                 self.fail(f"global_pooling needs stride 1 and pad 0, got stride {list(stride)} "
                           f"and pad {list(pad)}")
             kernel = (h, w)
         elif kernel is None:
-            self.fail("missing kernel_size (or set global_pooling: true)")
+            self.fail("missing kernel_size (or kernel_h and kernel_w, or global_pooling: true)")
         if min(kernel) < 1 or min(stride) < 1 or min(pad) < 0:
             self.fail(f"kernel_size {list(kernel)} and stride {list(stride)} must be >= 1 and "
                       f"pad {list(pad)} >= 0")
@@ -72,8 +77,8 @@ class Pooling(Layer):
         if h + 2 * pad[0] < kernel[0] or w + 2 * pad[1] < kernel[1]:
             self.fail(f"input {h}x{w} (pad {list(pad)}) is smaller than the "
                       f"{kernel[0]}x{kernel[1]} window")
-        ho, wo = (pooled_size((h, w)[a], kernel[a], stride[a], pad[a]) for a in (0, 1))
-        self.kernel = tuple(kernel)
+        ho, wo = (pooled_size((h, w)[a], kernel[a], stride[a], pad[a], cfg["ceil_mode"]) for a in (0, 1))
+        self.kernel, self.stride, self.pad = tuple(kernel), stride, pad
         self._taps = window_taps(kernel, stride, pad, (1, 1), (h, w), (ho, wo))
         self._sizes = [np.array(window_sizes((h, w)[a], kernel[a], stride[a], pad[a], (ho, wo)[a]),
                                 dtype=self.dtype) for a in (0, 1)]
