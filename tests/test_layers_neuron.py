@@ -267,15 +267,17 @@ layers:
     ("{name: n, type: ELU, bottom: conv, top: own, alpha: -0.5}", True),
 ])
 def test_in_place_requests_in_a_net(layer, ok):
-    """A top written over a bottom the layer's backward reads is refused, naming the layer."""
-    text = HEAD + f"  - {layer}\n"
-    if ok:
-        Net(loads_spec(text))
-        return
-    type_name = layer.split("type: ")[1].split(",")[0]
-    with pytest.raises(SpecError, match=rf"layer 'n' \({type_name}\): {type_name} cannot run in place "
-                                        r"\(top == bottom 'conv'\): its backward reads its bottom"):
-        Net(loads_spec(text))
+    """As in Caffe, every in-place request is accepted; a layer whose backward reads its bottom
+    gets a top of its own (the bottom is kept for it), the others write over their bottom."""
+    net = Net(loads_spec(HEAD + f"  - {layer}\n"))
+    node = net.graph.node("n")
+    if "top: own" in layer:
+        assert not node.inplace and node.kept is None
+    elif ok:
+        assert node.inplace and net.graph.root(node.tops[0]) == "conv"
+    else:
+        assert not node.inplace and node.kept == "keeps 'conv', read by the backward of 'n'"
+        assert net.graph.root(node.tops[0]) == "conv@n"
 
 
 # -- workspace and memory ----------------------------------------------------------------------
