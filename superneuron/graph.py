@@ -7,7 +7,9 @@ twice, cycles, shapes that do not fit, and in-place requests that would corrupt 
 Tensor names: a top keeps its name; a top written in place (Caffe's ``top == bottom``) is a
 new version ``name@layer`` that shares the first version's memory (``alias``). Where one
 tensor feeds several layers a ``Split`` is inserted (as Caffe does): its tops are views of the
-tensor, and its backward adds their gradients, so every gradient has exactly one writer.
+tensor, and its backward adds their gradients, so every gradient has exactly one writer. The
+tops of every view layer (``ALIAS_TOPS``: Split, Flatten, Reshape) alias its bottom, with their
+own shapes; Flatten's and Reshape's bottom gradients alias their top gradients (``ALIAS_GRADS``).
 The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is ``l/p``.
 """
 
@@ -180,14 +182,19 @@ class Graph:
             for b in bottoms:
                 readers.setdefault(b, []).append(pos)
         backward_readers = {}  # version -> [(LayerSpec, Layer)] whose backward reads it
+        views = {}  # version -> versions that are views of it or it of them (ALIAS_TOPS layers)
         for ls, layer, bottoms, tops in order:
             if layer.BACKWARD:
                 reads_b, reads_t = layer.backward_reads()
                 for v in [bottoms[i] for i in reads_b] + [tops[i] for i in reads_t]:
                     backward_readers.setdefault(v, []).append((ls, layer))
+            if layer.ALIAS_TOPS:
+                for t in tops:
+                    views.setdefault(t, []).append(bottoms[0])
+                    views.setdefault(bottoms[0], []).append(t)
         shapes = {}
         failed = set()
-        for ls, layer, bottoms, tops in order:
+        for pos, (ls, layer, bottoms, tops) in enumerate(order):
             if any(b in failed for b in bottoms):
                 failed.update(tops)
                 continue
@@ -206,10 +213,13 @@ class Graph:
             for t, s in zip(tops, top_shapes):
                 shapes[t] = tuple(s)
             self._check_inplace(ls, layer, bottoms, tops, backward_readers)
+            self._check_views(pos, order, views, readers, backward_readers)
         if self._problems:
             return
         # Insert Splits where a version is read more than once; each read gets its own top.
         split_cls = layer_class("Split")
+        self._taken = {ls.name for ls, *_ in order} | {t for *_, tops in order for t in tops}
+        self._splits = {}  # version -> its Split node
         seen = {}
         for ls, layer, bottoms, tops in order:
             renamed = list(bottoms)
@@ -221,23 +231,27 @@ class Graph:
             self._add_node(ls, layer, renamed, tops)
 
     def _split_of(self, version, shape, count, split_cls):
-        """The Split node for ``version``, created just before its first reader."""
-        name = f"{version}_split"
-        if name in self._by_name:
-            return self._by_name[name]
-        tops = [f"{version}_split_{k}" for k in range(count)]
+        """The Split node for ``version``, created just before its first reader; named
+        ``{version}_split`` (tops ``{version}_split_{k}``) unless the file uses those names."""
+        if version in self._splits:
+            return self._splits[version]
+        name, k = f"{version}_split", 1
+        while name in self._taken or any(f"{name}_{j}" in self._taken for j in range(count)):
+            k += 1
+            name = f"{version}_split{k}"
+        tops = [f"{name}_{j}" for j in range(count)]
+        self._taken.update([name, *tops])
         layer = split_cls(name, [version], tops, split_cls.config({}), dtype=self.dtype)
         layer.bottom_shapes = [shape]
         layer.top_shapes = layer.setup([shape])
-        node = self._add_node(None, layer, [version], tops)
-        for t in tops:
-            self.tensors[t].alias = version
+        node = self._splits[version] = self._add_node(None, layer, [version], tops)
         return node
 
     def _add_node(self, ls, layer, bottoms, tops):
         node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops))
         for t, s in zip(tops, layer.top_shapes):
-            alias = bottoms[0] if "@" in t else None  # an in-place version
+            # an in-place version, or a view (Split, Flatten, Reshape)
+            alias = bottoms[0] if "@" in t or layer.ALIAS_TOPS else None
             self.tensors[t] = TensorInfo(t, s, self.dtype, "data", alias)
         for k, p in enumerate(layer.param_specs()):
             tname = f"{layer.name}/{p.name}"
@@ -274,6 +288,31 @@ class Graph:
                                       f"layer '{rls.name}' (line {rls.line}) reads it; give this "
                                       f"layer its own top")
                     break
+
+    def _check_views(self, pos, order, views, readers, backward_readers):
+        """An in-place write must not destroy data read through a view of the same memory
+        (Split, Flatten, Reshape tops): by a forward after it, or by another layer's backward.
+        (A reader of the written version itself always comes before the write.)"""
+        ls, layer, bottoms, tops = order[pos]
+        if not (layer.INPLACE and tops and "@" in tops[0] and ls.tops[0] == ls.bottoms[0]):
+            return
+        shared, todo = {bottoms[0]}, [bottoms[0]]
+        while todo:
+            for w in views.get(todo.pop(), ()):
+                if w not in shared:
+                    shared.add(w)
+                    todo.append(w)
+        for w in sorted(shared - {bottoms[0]}):
+            hazards = [(order[p][0], "reads it later") for p in readers.get(w, ())
+                       if p > pos and not order[p][1].ALIAS_TOPS]
+            hazards += [(rls, "reads it in its backward")
+                        for rls, rlayer in backward_readers.get(w, ()) if rlayer is not layer]
+            if hazards:
+                rls, when = hazards[0]
+                self._problem(ls, f"cannot run in place on '{ls.bottoms[0]}': it shares memory "
+                                  f"with '{w}', and layer '{rls.name}' (line {rls.line}) {when}; "
+                                  f"give this layer its own top")
+                return
 
     # -- gradients -----------------------------------------------------------------------
     def _gradients(self):
@@ -313,9 +352,10 @@ class Graph:
                     self.tensors[g] = TensorInfo(g, self.tensors[t].shape, self.dtype, "grad")
             for k, g in n.param_grads.items():
                 self.tensors[g] = TensorInfo(g, self.tensors[n.params[k]].shape, self.dtype, "param_grad")
-        # An in-place layer writes its bottom's gradient over its top's.
+        # An in-place layer writes its bottom's gradient over its top's; a view's (Flatten,
+        # Reshape) bottom gradient is its top gradient seen in the bottom's shape.
         for n in self.nodes:
-            if (n.backward and not n.layer.ALIAS_TOPS and "@" in n.tops[0]
+            if (n.backward and (n.layer.ALIAS_GRADS or not n.layer.ALIAS_TOPS and "@" in n.tops[0])
                     and n.bottom_grads[0] is not None):
                 self.tensors[n.bottom_grads[0]].alias = n.top_grads[0]
 
