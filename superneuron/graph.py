@@ -17,7 +17,10 @@ writes over Scale's output, since its backward needs only its own output.
 
 Where one tensor feeds several layers a ``Split`` is inserted (as Caffe does): its tops are
 views of the tensor, and its backward adds their gradients, so every gradient has exactly one
-writer. The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is ``l/p``.
+writer. The tops of every view layer (``ALIAS_TOPS``: Split, Flatten, Reshape) alias its bottom,
+with their own shapes; Flatten's and Reshape's bottom gradients alias their top gradients
+(``ALIAS_GRADS``). The gradient of tensor ``t`` is ``t.grad``; parameter ``p`` of layer ``l`` is
+``l/p``.
 Internal names cannot be spelt by users: ``@`` and ``#`` are refused in names (in-place
 versions and Splits, ``t#split``, ``t#0``..., use them), and a top may not end in ``.grad``
 nor take the name of a parameter.
@@ -193,6 +196,9 @@ class Graph:
         """Names users write must not spell the graph's own (versions, Splits, gradients,
         parameters, workspaces): such a collision would silently share memory."""
         for ls, _, _, _ in order:
+            if "@" in ls.name or "#" in ls.name:
+                self._problem(ls, "layer names may not contain '@' or '#' (superneuron names its "
+                                  "own splits with them)")
             for t in ls.tops:
                 if "@" in t or "#" in t:
                     self._problem(ls, f"top '{t}': names may not contain '@' or '#' (superneuron "
@@ -207,14 +213,19 @@ class Graph:
             for b in bottoms:
                 readers.setdefault(b, []).append(pos)
         backward_readers = {}  # version -> [(LayerSpec, Layer)] whose backward reads it
+        views = {}  # version -> versions that are views of it or it of them (ALIAS_TOPS layers)
         for ls, layer, bottoms, tops in order:
             if layer.BACKWARD:
                 reads_b, reads_t = layer.backward_reads()
                 for v in [bottoms[i] for i in reads_b] + [tops[i] for i in reads_t]:
                     backward_readers.setdefault(v, []).append((ls, layer))
+            if layer.ALIAS_TOPS:
+                for t in tops:
+                    views.setdefault(t, []).append(bottoms[0])
+                    views.setdefault(bottoms[0], []).append(t)
         shapes, inplace = {}, {}
         failed = set()
-        for ls, layer, bottoms, tops in order:
+        for pos, (ls, layer, bottoms, tops) in enumerate(order):
             if any(b in failed for b in bottoms):
                 failed.update(tops)
                 continue
@@ -232,11 +243,12 @@ class Graph:
             layer.top_shapes = [tuple(s) for s in top_shapes]
             for t, s in zip(tops, top_shapes):
                 shapes[t] = tuple(s)
-            inplace[ls.name] = self._inplace(ls, layer, bottoms, tops, backward_readers)
+            inplace[ls.name] = self._inplace(pos, order, views, readers, backward_readers)
         if self._problems:
             return
         # Insert Splits where a version is read more than once; each read gets its own top.
         split_cls = layer_class("Split")
+        self._splits = {}  # version -> its Split node
         seen = {}
         for ls, layer, bottoms, tops in order:
             renamed = list(bottoms)
@@ -250,17 +262,16 @@ class Graph:
                 self.tensors[tops[0]].alias = renamed[0]
 
     def _split_of(self, version, shape, count, split_cls):
-        """The Split node for ``version``, created just before its first reader."""
+        """The Split node for ``version``, created just before its first reader; its name and
+        its tops' (``version#split``, ``version#0``, ...) cannot be spelt in a file."""
+        if version in self._splits:
+            return self._splits[version]
         name = f"{version}#split"
-        if name in self._by_name:
-            return self._by_name[name]
         tops = [f"{version}#{k}" for k in range(count)]
         layer = split_cls(name, [version], tops, split_cls.config({}), dtype=self.dtype)
         layer.bottom_shapes = [shape]
         layer.top_shapes = layer.setup([shape])
-        node = self._add_node(None, layer, [version], tops)
-        for t in tops:
-            self.tensors[t].alias = version
+        node = self._splits[version] = self._add_node(None, layer, [version], tops)
         return node
 
     def _add_node(self, ls, layer, bottoms, tops, inplace=False, kept=None):
@@ -268,7 +279,9 @@ class Graph:
         for t, s in zip(tops, layer.top_shapes):
             if t in self.tensors:  # only a parameter's name can be taken already
                 self._problem(ls, f"top '{t}' has the name of a parameter ('layer/param'); rename it")
-            self.tensors[t] = TensorInfo(t, s, self.dtype, "data")
+            # a view (Split, Flatten, Reshape); an in-place version is aliased by _build
+            alias = bottoms[0] if layer.ALIAS_TOPS else None
+            self.tensors[t] = TensorInfo(t, s, self.dtype, "data", alias)
         for k, p in enumerate(layer.param_specs()):
             tname = f"{layer.name}/{p.name}"
             if tname in self.tensors:
@@ -288,21 +301,38 @@ class Graph:
         self._by_name[layer.name] = node
         return node
 
-    def _inplace(self, ls, layer, bottoms, tops, backward_readers):
-        """``(inplace, kept)`` for a layer: whether its top may share its bottom's memory, and if
-        it asked to (Caffe's ``top == bottom``) but may not, why (the value it keeps)."""
+    def _inplace(self, pos, order, views, readers, backward_readers):
+        """``(inplace, kept)`` for the layer at ``pos``: whether its top may share its bottom's
+        memory, and if it asked to (Caffe's ``top == bottom``) but may not, why (what it keeps).
+
+        The write may not destroy a value still read: the bottom, by this layer's backward or
+        another's; or a view of the same memory (Split, Flatten, Reshape tops), by a forward
+        after it or by another layer's backward. (A forward reader of the written version itself
+        always comes before the write.)"""
+        ls, layer, bottoms, tops = order[pos]
         if not tops or "@" not in tops[0] or layer.ALIAS_TOPS:
             return False, None
         if ls.tops[0] != ls.bottoms[0]:
             return False, f"its first top overwrites its bottom '{ls.tops[0]}' out of place"
         if layer.top_shapes[0] != layer.bottom_shapes[0]:
             return False, "its top's shape differs from its bottom's"
-        readers = [rls.name for rls, rlayer in backward_readers.get(bottoms[0], []) if rlayer is not layer]
-        if not layer.INPLACE and 0 in layer.backward_reads()[0]:
-            readers.insert(0, ls.name)
-        if readers:
-            return False, f"keeps '{bottoms[0]}', read by the backward of " + ", ".join(
-                f"'{r}'" for r in readers)
+        shared, todo = {bottoms[0]}, [bottoms[0]]
+        while todo:
+            for w in views.get(todo.pop(), ()):
+                if w not in shared:
+                    shared.add(w)
+                    todo.append(w)
+        names = [ls.name] if not layer.INPLACE and 0 in layer.backward_reads()[0] else []
+        for w in [bottoms[0]] + sorted(shared - {bottoms[0]}):
+            names += [rls.name for rls, rlayer in backward_readers.get(w, ()) if rlayer is not layer]
+            later = [order[p][0].name for p in readers.get(w, ()) if p > pos and not order[p][1].ALIAS_TOPS]
+            if names or later:
+                why = []
+                if names:
+                    why.append("read by the backward of " + ", ".join(f"'{r}'" for r in names))
+                if later:
+                    why.append("read later by " + ", ".join(f"'{r}'" for r in later))
+                return False, f"keeps '{w}', " + " and ".join(why)
         if not layer.INPLACE:
             return False, f"{layer.type} does not run in place"
         return True, None
@@ -345,9 +375,10 @@ class Graph:
                     self.tensors[g] = TensorInfo(g, self.tensors[t].shape, self.dtype, "grad")
             for k, g in n.param_grads.items():
                 self.tensors[g] = TensorInfo(g, self.tensors[n.params[k]].shape, self.dtype, "param_grad")
-        # An in-place layer writes its bottom's gradient over its top's.
+        # An in-place layer writes its bottom's gradient over its top's; a view's (Flatten,
+        # Reshape) bottom gradient is its top gradient seen in the bottom's shape.
         for n in self.nodes:
-            if n.backward and n.inplace and n.bottom_grads[0] is not None:
+            if n.backward and (n.layer.ALIAS_GRADS or n.inplace) and n.bottom_grads[0] is not None:
                 self.tensors[n.bottom_grads[0]].alias = n.top_grads[0]
 
 

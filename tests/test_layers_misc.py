@@ -102,7 +102,7 @@ def test_gradcheck_test_mode():
 
 def test_split_gradcheck_and_sum():
     layer, params = build("Split", [(2, 3, 4)], n_tops=3)
-    assert layer.top_shapes == [(2, 3, 4)] * 3 and layer.ALIAS_TOPS and layer.INTERNAL
+    assert layer.top_shapes == [(2, 3, 4)] * 3 and layer.ALIAS_TOPS and not layer.INTERNAL
     x = randn(2, 3, 4)
     gradcheck(layer, [x], params)
     tops = forward(layer, [x], params)

@@ -36,11 +36,12 @@ class Key:
     Kinds: ``int``, ``float``, ``bool``, ``str``, ``pair`` (an int or ``[h, w]``, converted to a
     tuple of two ints), ``floats`` (a number or list of numbers, converted to a tuple of floats),
     ``shapes`` (one shape or a list of shapes, each a list of positive ints → tuple of tuples),
+    ``ints`` (an int or a list of ints → a tuple: Reshape's ``shape``, Slice's ``slice_point``),
     ``filler`` (a name such as ``msra`` or a mapping ``{type: gaussian, std: 0.01}``, converted to
     a dict), ``strs`` (a string or list of strings, converted to a tuple).
     """
 
-    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "strs", "shapes")
+    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "strs", "shapes", "ints")
 
     def __init__(self, kind, default=REQUIRED, choices=None, doc=""):
         assert kind in self.KINDS, kind
@@ -81,6 +82,11 @@ class Key:
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
                 raise ValueError(f"expected a number or a list of numbers, got {value!r}")
             value = tuple(float(v) for v in items)
+        elif kind == "ints":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+                raise ValueError(f"expected an integer or a list of integers, got {value!r}")
+            value = tuple(items)
         elif kind == "strs":
             items = value if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(v, str) for v in items):
@@ -235,9 +241,10 @@ class Layer:
     CHEAP = False
     LOSS = False       # its top is a scalar loss, weighted by ``loss_weight``
     BACKWARD = True    # False: never differentiated (Accuracy, Input, Data)
-    ALIAS_TOPS = False  # tops are views of bottom 0 (Split): forward does nothing
+    ALIAS_TOPS = False  # tops are views of bottom 0 (Split, Flatten, Reshape): forward does nothing
+    ALIAS_GRADS = False  # bottom 0's gradient is a view of top 0's (Flatten, Reshape): backward does nothing
     LABEL_BOTTOMS = ()  # indices of bottoms that are labels: never differentiated
-    INTERNAL = False    # inserted by the graph (Split), not written in network files
+    INTERNAL = False    # only ever inserted by the graph, never written in network files
     kernels = None      # vendor kernels of the device (layers/cudnn.py), set by the Graph
 
     def __init__(self, name, bottoms, tops, cfg, dtype=np.float32):

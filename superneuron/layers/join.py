@@ -1,7 +1,7 @@
 """Eltwise, Concat and Split: layers that join several tensors into one, or fan one out.
 
-Split is never written in a network file: the graph inserts one wherever a tensor feeds several
-layers (as Caffe does). Its tops are views of its bottom, so its forward costs nothing, and its
+The graph inserts a Split wherever a tensor feeds several layers (as Caffe does), and a network
+file may write one too. Its tops are views of its bottom, so its forward costs nothing, and its
 backward is the one place where the gradients of the readers are summed.
 """
 
@@ -160,13 +160,13 @@ class Concat(Layer):
 
 @register
 class Split(Layer):
-    """One bottom read by several layers (inserted by the graph): each top is a view of the
-    bottom, and the bottom's gradient is the sum of the tops' gradients."""
+    """One bottom read by several layers (inserted by the graph, or written in a network file as
+    in Caffe): each top is a view of the bottom, and the bottom's gradient is the sum of the
+    tops' gradients."""
 
     BOTTOMS = (1, 1)
     TOPS = (1, None)
     ALIAS_TOPS = True
-    INTERNAL = True
     CHEAP = True
 
     def setup(self, bottom_shapes):
