@@ -535,10 +535,21 @@ class Loader:
         return {"epoch": int(self.epoch_index), "position": int(self.position), "seed": int(self.seed),
                 "samples": len(self.dataset)}
 
+    def check_state(self, state):
+        """SNError unless ``state`` (as read from a snapshot) is a :meth:`state` of this dataset."""
+        if not isinstance(state, dict):
+            raise SNError("data position is not a mapping of epoch, position, seed and samples")
+        for key in ("epoch", "position", "seed", "samples"):
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SNError(f"data position: '{key}' must be a count >= 0, got {value!r:.40}")
+        if state["samples"] != len(self.dataset):
+            raise SNError(f"{self.dataset.name}: has {len(self.dataset)} samples, but the snapshot "
+                          f"was taken with {state['samples']}")
+        if state["position"] >= max(len(self.dataset), 1):
+            raise SNError(f"data position {state['position']} is past the {len(self.dataset)} samples")
+
     def restore(self, state):
         """Continue from a :meth:`state`: the following batches are those the saved run would see."""
-        if int(state["samples"]) != len(self.dataset):
-            raise SNError(f"{self.dataset.name}: has {len(self.dataset)} samples, but the snapshot "
-                          f"was taken with {int(state['samples'])}")
-        self.epoch_index, self.position = int(state["epoch"]), int(state["position"])
-        self.seed = int(state["seed"])
+        self.check_state(state)
+        self.epoch_index, self.position, self.seed = state["epoch"], state["position"], state["seed"]

@@ -3,21 +3,20 @@
 and on Ctrl-C snapshot, then stop.
 
 Nothing here prints: the loop reports events (dicts) to a callback, and the CLI prints them.
-Snapshots hold the weights, optimiser state, iteration and data position; they are written to
-a temporary file and renamed, so a killed run never leaves a broken one, and a resumed run
-continues exactly where the snapshot left it (bit-identical losses on the CPU).
+Snapshots (snapshot.py) hold the weights, optimiser state, iteration and data position; they
+are written to a temporary file and renamed, so a killed run never leaves a broken one, and are
+checked whole before use. A resumed run continues exactly where the snapshot left it
+(bit-identical losses on the CPU).
 """
 
-import glob
 import json
 import os
 import time
 
 import numpy as np
 
+from . import snapshot as snap
 from .errors import SNError
-
-SNAPSHOT_FORMAT = 1
 
 
 class Trainer:
@@ -39,6 +38,7 @@ class Trainer:
                           f"trained; it has {', '.join(self.inputs) or 'none'}")
         if snapshot_dir is not None:
             _check_writable(snapshot_dir)
+            snap.remove_stale_tmp(snapshot_dir, net.graph.name)
         if log_path is not None:
             _check_writable(os.path.dirname(os.path.abspath(log_path)))
 
@@ -114,61 +114,59 @@ class Trainer:
         return result
 
     # -- snapshots ------------------------------------------------------------------------
+    def _identity(self):
+        return {"net": self.net.graph.name, "fingerprint": snap.fingerprint(self.net),
+                "solver": self.solver.type}
+
     def snapshot(self, path=None):
         """Write the state of training to ``path`` (default: the snapshot folder) atomically."""
         path = path or os.path.join(self.snapshot_dir, f"{self.net.graph.name}_iter_{self.iteration}.npz")
-        arrays = {f"param:{n}": self.net.runtime.to_host(n) for n in self.net.param_names}
-        for name in self.net.runtime.resident:
-            if self.net.graph.tensors.get(name) is None:  # optimiser state
-                arrays[f"opt:{name}"] = self.net.runtime.to_host(name)
-        meta = {"format": SNAPSHOT_FORMAT, "net": self.net.graph.name, "iteration": self.iteration,
-                "signature": _signature(self.net), "loader": self.train_loader.state(),
-                "solver": self.solver.type}
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, __meta__=np.array(json.dumps(meta, default=_jsonable)), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        # the resident arrays themselves (under parameter offload, the masters on the host): a
+        # device copy left placed by a test pass that Ctrl-C cut short may be half copied
+        resident, to_host = self.net.runtime.resident, self.net.backend.to_host
+        arrays = {key: to_host(resident[key.split(":", 1)[1]]) for key in snap.expected_arrays(self.net)}
+        meta = dict(self._identity(), iteration=self.iteration, loader=self.train_loader.state())
+        return snap.write(path, json.loads(json.dumps(meta, default=_jsonable)), arrays)
 
-    def restore(self, path):
-        """Continue from the snapshot at ``path`` (a file, or a folder: its newest snapshot)."""
-        path = latest_snapshot(path) if os.path.isdir(path) else path
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["__meta__"]))
-                arrays = {k: z[k] for k in z.files if k != "__meta__"}
-        except FileNotFoundError:
-            raise SNError(f"{path}: no such snapshot") from None
-        except Exception as e:  # noqa: BLE001 - zip, json and key errors all mean "not a snapshot"
-            raise SNError(f"{path}: not a superneuron snapshot ({type(e).__name__})") from None
-        if meta.get("signature") != _signature(self.net):
-            raise SNError(f"{path}: snapshot of a different net ('{meta.get('net')}'), "
-                          f"not of '{self.net.graph.name}' as loaded")
-        if meta.get("solver") != self.solver.type:
-            raise SNError(f"{path}: snapshot of a {meta.get('solver')} solver; this run uses "
-                          f"{self.solver.type}")
+    def restore(self, path, on_event=lambda event: None):
+        """Continue from the snapshot at ``path``, checked whole first; returns the path used.
+
+        ``path`` may be a folder: its newest snapshot of this net that passes every check is
+        used, and each newer one that does not is reported as a ``skipped_snapshot`` event
+        (``path``, ``error``); another net's snapshots are never considered."""
+        if not os.path.isdir(path):
+            meta, arrays = self._read(path)
+        else:
+            name = self.net.graph.name
+            files = snap.candidates(path, name)
+            if not files:
+                raise SNError(f"{path}: no snapshots of net '{name}' ({name}_iter_N.npz) to resume from")
+            errors = []
+            for file in files:
+                try:
+                    meta, arrays = self._read(file)
+                    path = file
+                    break
+                except SNError as e:
+                    errors.append(str(e))
+                    on_event({"kind": "skipped_snapshot", "path": file, "error": str(e)})
+            else:
+                raise SNError(f"{path}: none of its {len(files)} snapshots of net '{name}' is usable; "
+                              f"the newest: {errors[0]}")
         for key, value in arrays.items():
-            name = key.split(":", 1)[1]
-            if name not in self.net.runtime.resident:
-                raise SNError(f"{path}: snapshot has '{name}', which this net and solver lack")
-            self.net.backend.copy_from_host(self.net.runtime.resident[name], value)
+            self.net.backend.copy_from_host(self.net.runtime.resident[key.split(":", 1)[1]], value)
         self.train_loader.restore(meta["loader"])
-        self.iteration = int(meta["iteration"])
+        self.iteration = meta["iteration"]
         return path
 
-
-def latest_snapshot(folder):
-    """The complete snapshot with the highest iteration in ``folder``."""
-    files = glob.glob(os.path.join(folder, "*_iter_*.npz"))
-    if not files:
-        raise SNError(f"{folder}: no snapshots (*_iter_N.npz) to resume from")
-    return max(files, key=lambda f: int(f.rsplit("_iter_", 1)[1][:-4]))
-
-
-def _signature(net):
-    return [[n, list(net.graph.tensors[n].shape)] for n in net.param_names]
+    def _read(self, path):
+        """``(meta, arrays)`` of the snapshot at ``path`` if it fits this net, solver and data."""
+        meta, arrays = snap.read(path, snap.expected_arrays(self.net), self._identity())
+        try:
+            self.train_loader.check_state(meta.get("loader"))
+        except SNError as e:
+            raise snap.BadSnapshot(f"{path}: {e}") from None
+        return meta, arrays
 
 
 def _jsonable(value):
