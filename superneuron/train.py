@@ -6,11 +6,16 @@ Nothing here prints: the loop reports events (dicts) to a callback, and the CLI 
 Snapshots (snapshot.py) hold the weights, optimiser state, iteration and data position; they
 are written to a temporary file and renamed, so a killed run never leaves a broken one, and are
 checked whole before use. A resumed run continues exactly where the snapshot left it
-(bit-identical losses on the CPU).
+(bit-identical losses on the CPU), after a Ctrl-C too: Ctrl-C during a training step takes
+effect when the step is done, so a snapshot never holds half an update or a loader that is
+ahead of its iteration.
 """
 
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 
 import numpy as np
@@ -45,21 +50,34 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
     def run(self, on_event=lambda event: None):
         """Train from the current iteration to ``solver.max_iter``; returns the last test result
-        (or None). Events: ``iter``, ``display``, ``test``, ``snapshot``, ``interrupted``."""
+        (or None). Events: ``iter``, ``display``, ``test``, ``snapshot``, ``interrupted``.
+
+        On Ctrl-C (KeyboardInterrupt) it snapshots the state after the last whole iteration and
+        returns."""
         s = self.solver
         log = open(self.log_path, "a") if self.log_path else None
         last_test = None
         window = _Window()
+        ctrl_c = _HeldInterrupt()
         try:
             while self.iteration < s.max_iter:
                 it = self.iteration
-                x, y = self.train_loader.next()
+                position = self.train_loader.state()
+                try:
+                    x, y = self.train_loader.next()
+                except KeyboardInterrupt:
+                    self.train_loader.restore(position)  # the batch was never trained on
+                    raise
+                feed = {self.inputs[0]: x, self.inputs[1]: y}
                 start = time.perf_counter()
-                loss = self.net.train_step({self.inputs[0]: x, self.inputs[1]: y}, it)
+                with ctrl_c.held():  # a step is done whole or not at all
+                    loss = self.net.train_step(feed, it)
                 if not np.isfinite(loss):
                     raise SNError(f"loss is {loss} at iteration {it}: lower the learning rate "
                                   f"(--lr) or check the data")
                 self.iteration = it + 1
+                if ctrl_c.pending:
+                    raise KeyboardInterrupt
                 window.add(loss, self._accuracy(self.net.outputs), len(x), time.perf_counter() - start,
                            first=(it == 0))
                 on_event({"kind": "iter", "iter": self.iteration, "loss": loss})
@@ -80,11 +98,13 @@ class Trainer:
             if self.snapshot_dir:
                 on_event({"kind": "snapshot", "path": self.snapshot()})
         except KeyboardInterrupt:
+            ctrl_c.restore()  # a second Ctrl-C during the snapshot stops at once
             if self.snapshot_dir:
                 on_event({"kind": "interrupted", "iter": self.iteration, "path": self.snapshot()})
             else:
                 on_event({"kind": "interrupted", "iter": self.iteration, "path": None})
         finally:
+            ctrl_c.restore()
             if log:
                 log.close()
         return last_test
@@ -175,6 +195,42 @@ def _jsonable(value):
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(type(value))
+
+
+class _HeldInterrupt:
+    """Holds Ctrl-C back while a training step runs, so that no step is left half done (some
+    parameters updated, others not); the loop raises KeyboardInterrupt once the step is whole.
+    Outside ``held()`` Ctrl-C acts at once, as before. Only the main thread can take signals,
+    and a handler someone else installed (or SIG_IGN) is left alone outside steps."""
+
+    def __init__(self):
+        self.pending = self.holding = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                self.previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.holding:
+            self.pending = True
+        else:
+            self.previous(signum, frame)
+
+    @contextlib.contextmanager
+    def held(self):
+        """Ctrl-C within only sets ``pending``."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+
+    def restore(self):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
 
 
 def _check_writable(folder):
