@@ -85,6 +85,9 @@ def _config(cfg):
         raise SNError(f"data source '{src}': test_fraction must be in [0, 1), got {cfg['test_fraction']}")
     if any(s == 0 for s in cfg["std"]):
         raise SNError(f"data source '{src}': std has a zero")
+    for key in ("scale", "mean", "std"):  # the YAML path rejects these already (Key.convert)
+        if not np.all(np.isfinite(cfg[key])):
+            raise SNError(f"data source '{src}': {key} must be finite, got {cfg[key]}")
     return cfg
 
 
@@ -144,12 +147,18 @@ class Dataset:
         idx = np.asarray(idx, dtype=np.int64)
         x = self._pixels(idx, rng if rng is not None else np.random.default_rng(0), train)
         x = x.astype(np.float32, copy=False)  # _pixels returns a new array: the stored samples stay
-        if self.factor != 1:
-            x *= self.factor
-        if self.mean is not None:
-            x -= self.mean
-        if self.std is not None:
-            x /= self.std
+        with np.errstate(over="ignore", invalid="ignore"):  # checked below, in one line
+            if self.factor != 1:
+                x *= self.factor
+            if self.mean is not None:
+                x -= self.mean
+            if self.std is not None:
+                x /= self.std
+        if not np.isfinite(x.sum()):  # one cheap pass; the sum of finite values may still overflow
+            bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+            if bad.any():
+                raise SNError(f"{self.name}: sample {int(idx[bad][0])} is non-finite after scale, mean and "
+                              f"std (batch of samples {int(idx.min())}..{int(idx.max())})")
         return x
 
     def _pixels(self, idx, rng, train):
@@ -372,10 +381,24 @@ def _npz(path):
         if x.dtype.kind not in "biuf":
             raise SNError(f"{path}: '{xk}' has dtype {x.dtype}; expected numbers")
         shape = _sample_shape(path, x.shape, xk)
+        _check_finite(path, x, xk)
         out += [x.reshape((len(x),) + shape), _labels(path, a[yk], len(x), yk)]
     if out[2] is not None and out[2].shape[1:] != out[0].shape[1:]:
         raise SNError(f"{path}: x_test samples {out[2].shape[1:]} differ from x samples {out[0].shape[1:]}")
     return out
+
+
+def _check_finite(path, x, key):
+    """SNError naming the first sample of ``x`` that holds a NaN or an infinity (checked a slice
+    at a time, so no mask as large as the data is made)."""
+    if x.dtype.kind not in "fc" or not len(x):
+        return
+    step = max(1, (1 << 22) // max(1, x[0].size))
+    for start in range(0, len(x), step):
+        ok = np.isfinite(x[start:start + step].reshape(min(step, len(x) - start), -1)).all(axis=1)
+        if not ok.all():
+            raise SNError(f"{path}: '{key}' sample {start + int(np.argmin(ok))} (of {len(x)}) holds a NaN "
+                          "or an infinity; data must be finite")
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):

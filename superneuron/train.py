@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from . import snapshot as snap
-from .errors import SNError
+from .errors import SNError, where
 
 
 class Trainer:
@@ -53,7 +53,13 @@ class Trainer:
         (or None). Events: ``iter``, ``display``, ``test``, ``snapshot``, ``interrupted``.
 
         On Ctrl-C (KeyboardInterrupt) it snapshots the state after the last whole iteration and
-        returns."""
+        returns; a non-finite loss is an SNError naming the iteration and the first layer whose
+        top went non-finite."""
+        # NumPy's overflow warnings would bury the one-line error a non-finite loss gets
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._run(on_event)
+
+    def _run(self, on_event):
         s = self.solver
         log = open(self.log_path, "a") if self.log_path else None
         last_test = None
@@ -73,8 +79,7 @@ class Trainer:
                 with ctrl_c.held():  # a step is done whole or not at all
                     loss = self.net.train_step(feed, it)
                 if not np.isfinite(loss):
-                    raise SNError(f"loss is {loss} at iteration {it}: lower the learning rate "
-                                  f"(--lr) or check the data")
+                    raise SNError(self._non_finite_loss(loss, feed, it))
                 self.iteration = it + 1
                 if ctrl_c.pending:
                     raise KeyboardInterrupt
@@ -108,6 +113,22 @@ class Trainer:
             if log:
                 log.close()
         return last_test
+
+    def _non_finite_loss(self, loss, feed, it):
+        """The message for a loss that went non-finite at iteration ``it``: the runtime skipped
+        that iteration's update, so its forward is re-run (same batch, same dropout masks)
+        checking every top, to name the first layer whose output is non-finite."""
+        msg = f"loss is {loss} at iteration {it}"
+        advice = "lower the learning rate (--lr) or check the data"
+        # learned parameters only: this iteration's forward has already updated running statistics
+        bad = [n for n in self.net.learnable_names if not np.all(np.isfinite(self.net.param(n)))]
+        if bad:
+            return f"{msg}; parameter '{bad[0]}' is non-finite: lower the learning rate (--lr)"
+        node = self.net.first_non_finite(feed, it)
+        if node is None:
+            return f"{msg}: {advice}"
+        at = where(node.spec.file, node.spec.line) if node.spec else ""
+        return f"{msg}, first non-finite output at {at}layer '{node.name}' ({node.layer.type}); {advice}"
 
     def _accuracy(self, outputs):
         accs = [v for n, v in outputs.items() if self.net.graph.node(n).layer.type == "Accuracy"]
