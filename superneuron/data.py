@@ -401,15 +401,32 @@ def _check_finite(path, x, key):
                           "or an infinity; data must be finite")
 
 
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Loads dicts, lists, bytes and NumPy arrays only: a data file cannot run code."""
+# The only globals a CIFAR-10 python batch names: an ndarray rebuilt by NumPy's own reducer
+# (numpy.core.multiarray._reconstruct in CIFAR's files, numpy._core... from NumPy 2; pickle
+# protocol 5 uses numeric._frombuffer), ndarray and dtype. Each is taken from NumPy as it is
+# loaded here, so no module a file names is ever imported.
+_RECONSTRUCT = np.zeros(1).__reduce__()[0]
+_FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]
+_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
 
-    ALLOWED = {"_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer"}
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, bytes and NumPy arrays only: a data file cannot run code or import
+    anything."""
 
     def find_class(self, module, name):
-        if module.split(".")[0] == "numpy" and name in self.ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        found = _PICKLE_GLOBALS.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} (a CIFAR-10 batch names only "
+                                         "NumPy's array globals)")
+        return found
 
 
 def _cifar_batch(path):
