@@ -85,6 +85,9 @@ def _config(cfg):
         raise SNError(f"data source '{src}': test_fraction must be in [0, 1), got {cfg['test_fraction']}")
     if any(s == 0 for s in cfg["std"]):
         raise SNError(f"data source '{src}': std has a zero")
+    for key in ("scale", "mean", "std"):  # the YAML path rejects these already (Key.convert)
+        if not np.all(np.isfinite(cfg[key])):
+            raise SNError(f"data source '{src}': {key} must be finite, got {cfg[key]}")
     return cfg
 
 
@@ -144,12 +147,18 @@ class Dataset:
         idx = np.asarray(idx, dtype=np.int64)
         x = self._pixels(idx, rng if rng is not None else np.random.default_rng(0), train)
         x = x.astype(np.float32, copy=False)  # _pixels returns a new array: the stored samples stay
-        if self.factor != 1:
-            x *= self.factor
-        if self.mean is not None:
-            x -= self.mean
-        if self.std is not None:
-            x /= self.std
+        with np.errstate(over="ignore", invalid="ignore"):  # checked below, in one line
+            if self.factor != 1:
+                x *= self.factor
+            if self.mean is not None:
+                x -= self.mean
+            if self.std is not None:
+                x /= self.std
+        if not np.isfinite(x.sum()):  # one cheap pass; the sum of finite values may still overflow
+            bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+            if bad.any():
+                raise SNError(f"{self.name}: sample {int(idx[bad][0])} is non-finite after scale, mean and "
+                              f"std (batch of samples {int(idx.min())}..{int(idx.max())})")
         return x
 
     def _pixels(self, idx, rng, train):
@@ -372,21 +381,52 @@ def _npz(path):
         if x.dtype.kind not in "biuf":
             raise SNError(f"{path}: '{xk}' has dtype {x.dtype}; expected numbers")
         shape = _sample_shape(path, x.shape, xk)
+        _check_finite(path, x, xk)
         out += [x.reshape((len(x),) + shape), _labels(path, a[yk], len(x), yk)]
     if out[2] is not None and out[2].shape[1:] != out[0].shape[1:]:
         raise SNError(f"{path}: x_test samples {out[2].shape[1:]} differ from x samples {out[0].shape[1:]}")
     return out
 
 
-class _NumpyOnlyUnpickler(pickle.Unpickler):
-    """Loads dicts, lists, bytes and NumPy arrays only: a data file cannot run code."""
+def _check_finite(path, x, key):
+    """SNError naming the first sample of ``x`` that holds a NaN or an infinity (checked a slice
+    at a time, so no mask as large as the data is made)."""
+    if x.dtype.kind not in "fc" or not len(x):
+        return
+    step = max(1, (1 << 22) // max(1, x[0].size))
+    for start in range(0, len(x), step):
+        ok = np.isfinite(x[start:start + step].reshape(min(step, len(x) - start), -1)).all(axis=1)
+        if not ok.all():
+            raise SNError(f"{path}: '{key}' sample {start + int(np.argmin(ok))} (of {len(x)}) holds a NaN "
+                          "or an infinity; data must be finite")
 
-    ALLOWED = {"_reconstruct", "ndarray", "dtype", "scalar", "_frombuffer"}
+
+# The only globals a CIFAR-10 python batch names: an ndarray rebuilt by NumPy's own reducer
+# (numpy.core.multiarray._reconstruct in CIFAR's files, numpy._core... from NumPy 2; pickle
+# protocol 5 uses numeric._frombuffer), ndarray and dtype. Each is taken from NumPy as it is
+# loaded here, so no module a file names is ever imported.
+_RECONSTRUCT = np.zeros(1).__reduce__()[0]
+_FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]
+_PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
+    ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy._core.numeric", "_frombuffer"): _FROMBUFFER,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+}
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Loads dicts, lists, bytes and NumPy arrays only: a data file cannot run code or import
+    anything."""
 
     def find_class(self, module, name):
-        if module.split(".")[0] == "numpy" and name in self.ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        found = _PICKLE_GLOBALS.get((module, name))
+        if found is None:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} (a CIFAR-10 batch names only "
+                                         "NumPy's array globals)")
+        return found
 
 
 def _cifar_batch(path):
@@ -535,10 +575,21 @@ class Loader:
         return {"epoch": int(self.epoch_index), "position": int(self.position), "seed": int(self.seed),
                 "samples": len(self.dataset)}
 
+    def check_state(self, state):
+        """SNError unless ``state`` (as read from a snapshot) is a :meth:`state` of this dataset."""
+        if not isinstance(state, dict):
+            raise SNError("data position is not a mapping of epoch, position, seed and samples")
+        for key in ("epoch", "position", "seed", "samples"):
+            value = state.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SNError(f"data position: '{key}' must be a count >= 0, got {value!r:.40}")
+        if state["samples"] != len(self.dataset):
+            raise SNError(f"{self.dataset.name}: has {len(self.dataset)} samples, but the snapshot "
+                          f"was taken with {state['samples']}")
+        if state["position"] >= max(len(self.dataset), 1):
+            raise SNError(f"data position {state['position']} is past the {len(self.dataset)} samples")
+
     def restore(self, state):
         """Continue from a :meth:`state`: the following batches are those the saved run would see."""
-        if int(state["samples"]) != len(self.dataset):
-            raise SNError(f"{self.dataset.name}: has {len(self.dataset)} samples, but the snapshot "
-                          f"was taken with {int(state['samples'])}")
-        self.epoch_index, self.position = int(state["epoch"]), int(state["position"])
-        self.seed = int(state["seed"])
+        self.check_state(state)
+        self.epoch_index, self.position, self.seed = state["epoch"], state["position"], state["seed"]

@@ -148,11 +148,27 @@ class Net:
         return self.loss
 
     def train_step(self, feed, iteration):
-        """One training iteration (forward, backward, update); returns the total loss."""
+        """One training iteration (forward, backward, update); returns the total loss. A
+        non-finite loss leaves the parameters as they were (see :meth:`first_non_finite`)."""
         assert self.optimizer is not None, "Net was built without an optimizer"
         self.outputs = self.runtime.run(self.schedules["train"], self._feed(feed), iteration=iteration,
                                        optimizer=self.optimizer)
         return self.loss
+
+    def first_non_finite(self, feed, iteration):
+        """The first node, in execution order, whose top holds a NaN or an infinity in a
+        training-mode forward of ``feed`` at ``iteration`` (the same dropout masks), or None.
+        For diagnosis: it checks every top, which a training step never pays for."""
+        xp, found = self.backend.xp, []
+
+        def watch(node, tops):
+            if not found and not all(bool(xp.isfinite(t).all()) for t in tops):
+                found.append(node)
+
+        schedule = self.schedules["train"]
+        schedule = schedule.replace([s for s in schedule.steps if s.kind not in ("backward", "update")])
+        self.runtime.run(schedule, self._feed(feed), iteration=iteration, watch=watch)
+        return found[0] if found else None
 
     @property
     def loss(self):

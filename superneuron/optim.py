@@ -111,6 +111,12 @@ class SolverConfig:
 def check(c):
     """What is wrong with the solver values of ``c`` (a SolverConfig or any object with its
     attributes), as ``(key, message)`` pairs; none when all is well."""
+    infinite = [k for k, (kind, _) in _KINDS.items() if kind is float and getattr(c, k) is not None
+                and not math.isfinite(getattr(c, k))]
+    for key in infinite:  # a NaN passes every comparison below: catch it first
+        yield key, f"{key} must be a finite number, got {getattr(c, key)}"
+    if infinite:
+        return
     for key in ("type", "lr_policy"):
         value, allowed = getattr(c, key), TYPES if key == "type" else POLICIES
         if value not in allowed:
@@ -187,6 +193,8 @@ def _convert(key, value):
             return tuple(_convert("stepsize", v) for v in items)
     except ValueError:
         want = {float: "a number", int: "an integer", tuple: "a list of integers"}[kind]
+        if isinstance(value, float) and not math.isfinite(value):
+            want = "a finite number"  # a NaN or an infinity, from YAML's .nan/.inf or --lr nan
         raise ValueError(f"expected {want}, got {value!r}") from None
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")

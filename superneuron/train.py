@@ -3,21 +3,25 @@
 and on Ctrl-C snapshot, then stop.
 
 Nothing here prints: the loop reports events (dicts) to a callback, and the CLI prints them.
-Snapshots hold the weights, optimiser state, iteration and data position; they are written to
-a temporary file and renamed, so a killed run never leaves a broken one, and a resumed run
-continues exactly where the snapshot left it (bit-identical losses on the CPU).
+Snapshots (snapshot.py) hold the weights, optimiser state, iteration and data position; they
+are written to a temporary file and renamed, so a killed run never leaves a broken one, and are
+checked whole before use. A resumed run continues exactly where the snapshot left it
+(bit-identical losses on the CPU), after a Ctrl-C too: Ctrl-C during a training step takes
+effect when the step is done, so a snapshot never holds half an update or a loader that is
+ahead of its iteration.
 """
 
-import glob
+import contextlib
 import json
 import os
+import signal
+import threading
 import time
 
 import numpy as np
 
-from .errors import SNError
-
-SNAPSHOT_FORMAT = 1
+from . import snapshot as snap
+from .errors import SNError, where
 
 
 class Trainer:
@@ -39,27 +43,46 @@ class Trainer:
                           f"trained; it has {', '.join(self.inputs) or 'none'}")
         if snapshot_dir is not None:
             _check_writable(snapshot_dir)
+            snap.remove_stale_tmp(snapshot_dir, net.graph.name)
         if log_path is not None:
             _check_writable(os.path.dirname(os.path.abspath(log_path)))
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, on_event=lambda event: None):
         """Train from the current iteration to ``solver.max_iter``; returns the last test result
-        (or None). Events: ``iter``, ``display``, ``test``, ``snapshot``, ``interrupted``."""
+        (or None). Events: ``iter``, ``display``, ``test``, ``snapshot``, ``interrupted``.
+
+        On Ctrl-C (KeyboardInterrupt) it snapshots the state after the last whole iteration and
+        returns; a non-finite loss is an SNError naming the iteration and the first layer whose
+        top went non-finite."""
+        # NumPy's overflow warnings would bury the one-line error a non-finite loss gets
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._run(on_event)
+
+    def _run(self, on_event):
         s = self.solver
         log = open(self.log_path, "a") if self.log_path else None
         last_test = None
         window = _Window()
+        ctrl_c = _HeldInterrupt()
         try:
             while self.iteration < s.max_iter:
                 it = self.iteration
-                x, y = self.train_loader.next()
+                position = self.train_loader.state()
+                try:
+                    x, y = self.train_loader.next()
+                except KeyboardInterrupt:
+                    self.train_loader.restore(position)  # the batch was never trained on
+                    raise
+                feed = {self.inputs[0]: x, self.inputs[1]: y}
                 start = time.perf_counter()
-                loss = self.net.train_step({self.inputs[0]: x, self.inputs[1]: y}, it)
+                with ctrl_c.held():  # a step is done whole or not at all
+                    loss = self.net.train_step(feed, it)
                 if not np.isfinite(loss):
-                    raise SNError(f"loss is {loss} at iteration {it}: lower the learning rate "
-                                  f"(--lr) or check the data")
+                    raise SNError(self._non_finite_loss(loss, feed, it))
                 self.iteration = it + 1
+                if ctrl_c.pending:
+                    raise KeyboardInterrupt
                 window.add(loss, self._accuracy(self.net.outputs), len(x), time.perf_counter() - start,
                            first=(it == 0))
                 on_event({"kind": "iter", "iter": self.iteration, "loss": loss})
@@ -80,14 +103,32 @@ class Trainer:
             if self.snapshot_dir:
                 on_event({"kind": "snapshot", "path": self.snapshot()})
         except KeyboardInterrupt:
+            ctrl_c.restore()  # a second Ctrl-C during the snapshot stops at once
             if self.snapshot_dir:
                 on_event({"kind": "interrupted", "iter": self.iteration, "path": self.snapshot()})
             else:
                 on_event({"kind": "interrupted", "iter": self.iteration, "path": None})
         finally:
+            ctrl_c.restore()
             if log:
                 log.close()
         return last_test
+
+    def _non_finite_loss(self, loss, feed, it):
+        """The message for a loss that went non-finite at iteration ``it``: the runtime skipped
+        that iteration's update, so its forward is re-run (same batch, same dropout masks)
+        checking every top, to name the first layer whose output is non-finite."""
+        msg = f"loss is {loss} at iteration {it}"
+        advice = "lower the learning rate (--lr) or check the data"
+        # learned parameters only: this iteration's forward has already updated running statistics
+        bad = [n for n in self.net.learnable_names if not np.all(np.isfinite(self.net.param(n)))]
+        if bad:
+            return f"{msg}; parameter '{bad[0]}' is non-finite: lower the learning rate (--lr)"
+        node = self.net.first_non_finite(feed, it)
+        if node is None:
+            return f"{msg}: {advice}"
+        at = where(node.spec.file, node.spec.line) if node.spec else ""
+        return f"{msg}, first non-finite output at {at}layer '{node.name}' ({node.layer.type}); {advice}"
 
     def _accuracy(self, outputs):
         accs = [v for n, v in outputs.items() if self.net.graph.node(n).layer.type == "Accuracy"]
@@ -114,61 +155,59 @@ class Trainer:
         return result
 
     # -- snapshots ------------------------------------------------------------------------
+    def _identity(self):
+        return {"net": self.net.graph.name, "fingerprint": snap.fingerprint(self.net),
+                "solver": self.solver.type}
+
     def snapshot(self, path=None):
         """Write the state of training to ``path`` (default: the snapshot folder) atomically."""
         path = path or os.path.join(self.snapshot_dir, f"{self.net.graph.name}_iter_{self.iteration}.npz")
-        arrays = {f"param:{n}": self.net.runtime.to_host(n) for n in self.net.param_names}
-        for name in self.net.runtime.resident:
-            if self.net.graph.tensors.get(name) is None:  # optimiser state
-                arrays[f"opt:{name}"] = self.net.runtime.to_host(name)
-        meta = {"format": SNAPSHOT_FORMAT, "net": self.net.graph.name, "iteration": self.iteration,
-                "signature": _signature(self.net), "loader": self.train_loader.state(),
-                "solver": self.solver.type}
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            np.savez(f, __meta__=np.array(json.dumps(meta, default=_jsonable)), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
+        # the resident arrays themselves (under parameter offload, the masters on the host): a
+        # device copy left placed by a test pass that Ctrl-C cut short may be half copied
+        resident, to_host = self.net.runtime.resident, self.net.backend.to_host
+        arrays = {key: to_host(resident[key.split(":", 1)[1]]) for key in snap.expected_arrays(self.net)}
+        meta = dict(self._identity(), iteration=self.iteration, loader=self.train_loader.state())
+        return snap.write(path, json.loads(json.dumps(meta, default=_jsonable)), arrays)
 
-    def restore(self, path):
-        """Continue from the snapshot at ``path`` (a file, or a folder: its newest snapshot)."""
-        path = latest_snapshot(path) if os.path.isdir(path) else path
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["__meta__"]))
-                arrays = {k: z[k] for k in z.files if k != "__meta__"}
-        except FileNotFoundError:
-            raise SNError(f"{path}: no such snapshot") from None
-        except Exception as e:  # noqa: BLE001 - zip, json and key errors all mean "not a snapshot"
-            raise SNError(f"{path}: not a superneuron snapshot ({type(e).__name__})") from None
-        if meta.get("signature") != _signature(self.net):
-            raise SNError(f"{path}: snapshot of a different net ('{meta.get('net')}'), "
-                          f"not of '{self.net.graph.name}' as loaded")
-        if meta.get("solver") != self.solver.type:
-            raise SNError(f"{path}: snapshot of a {meta.get('solver')} solver; this run uses "
-                          f"{self.solver.type}")
+    def restore(self, path, on_event=lambda event: None):
+        """Continue from the snapshot at ``path``, checked whole first; returns the path used.
+
+        ``path`` may be a folder: its newest snapshot of this net that passes every check is
+        used, and each newer one that does not is reported as a ``skipped_snapshot`` event
+        (``path``, ``error``); another net's snapshots are never considered."""
+        if not os.path.isdir(path):
+            meta, arrays = self._read(path)
+        else:
+            name = self.net.graph.name
+            files = snap.candidates(path, name)
+            if not files:
+                raise SNError(f"{path}: no snapshots of net '{name}' ({name}_iter_N.npz) to resume from")
+            errors = []
+            for file in files:
+                try:
+                    meta, arrays = self._read(file)
+                    path = file
+                    break
+                except SNError as e:
+                    errors.append(str(e))
+                    on_event({"kind": "skipped_snapshot", "path": file, "error": str(e)})
+            else:
+                raise SNError(f"{path}: none of its {len(files)} snapshots of net '{name}' is usable; "
+                              f"the newest: {errors[0]}")
         for key, value in arrays.items():
-            name = key.split(":", 1)[1]
-            if name not in self.net.runtime.resident:
-                raise SNError(f"{path}: snapshot has '{name}', which this net and solver lack")
-            self.net.backend.copy_from_host(self.net.runtime.resident[name], value)
+            self.net.backend.copy_from_host(self.net.runtime.resident[key.split(":", 1)[1]], value)
         self.train_loader.restore(meta["loader"])
-        self.iteration = int(meta["iteration"])
+        self.iteration = meta["iteration"]
         return path
 
-
-def latest_snapshot(folder):
-    """The complete snapshot with the highest iteration in ``folder``."""
-    files = glob.glob(os.path.join(folder, "*_iter_*.npz"))
-    if not files:
-        raise SNError(f"{folder}: no snapshots (*_iter_N.npz) to resume from")
-    return max(files, key=lambda f: int(f.rsplit("_iter_", 1)[1][:-4]))
-
-
-def _signature(net):
-    return [[n, list(net.graph.tensors[n].shape)] for n in net.param_names]
+    def _read(self, path):
+        """``(meta, arrays)`` of the snapshot at ``path`` if it fits this net, solver and data."""
+        meta, arrays = snap.read(path, snap.expected_arrays(self.net), self._identity())
+        try:
+            self.train_loader.check_state(meta.get("loader"))
+        except SNError as e:
+            raise snap.BadSnapshot(f"{path}: {e}") from None
+        return meta, arrays
 
 
 def _jsonable(value):
@@ -177,6 +216,42 @@ def _jsonable(value):
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(type(value))
+
+
+class _HeldInterrupt:
+    """Holds Ctrl-C back while a training step runs, so that no step is left half done (some
+    parameters updated, others not); the loop raises KeyboardInterrupt once the step is whole.
+    Outside ``held()`` Ctrl-C acts at once, as before. Only the main thread can take signals,
+    and a handler someone else installed (or SIG_IGN) is left alone outside steps."""
+
+    def __init__(self):
+        self.pending = self.holding = False
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                self.previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.holding:
+            self.pending = True
+        else:
+            self.previous(signum, frame)
+
+    @contextlib.contextmanager
+    def held(self):
+        """Ctrl-C within only sets ``pending``."""
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+
+    def restore(self):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
 
 
 def _check_writable(folder):

@@ -3,6 +3,7 @@ bit-identical to an uninterrupted one."""
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -11,15 +12,18 @@ from superneuron.data import Loader, open_source, source_config
 from superneuron.errors import SNError
 from superneuron.net import load_net
 from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.snapshot import expected_arrays
 from superneuron.train import Trainer
 
 TINY = os.path.join(os.path.dirname(__file__), "nets", "tiny.yaml")
 
 
-def tiny_trainer(tmp_path, max_iter, snapshot_every=0, seed=0, log="log.jsonl", solver_type="SGD"):
+def tiny_trainer(tmp_path, max_iter, snapshot_every=0, seed=0, log="log.jsonl", solver_type="SGD",
+                 test_interval=0):
     """A trainer for tests/nets/tiny.yaml (BatchNorm, Dropout, a fork) on synthetic data."""
     solver = SolverConfig(type=solver_type, base_lr=0.05, momentum=0.9, weight_decay=1e-4, max_iter=max_iter,
-                          display=1, snapshot=snapshot_every, lr_policy="step", stepsize=5, gamma=0.5)
+                          display=1, snapshot=snapshot_every, lr_policy="step", stepsize=5, gamma=0.5,
+                          test_interval=test_interval)
     net = load_net(TINY, optimizer=make_optimizer(solver), seed=seed)
     cfg = source_config("synthetic", {"batch_size": 4})
     cfg.update(channels=3, size=8, classes=5, samples=30)
@@ -86,6 +90,67 @@ def test_ctrl_c_snapshots_then_stops(tmp_path):
     t.run(events.append)
     assert events[-1]["kind"] == "interrupted" and events[-1]["iter"] == 3
     assert os.path.exists(events[-1]["path"]) and t.iteration == 3
+
+
+def training_state(trainer):
+    """Every array a snapshot holds (parameters, running statistics, momentum), from the net."""
+    return {key: trainer.net.runtime.to_host(key.split(":", 1)[1]) for key in expected_arrays(trainer.net)}
+
+
+def interrupt(trainer, where, at):
+    """Arrange a Ctrl-C during iteration ``at`` (0-based) of ``trainer``; returns the on_event
+    callback to run it with. ``step``: a real SIGINT in the middle of the training step (after
+    the backward, before the update); ``fetch``: a KeyboardInterrupt while the loader makes
+    the batch (after it has moved on); ``display``/``test``: from the progress printer, after
+    iteration ``at`` - 1."""
+    if where == "step":
+        optimizer, real = trainer.net.optimizer, trainer.net.optimizer.update
+
+        def update(xp, it, *args):
+            if it == at:
+                signal.raise_signal(signal.SIGINT)  # the handler runs here, as on a real Ctrl-C
+            return real(xp, it, *args)
+
+        optimizer.update = update
+    if where == "fetch":
+        dataset, real_batch, calls = trainer.train_loader.dataset, trainer.train_loader.dataset.batch, []
+
+        def batch(*args, **kw):
+            calls.append(1)
+            if len(calls) == at + 1:
+                raise KeyboardInterrupt
+            return real_batch(*args, **kw)
+
+        dataset.batch = batch
+
+    def on_event(event):
+        if event["kind"] == where and event["iter"] == at:
+            raise KeyboardInterrupt
+
+    return on_event
+
+
+@pytest.mark.parametrize("where, stops_at", [("step", 7), ("fetch", 6), ("display", 6), ("test", 6)])
+def test_ctrl_c_then_resume_is_exact(tmp_path, where, stops_at):
+    """Ctrl-C anywhere in a run, then a resume from the snapshot folder: the parameters, running
+    statistics and momentum at the end are bit for bit those of a run never interrupted (a
+    snapshot taken with the loader a batch ahead, or half a step done, would differ)."""
+    whole = tiny_trainer(tmp_path / "whole", 12, test_interval=3)
+    whole.run()
+    first = tiny_trainer(tmp_path / "a", 12, test_interval=3)
+    events = []
+    on_event = interrupt(first, where, 6)
+    first.run(lambda e: (events.append(e), on_event(e)))
+    assert events[-1]["kind"] == "interrupted" and events[-1]["iter"] == stops_at == first.iteration
+    assert os.path.basename(events[-1]["path"]) == f"tiny_iter_{stops_at}.npz"
+    second = tiny_trainer(tmp_path / "b", 12, test_interval=3)
+    assert second.restore(str(tmp_path / "a" / "snap")) == events[-1]["path"]
+    assert second.iteration == stops_at
+    second.run()
+    expect, got = training_state(whole), training_state(second)
+    assert sorted(got) == sorted(expect) and any(k.startswith("opt:") for k in got)
+    for key in expect:
+        assert got[key].tobytes() == expect[key].tobytes(), key
 
 
 def test_unwritable_snapshot_folder_is_reported_at_start(tmp_path):

@@ -38,7 +38,8 @@ def build_parser():
     p.add_argument("--test-interval", type=int, metavar="N", help="test every N iterations (0: only at the end)")
     p.add_argument("--snapshot", metavar="DIR", help="folder for snapshots (enables snapshots)")
     p.add_argument("--snapshot-interval", type=int, metavar="N", help="snapshot every N iterations")
-    p.add_argument("--resume", metavar="FILE", help="continue from a snapshot file (or a folder's newest)")
+    p.add_argument("--resume", metavar="FILE", help="continue from a snapshot file, or from a folder's "
+                   "newest snapshot of this net that is whole (damaged newer ones are skipped, and said)")
     p.add_argument("--log", metavar="FILE.jsonl", help="write one JSON object per display and test interval")
     return p
 
@@ -77,7 +78,7 @@ def run(args):
     test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log)
     if args.resume:
-        path = trainer.restore(args.resume)
+        path = trainer.restore(args.resume, on_event=_say_skipped)
         print(f"resumed from {path} at iteration {trainer.iteration}")
 
     n_params = sum(math.prod(net.graph.tensors[t].shape) for t in net.learnable_names)
@@ -116,6 +117,11 @@ def run(args):
                      f" (last iteration)")
     print(" | ".join(parts))
     return 130 if printer.interrupted else 0
+
+
+def _say_skipped(event):
+    if event["kind"] == "skipped_snapshot":
+        print(f"resume: skipped {event['error']}")
 
 
 def _batch(spec):

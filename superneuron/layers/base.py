@@ -62,7 +62,7 @@ class Key:
         elif kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"expected a number, got {value!r}")
-            value = float(value)
+            value = _finite(value)
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise ValueError(f"expected true or false, got {value!r}")
@@ -81,7 +81,7 @@ class Key:
             items = value if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
                 raise ValueError(f"expected a number or a list of numbers, got {value!r}")
-            value = tuple(float(v) for v in items)
+            value = tuple(_finite(v) for v in items)
         elif kind == "ints":
             items = value if isinstance(value, (list, tuple)) else [value]
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
@@ -129,8 +129,22 @@ def parse_filler(value):
             raise ValueError(f"filler {kind!r} has no option {k!r}")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"filler option {k!r} expects a number, got {v!r}")
+        if not math.isfinite(v):
+            raise ValueError(f"filler option {k!r} expects a finite number, got {v!r}")
         out[k] = float(v)
     return out
+
+
+def _finite(value):
+    """``value`` as a float; ValueError for a NaN or an infinity (YAML's ``.nan``, ``.inf``), or
+    an int too large for a float: either would train on garbage in silence."""
+    try:
+        value = float(value)
+    except OverflowError:
+        raise ValueError(f"expected a finite number, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return value
 
 
 def fill(rng, shape, filler, fan_in, fan_out, dtype):

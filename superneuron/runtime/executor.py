@@ -11,6 +11,8 @@ Wait before it is a *stall*: the Runtime waits for the copy (results stay right)
 it in ``stalls``; a correct plan has none. ``blocked`` counts the Waits that really had to wait.
 """
 
+import math
+
 import numpy as np
 
 from ..layers.base import Context
@@ -80,23 +82,27 @@ class Runtime:
         info = tensors[name]
         return self.arena.view(root(tensors, name), info.shape, info.dtype, freed_ok)
 
-    def run(self, schedule, feed, iteration=0, optimizer=None):
+    def run(self, schedule, feed, iteration=0, optimizer=None, watch=None):
         """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
 
-        Returns the scalar outputs (losses, accuracies) by layer name, as floats."""
+        Returns the scalar outputs (losses, accuracies) by layer name, as floats. When a loss
+        is non-finite the Update step is skipped: the parameters stay as they were, so that the
+        iteration can be re-run to find where it went wrong (under parameter offload, updates
+        that began during the backward are done by then). ``watch(node, tops)``, if given, is
+        called after every Forward step (diagnosis only)."""
         arena = self.arena
         arena.reset(schedule.offsets)
         self.host.reset()
         self.schedule = schedule
         with self.backend.watch_allocations() as outside:
-            outputs = self._run_steps(schedule, feed, iteration, optimizer)
+            outputs = self._run_steps(schedule, feed, iteration, optimizer, watch)
         self.outside = outside  # what the array library allocated beside the arena
         self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
         self.arena_bytes = max(self.arena_bytes, arena.high_water)
         self.host_peak = max(self.host_peak, self.host.high_water)
         return outputs
 
-    def _run_steps(self, schedule, feed, iteration, optimizer):
+    def _run_steps(self, schedule, feed, iteration, optimizer, watch):
         arena, graph, pending = self.arena, self.graph, self.pending
         roots = Roots(schedule)
         update = next((s for s in schedule.steps if s.kind == "update"), None)
@@ -129,6 +135,8 @@ class Runtime:
                                        [self.view(t) for t in node.tops], params)
                 if kind == "forward" and node.layer.top_shapes == [()]:
                     outputs[node.name] = float(self.view(node.tops[0]))
+                if watch is not None and kind == "forward":
+                    watch(node, [self.view(t) for t in node.tops])
             elif kind == "backward":
                 node = graph.nodes[step.target]
                 self._backward(step, node, iteration)
@@ -137,6 +145,8 @@ class Runtime:
                     self.backend.synchronize()
                     self.updater.finish()
                     continue
+                if not all(math.isfinite(outputs[n.name]) for n in graph.losses):
+                    continue  # NaN gradients would make every parameter NaN and hide the cause
                 ctx = self._context(step, None, iteration, True, False, None)
                 optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
             else:
