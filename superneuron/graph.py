@@ -35,6 +35,7 @@ import numpy as np
 from .errors import LayerError, SpecError, where
 from .layers import layer_class
 from .layers.base import Layer
+from .spec import PHASES
 
 KINDS = ("data", "grad", "param", "param_grad", "state", "workspace")
 
@@ -73,6 +74,7 @@ class Node:
     top_grads: list = field(default_factory=list)     # tensor name or None per top
     backward: bool = False          # runs a backward step
     loss_weight: float = 0.0
+    phases: frozenset = PHASES      # TRAIN and/or TEST (Caffe's include/exclude)
     inplace: bool = False           # its first top shares its first bottom's memory
     kept: str = None                # why an in-place request got memory of its own
 
@@ -137,7 +139,12 @@ class Graph:
     # -- building ------------------------------------------------------------------------
     def _instantiate(self, spec):
         layers = []
+        trains_on = any("TRAIN" in ls.phases and ls.type in ("Input", "Data") for ls in spec.layers)
         for ls in spec.layers:
+            if ls.phases == {"TEST"} and ls.type in ("Input", "Data") and trains_on:
+                # a train_val file's test input: the test runs on the training input's tensors,
+                # fed by the test loader (its batch size and source are the data's concern)
+                continue
             try:
                 cls = layer_class(ls.type)
             except KeyError as e:
@@ -275,7 +282,8 @@ class Graph:
         return node
 
     def _add_node(self, ls, layer, bottoms, tops, inplace=False, kept=None):
-        node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops), inplace=inplace, kept=kept)
+        node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops), inplace=inplace, kept=kept,
+                    phases=PHASES if ls is None else ls.phases)
         for t, s in zip(tops, layer.top_shapes):
             if t in self.tensors:  # only a parameter's name can be taken already
                 self._problem(ls, f"top '{t}' has the name of a parameter ('layer/param'); rename it")
@@ -342,14 +350,15 @@ class Graph:
         """Decide which layers run backward and which tensors have gradients."""
         # Forward sweep: tensors that depend on a learnable parameter.
         requires = set()
-        for n in self.nodes:
+        training = [n for n in self.nodes if "TRAIN" in n.phases]  # only these run backward
+        for n in training:
             learnable = any(self.tensors[t].kind == "param" for t in n.params.values())
             if n.layer.BACKWARD and (learnable or any(
                     b in requires for i, b in enumerate(n.bottoms) if i not in n.layer.LABEL_BOTTOMS)):
                 requires.update(n.tops)
         # Backward sweep: tensors that reach a loss.
         contributes = set()
-        for n in reversed(self.nodes):
+        for n in reversed(training):
             if n.loss_weight or any(t in contributes for t in n.tops):
                 if n.layer.BACKWARD:
                     contributes.update(b for i, b in enumerate(n.bottoms)

@@ -172,8 +172,8 @@ class Net:
 
     @property
     def loss(self):
-        """The total weighted loss of the last run."""
-        return sum(n.loss_weight * self.outputs[n.name] for n in self.graph.losses)
+        """The total weighted loss of the last run (of the losses in its phase)."""
+        return sum(n.loss_weight * self.outputs[n.name] for n in self.graph.losses if n.name in self.outputs)
 
     def blob(self, name):
         """A NumPy copy of top ``name`` after the last run (its last in-place version)."""

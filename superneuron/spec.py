@@ -22,6 +22,51 @@ from .layers import layer_class
 from .layers.base import Key
 
 
+PHASES = frozenset({"TRAIN", "TEST"})
+
+
+def phases_of(include, exclude):
+    """The phases a layer runs in from Caffe's ``include``/``exclude`` rules (a mapping
+    ``{phase: TRAIN}`` or a list of them): any include rule that matches puts it in, any exclude
+    rule that matches leaves it out. Raises ValueError naming what is wrong."""
+    def rules(value, key):
+        items = value if isinstance(value, list) else [value]
+        out = []
+        for rule in items:
+            if not isinstance(rule, dict) or set(rule) != {"phase"}:
+                raise ValueError(f"'{key}': expected {{phase: TRAIN}} or {{phase: TEST}} (or a list of "
+                                 f"them); stage and level rules are not supported, got {rule!r}")
+            if rule["phase"] not in PHASES:
+                raise ValueError(f"'{key}': phase must be TRAIN or TEST, got {rule['phase']!r}")
+            out.append(rule["phase"])
+        return set(out)
+    phases = set(PHASES)
+    if include is not None:
+        phases = rules(include, "include")
+    if exclude is not None:
+        phases -= rules(exclude, "exclude")
+    if not phases:
+        raise ValueError("the layer runs in no phase (its include and exclude leave none)")
+    return frozenset(phases)
+
+
+def param_blocks(value):
+    """Caffe's ``param: [{lr_mult: 1, decay_mult: 1}, {lr_mult: 2, decay_mult: 0}]`` (one
+    block per parameter, in order) → ``(lr_mults, decay_mults)``; a missing mult is 1."""
+    items = value if isinstance(value, list) else [value]
+    lr, decay = [], []
+    for block in items:
+        if not isinstance(block, dict) or not set(block) <= {"lr_mult", "decay_mult", "name"}:
+            raise ValueError(f"'param': expected a list of {{lr_mult: x, decay_mult: y}}, got {block!r}")
+        if "name" in block:
+            raise ValueError("'param': shared parameters (param name) are not supported; give "
+                             "each layer its own parameters")
+        lr.append(block.get("lr_mult", 1.0))
+        decay.append(block.get("decay_mult", 1.0))
+    key = Key("floats")
+    return key.convert(lr) if lr else (), key.convert(decay) if decay else ()
+
+
 @dataclass
 class LayerSpec:
     """One layer as written (after templates, repeats and ``${}`` are expanded)."""
@@ -37,6 +82,7 @@ class LayerSpec:
     loss_weight: float = None  # None: the layer class default (1.0 for loss layers, else 0)
     lr_mult: tuple = ()       # per parameter, in param_specs order; missing → 1.0
     decay_mult: tuple = ()
+    phases: frozenset = PHASES  # the phases it runs in (Caffe's include/exclude)
 
 
 @dataclass
@@ -54,6 +100,7 @@ class NetSpec:
 
 COMMON_KEYS = {"loss_weight": Key("floats"), "lr_mult": Key("floats"), "decay_mult": Key("floats")}
 LAYER_KEYS = ("name", "type", "bottom", "top")
+RULE_KEYS = ("include", "exclude", "param")  # Caffe's NetStateRule lists and ParamSpec blocks
 TOP_KEYS = ("name", "params", "input", "templates", "layers", "solver")
 MAX_NESTING = 32      # templates within templates; deeper is surely a mistake
 MAX_PROBLEMS = 100    # a bad key inside a 1000-fold repeat should not print 1000 lines
@@ -390,13 +437,26 @@ class _Loader:
                 problem(key, _arity(key, len(conns[key]), bounds))
 
         cfg, common, suggested = {}, {}, set()
+        phases = PHASES
+        try:
+            phases = phases_of(values.get("include"), values.get("exclude"))
+        except ValueError as e:
+            problem("include" if "include" in values else "exclude", str(e))
+        if "param" in values:
+            if "lr_mult" in values or "decay_mult" in values:
+                problem("param", "write either 'param:' blocks or 'lr_mult'/'decay_mult', not both")
+            else:
+                try:
+                    common["lr_mult"], common["decay_mult"] = param_blocks(values["param"])
+                except ValueError as e:
+                    problem("param", str(e))
         for key, value in values.items():
-            if key in LAYER_KEYS:
+            if key in LAYER_KEYS or key in RULE_KEYS:
                 continue
             spec = COMMON_KEYS.get(key) or (cls.KEYS.get(key) if cls is not None else None)
             if spec is None:
                 if cls is not None:
-                    close = _close(key, list(cls.KEYS) + list(COMMON_KEYS) + list(LAYER_KEYS))
+                    close = _close(key, list(cls.KEYS) + list(COMMON_KEYS) + list(LAYER_KEYS) + list(RULE_KEYS))
                     suggested.add(close)  # a misspelt key is not also reported missing
                     problem(key, f"unknown key '{key}'" + (f"; did you mean '{close}'?" if close else ""),
                             at_key=True)
@@ -417,14 +477,14 @@ class _Loader:
             loss_weight = loss_weight[0]
 
         if lname is not None:
-            if lname in self.first_line:
-                problem("name", f"duplicate layer name '{lname}' (first used at line "
-                                f"{self.first_line[lname]})")
+            line, seen = self.first_line.get(lname, (None, frozenset()))
+            if seen & phases:  # train_val files name a TRAIN and a TEST layer alike
+                problem("name", f"duplicate layer name '{lname}' (first used at line {line})")
             else:
-                self.first_line[lname] = item.mark[0]
+                self.first_line[lname] = (line or item.mark[0], seen | phases)
         if lname is not None and tname is not None:
             self.layers.append(LayerSpec(lname, tname, conns["bottom"], conns["top"], cfg,
                                          self.file, item.mark[0], item.mark[1], loss_weight,
-                                         common.get("lr_mult", ()), common.get("decay_mult", ())))
+                                         common.get("lr_mult", ()), common.get("decay_mult", ()), phases))
         if conns["top"]:
             self.prev = conns["top"][0]

@@ -47,10 +47,12 @@ def lower(graph, train=True, optimizer=None):
     kinds = ("data", "grad") if train else ("data",)
     roots = [t.name for t in graph.tensors.values() if t.kind in kinds and t.alias is None]
     steps = [Alloc(t) for t in roots]
-    for node in graph.nodes:
+    phase = "TRAIN" if train else "TEST"
+    nodes = [n for n in graph.nodes if phase in n.phases]  # Caffe's include/exclude
+    for node in nodes:
         steps += _with_workspace(_step(graph, tensors, node, "forward"))
     if train:
-        for node in reversed(graph.nodes):
+        for node in reversed(nodes):
             if node.backward:
                 steps += _with_workspace(_step(graph, tensors, node, "backward"))
         if optimizer is not None:

@@ -1,0 +1,80 @@
+"""Caffe's train_val habits: include/exclude phases, one name for a TRAIN and a TEST Data
+layer, per-blob ``param:`` blocks (lr_mult 0 freezes a blob)."""
+
+import numpy as np
+import pytest
+
+from superneuron.errors import SpecError
+from superneuron.graph import Graph
+from superneuron.net import Net
+from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.scheduler.lower import lower
+from superneuron.spec import load_spec, loads_spec
+
+TRAIN_VAL = "tests/nets/train_val.yaml"
+
+
+def layer_names(schedule, kind):
+    return [schedule.graph.nodes[s.target].name for s in schedule.steps if s.kind == kind]
+
+
+def test_phases_decide_which_layers_run_in_training_and_testing():
+    spec = load_spec(TRAIN_VAL)
+    phases = {(ls.name, ls.type): ls.phases for ls in spec.layers}
+    assert [ls.phases for ls in spec.layers if ls.name == "data"] == [{"TRAIN"}, {"TEST"}]
+    assert phases["accuracy", "Accuracy"] == {"TEST"} and phases["drop1", "Dropout"] == {"TRAIN"}
+    assert phases["fc", "InnerProduct"] == {"TRAIN", "TEST"}
+    g = Graph(spec)
+    assert [n.name for n in g.nodes if n.layer.type == "Data"] == ["data"]  # the TRAIN one
+    assert not g.node("accuracy").backward
+    train, test = lower(g), lower(g, train=False)
+    assert "accuracy" not in layer_names(train, "forward") and "drop1" in layer_names(train, "forward")
+    assert "accuracy" in layer_names(test, "forward") and "drop1" not in layer_names(test, "forward")
+    assert "accuracy" not in layer_names(train, "backward")
+
+
+def test_lr_mult_zero_freezes_a_blob_and_param_blocks_set_the_mults():
+    spec = load_spec(TRAIN_VAL)
+    g = Graph(spec)
+    specs = g.node("fc").param_specs
+    assert (specs["weight"].lr_mult, specs["bias"].lr_mult, specs["bias"].decay_mult) == (1.0, 2.0, 0.0)
+    net = Net(spec, optimizer=make_optimizer(SolverConfig(base_lr=0.1, momentum=0.9)))
+    before = {n: net.param(n) for n in net.learnable_names}
+    rng = np.random.default_rng(0)
+    feed = {"data": rng.standard_normal(net.input_shape("data")).astype(np.float32),
+            "label": rng.integers(0, 10, net.input_shape("label")).astype(np.float32)}
+    for it in range(2):
+        loss = net.train_step(feed, it)
+    assert np.isfinite(loss) and "accuracy" not in net.outputs
+    for name in ("conv1/weight", "conv1/bias"):
+        np.testing.assert_array_equal(net.param(name), before[name])
+    assert not np.array_equal(net.param("fc/weight"), before["fc/weight"])
+    outputs = net.forward(feed)  # the test phase: its Accuracy runs, the Dropout does not
+    assert 0.0 <= outputs["accuracy"] <= 1.0 and "drop1" not in outputs
+
+
+HEAD = "input: {data: [2, 3], label: [2]}\nlayers:\n"
+
+
+@pytest.mark.parametrize("layers, message", [
+    ("- {name: a, type: InnerProduct, bottom: data, top: a, num_output: 2}\n"
+     "- {name: a, type: InnerProduct, bottom: data, top: b, num_output: 2, include: {phase: TRAIN}}\n",
+     "duplicate layer name 'a' (first used at line 3)"),
+    ("- {name: a, type: ReLU, bottom: data, top: a, include: {phase: VAL}}\n",
+     "'include': phase must be TRAIN or TEST, got 'VAL'"),
+    ("- {name: a, type: ReLU, bottom: data, top: a, include: {stage: deploy}}\n",
+     "stage and level rules are not supported"),
+    ("- {name: a, type: ReLU, bottom: data, top: a, include: {phase: TEST}, exclude: {phase: TEST}}\n",
+     "runs in no phase"),
+    ("- {name: a, type: InnerProduct, bottom: data, top: a, num_output: 2, param: [{lr_mul: 1}]}\n",
+     "'param': expected a list of {lr_mult: x, decay_mult: y}"),
+    ("- {name: a, type: InnerProduct, bottom: data, top: a, num_output: 2, param: [{name: w}]}\n",
+     "shared parameters (param name) are not supported"),
+    ("- {name: a, type: InnerProduct, bottom: data, top: a, num_output: 2, param: [{lr_mult: 1}], "
+     "lr_mult: [1]}\n", "write either 'param:' blocks or 'lr_mult'/'decay_mult', not both"),
+])
+def test_phase_and_param_errors_name_the_line_and_layer(layers, message):
+    with pytest.raises(SpecError) as e:
+        loads_spec(HEAD + layers, "net.yaml")
+    text = str(e.value)
+    assert message in text and text.startswith("net.yaml:") and len(text.splitlines()) == 1, text
