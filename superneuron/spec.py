@@ -21,7 +21,6 @@ from .expr import ExprError, Map, Seq, parse_yaml, substitute
 from .layers import layer_class
 from .layers.base import Key
 
-
 PHASES = frozenset({"TRAIN", "TEST"})
 
 

@@ -14,7 +14,7 @@ from test_layers_misc import KIB, run_phase, torch_run
 from test_memory_passes import names
 from test_net import feed_for
 
-from superneuron.errors import LayerError, SpecError
+from superneuron.errors import LayerError
 from superneuron.layers import layer_class
 from superneuron.net import Net, load_net
 from superneuron.spec import loads_spec
