@@ -19,6 +19,6 @@ def test_python_api_example_runs(monkeypatch):
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    command = "pip install -e '.[test]' && pytest -q"
+    command = "pip install -e '.[test]' && pytest -q -n auto"
     assert command in readme and command in ci
     assert "pip install -e '.[test]' && sn-train nets/lenet.yaml" in readme
