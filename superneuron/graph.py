@@ -35,7 +35,7 @@ import numpy as np
 from .errors import LayerError, SpecError, where
 from .layers import layer_class
 from .layers.base import Layer
-from .spec import PHASES
+from .rules import PHASES
 
 KINDS = ("data", "grad", "param", "param_grad", "state", "workspace")
 
