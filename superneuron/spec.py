@@ -81,11 +81,16 @@ def parse_overrides(items):
     return out
 
 
-def load_spec(path, overrides=None, batch=None):
+def load_spec(path, overrides=None, batch=None, data=None):
     """Read, expand and check the network file at ``path``; a :class:`NetSpec` or SpecError.
 
     ``overrides`` (name → value, from ``--set``) replace entries of ``params:``; ``batch``
-    replaces the first dimension of every input (and a Data layer's ``batch_size``)."""
+    replaces the first dimension of every input (and a Data layer's ``batch_size``).
+    A Caffe ``.prototxt`` is read by :mod:`superneuron.caffe.prototxt` into the same spec;
+    ``data="synthetic"`` replaces its Data layers with synthetic data of their shape."""
+    if str(path).lower().endswith(".prototxt"):
+        from .caffe.prototxt import load_prototxt
+        return load_prototxt(path, overrides, batch, data=data)
     file = str(path)
     try:
         with open(path, encoding="utf-8") as f:
@@ -98,6 +103,12 @@ def load_spec(path, overrides=None, batch=None):
 def loads_spec(text, file="<net>", overrides=None, batch=None):
     """Like :func:`load_spec`, for YAML given as a string."""
     return _Loader(file, overrides, batch).load(text)
+
+
+def spec_from_tree(root, file, overrides=None, batch=None):
+    """A :class:`NetSpec` from an already-read file: a :class:`Map` of the YAML layout (the
+    Caffe reader builds one, with the positions of its own file)."""
+    return _Loader(file, overrides, batch).load_root(root)
 
 
 def _plain(value):
@@ -169,10 +180,16 @@ class _Loader:
         return env if self.prev is None else dict(env, prev=self.prev)
 
     def load(self, text):
+        self.check_batch()
+        return self.load_root(parse_yaml(text, self.file))
+
+    def check_batch(self):
         if self.batch is not None and (isinstance(self.batch, bool) or not isinstance(self.batch, int)
                                        or self.batch <= 0):
             raise SpecError(f"batch must be a positive integer, got {self.batch!r}")
-        root = parse_yaml(text, self.file)
+
+    def load_root(self, root):
+        self.check_batch()
         if not isinstance(root, Map):
             raise SpecError(where(self.file, *(getattr(root, "mark", None) or (1, 1)))
                             + "expected a mapping with 'layers:' (and optionally name, params, "

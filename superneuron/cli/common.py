@@ -8,7 +8,7 @@ from ..errors import SNError
 def net_arguments(parser):
     """Add NET.yaml, --batch, --set, --device, --memory, --policy, --offload-params,
     --placement, --host-memory and --workspace-limit to ``parser``."""
-    parser.add_argument("net", metavar="NET.yaml", help="network file")
+    parser.add_argument("net", metavar="NET.yaml", help="network file (YAML, or Caffe's .prototxt)")
     parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="K=V",
                         help="override a network parameter, e.g. --set depth=152 (repeatable)")
@@ -53,6 +53,12 @@ def load_spec_from_args(args):
     from ..spec import load_spec, parse_overrides
     if args.batch is not None and args.batch < 1:
         raise SNError(f"--batch must be at least 1, got {args.batch}")
+    data = getattr(args, "data", None)
+    if data and str(args.net).lower().endswith(".prototxt"):
+        # a Caffe net's Data layers read datasets we do not: they become synthetic data
+        spec = load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch, data=data)
+        args.data = "synthetic"
+        return spec
     return load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch)
 
 

@@ -17,6 +17,7 @@ does not, 2 for a bad network file or option.
 
 import argparse
 import json
+import math
 import sys
 
 from ..errors import SNError
@@ -32,6 +33,9 @@ def build_parser():
     p.add_argument("--solver", metavar="FILE",
                    help="solver YAML: its optimiser state is resident (default: the net's solver: "
                         "section, else SGD with momentum, as sn-train)")
+    p.add_argument("--data", metavar="synthetic[:CxHxW]",
+                   help="a Caffe .prototxt's Data layers become synthetic data of their shape "
+                        "(crop_size, or CxHxW where the file does not say)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--steps", action="store_true", help="print every step with the bytes live after it")
     p.add_argument("--layers", action="store_true", help="print a per-layer table of working sets")
@@ -103,6 +107,7 @@ def figures(schedule, plan, budget):
     return {
         "net": graph.name, "batch": graph.tensors[data].shape[0] if data else None,
         "policy": schedule.policy, "placement": placement, "steps": plan.steps,
+        "learnable_params": sum(math.prod(t.shape) for t in graph.tensors.values() if t.kind == "param"),
         "peak_bytes": plan.peak_bytes,
         "peak_step": compute_step(schedule, plan.peak_step),
         "resident_bytes": plan.resident_bytes, "lower_bound_bytes": plan.lower_bound_bytes,

@@ -1,0 +1,314 @@
+"""Caffe ``.prototxt`` nets → our network spec: one translation, so that planning, training,
+depth search and conversion to YAML are shared with YAML nets.
+
+A NetParameter (``layer {}`` blocks, or the old V1 ``layers { type: CONVOLUTION }``) is read by
+:mod:`.textproto` and rewritten as the mapping a YAML net file would hold (Caffe's keys
+flattened out of their ``*_param`` blocks, as our YAML writes them), carrying the positions of
+the prototxt, and handed to the YAML loader's checks (:func:`superneuron.spec.spec_from_tree`).
+So every problem is reported as ``file:line:col: layer 'name' (Type): ...`` in the prototxt.
+
+``data="synthetic"`` (or ``"synthetic:CxHxW"``) replaces Data and ImageData layers with
+synthetic data of the shape they would produce: crop size, channels from ``mean_value`` or the
+written shape, classes from the ``num_output`` feeding the loss.
+"""
+
+import os
+
+import numpy as np
+
+from ..errors import SpecError, where
+from ..expr import Map, Seq
+from ..spec import spec_from_tree
+from . import caffe_pb2
+from .textproto import parse, read_text
+
+LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "include", "exclude", "phase"}
+V1_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "include", "exclude", "blobs_lr", "weight_decay"}
+DATA_TYPES = ("Data", "ImageData")
+
+# V1's enum names → the layer type names Caffe's upgrade gives them
+V1_TYPES = {
+    "ABSVAL": "AbsVal", "ACCURACY": "Accuracy", "ARGMAX": "ArgMax", "BNLL": "BNLL", "CONCAT": "Concat",
+    "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution", "DATA": "Data",
+    "DECONVOLUTION": "Deconvolution", "DROPOUT": "Dropout", "DUMMY_DATA": "DummyData",
+    "EUCLIDEAN_LOSS": "EuclideanLoss", "ELTWISE": "Eltwise", "EXP": "Exp", "FLATTEN": "Flatten",
+    "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output", "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col",
+    "IMAGE_DATA": "ImageData", "INFOGAIN_LOSS": "InfogainLoss", "INNER_PRODUCT": "InnerProduct",
+    "LRN": "LRN", "MEMORY_DATA": "MemoryData", "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
+    "MVN": "MVN", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU", "SIGMOID": "Sigmoid",
+    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence", "SOFTMAX": "Softmax",
+    "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice", "TANH": "TanH",
+    "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold",
+}
+
+# (field, value) pairs that say only what our layers do anyway: left out of the spec
+NO_EFFECT = {("engine", None), ("force_nd_im2col", False), ("transpose", False), ("stable_prod_grad", True),
+             ("variance_norm", "FAN_IN"), ("sparse", -1)}
+PAIR_FIELDS = {"kernel_size", "stride", "pad", "dilation"}  # Caffe's repeated: one value or h, w
+RENAMED = {"concat_dim": "axis"}
+
+
+def load_prototxt(path, overrides=None, batch=None, data=None):
+    """The :class:`~superneuron.spec.NetSpec` of the Caffe net file at ``path``."""
+    file = str(path)
+    return prototxt_spec(read_text(path), file, overrides, batch, data)
+
+
+def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None):
+    """Like :func:`load_prototxt`, for the text of a file."""
+    root = prototxt_tree(text, file, data)
+    return spec_from_tree(root, file, overrides, batch)
+
+
+def prototxt_tree(text, file="<net>", data=None):
+    """The YAML-layout mapping (with positions) of a prototxt's text; SpecError if it is bad."""
+    net = caffe_pb2.NetParameter()
+    pos = parse(text, net, file)
+    return _Translator(file, data).net(net, pos)
+
+
+def _f32(value):
+    """A float field's value as written: the shortest decimal that is the same float32."""
+    return float(str(np.float32(value)))
+
+
+def _scalar(field, value):
+    if field.type == field.TYPE_ENUM:
+        return field.enum_type.values_by_number[value].name
+    if field.type == field.TYPE_FLOAT:
+        return _f32(value)
+    if field.type == field.TYPE_MESSAGE:
+        return _message(value)
+    return value
+
+
+def _message(msg):
+    """A nested message as plain values: BlobShape → its dims, a filler or rule → a mapping."""
+    if msg.DESCRIPTOR.name == "BlobShape":
+        return list(msg.dim)
+    out = {}
+    for field, value in msg.ListFields():
+        value = [_scalar(field, v) for v in value] if _repeated(field) else _scalar(field, value)
+        if _no_effect(field.name, value):
+            continue
+        out[field.name] = value
+    return out
+
+
+def _no_effect(name, value):
+    return (name, None) in NO_EFFECT or (isinstance(value, (str, int, float, bool))
+                                         and (name, value) in NO_EFFECT)
+
+
+def _repeated(field):
+    return field.label == field.LABEL_REPEATED if hasattr(field, "label") else field.is_repeated
+
+
+class _Translator:
+    def __init__(self, file, data):
+        self.file, self.data = file, data
+        self.problems = []
+        self.shape = None
+        if data is not None:
+            kind, _, shape = str(data).partition(":")
+            if kind != "synthetic":
+                raise SpecError(f"--data {data}: a Caffe net's Data layers can be replaced by "
+                                f"'synthetic' or 'synthetic:CxHxW' only")
+            if shape:
+                try:
+                    self.shape = tuple(int(d) for d in shape.lower().split("x"))
+                    assert len(self.shape) == 3 and min(self.shape) > 0
+                except (ValueError, AssertionError):
+                    raise SpecError(f"--data {data}: expected synthetic:CxHxW, such as synthetic:3x32x32") from None
+
+    def problem(self, mark, layer, ltype, message):
+        self.problems.append(where(self.file, *mark, layer, ltype) + message)
+
+    def net(self, net, pos):
+        root = Map()
+        root.mark = (1, 1)
+        if net.HasField("name"):
+            root["name"] = net.name
+            root.keymarks["name"] = root.valmarks["name"] = pos.at("name")
+        if net.input:
+            self.inputs(net, pos, root)
+        layers = Seq()
+        layers.mark = pos.at("layer") if net.layer else pos.at("layers")
+        if net.layer and net.layers:
+            self.problem(pos.at("layers"), None, None, "a net has either 'layer' blocks or the old "
+                         "'layers' blocks, not both")
+        raw = [(lp, pos.child("layer", i), False) for i, lp in enumerate(net.layer)]
+        raw += [(lp, pos.child("layers", i), True) for i, lp in enumerate(net.layers)]
+        self.all = [(self.type_of(lp, v1), lp) for lp, _, v1 in raw]
+        for lp, lpos, v1 in raw:
+            item = self.layer(lp, lpos, v1)
+            if item is not None:
+                layers.append(item)
+                layers.marks.append(item.mark)
+        root["layers"] = layers
+        root.keymarks["layers"] = root.valmarks["layers"] = layers.mark
+        if self.problems:
+            raise SpecError(self.problems)
+        return root
+
+    def inputs(self, net, pos, root):
+        """``input: "data"`` with ``input_shape { dim: ... }`` or four ``input_dim`` each."""
+        shapes = [list(s.dim) for s in net.input_shape]
+        if not shapes and net.input_dim:
+            dims = list(net.input_dim)
+            if len(dims) != 4 * len(net.input):
+                self.problem(pos.at("input_dim"), None, None, f"{len(dims)} input_dim values for "
+                             f"{len(net.input)} input(s); Caffe wants four (N, C, H, W) per input")
+                return
+            shapes = [dims[4 * i:4 * i + 4] for i in range(len(net.input))]
+        if len(shapes) != len(net.input):
+            self.problem(pos.at("input"), None, None, f"{len(net.input)} input(s) but {len(shapes)} "
+                         "shape(s): give one input_shape (or four input_dim) per input")
+            return
+        inp = Map()
+        inp.mark = pos.at("input")
+        for i, (name, shape) in enumerate(zip(net.input, shapes)):
+            inp[name] = shape
+            inp.keymarks[name] = inp.valmarks[name] = pos.at("input", i)
+        root["input"] = inp
+        root.keymarks["input"] = root.valmarks["input"] = inp.mark
+
+    @staticmethod
+    def type_of(lp, v1):
+        if v1:
+            name = caffe_pb2.V1LayerParameter.LayerType.Name(lp.type)
+            return V1_TYPES.get(name, name)
+        return lp.type
+
+    def layer(self, lp, lpos, v1):
+        ltype = self.type_of(lp, v1)
+        item = Map()
+        item.mark = lpos.mark
+
+        def put(key, value, field):
+            item[key] = value
+            item.keymarks[key] = item.valmarks[key] = lpos.at(field)
+
+        for key in ("name", "type", "bottom", "top"):
+            if key == "type":
+                if lp.HasField("type"):
+                    put("type", ltype, "type")
+            elif key == "name":
+                if lp.HasField("name"):
+                    put("name", lp.name, "name")
+            elif getattr(lp, key):
+                put(key, list(getattr(lp, key)), key)
+        for key in ("include", "exclude"):
+            rules = getattr(lp, key)
+            if rules:
+                put(key, [_message(r) for r in rules], key)
+        if lp.loss_weight:
+            put("loss_weight", [_f32(w) for w in lp.loss_weight], "loss_weight")
+        if v1:
+            if lp.blobs_lr:
+                put("lr_mult", [_f32(v) for v in lp.blobs_lr], "blobs_lr")
+            if lp.weight_decay:
+                put("decay_mult", [_f32(v) for v in lp.weight_decay], "weight_decay")
+        elif lp.param:
+            put("param", [_message(p) for p in lp.param], "param")
+        if ltype in DATA_TYPES:
+            return self.data_layer(lp, lpos, item, ltype)
+        if ltype == "Input" and lp.HasField("input_param"):
+            shapes = [list(s.dim) for s in lp.input_param.shape]
+            if len(shapes) == 1 and len(lp.top) > 1:
+                shapes = shapes * len(lp.top)  # Caffe: one shape serves every top
+            item["shape"] = shapes
+            item.keymarks["shape"] = item.valmarks["shape"] = lpos.child("input_param").at("shape")
+            return item
+        for field, msg in lp.ListFields():
+            if field.name in (V1_FIELDS if v1 else LAYER_FIELDS):
+                continue
+            if field.type != field.TYPE_MESSAGE or _repeated(field):
+                put(field.name, _scalar(field, msg) if not _repeated(field) else None, field.name)
+                continue  # the loader reports it as a key this layer does not take
+            self.flatten(msg, lpos.child(field.name), item, ltype)
+        return item
+
+    def flatten(self, msg, mpos, item, ltype):
+        """Put a ``*_param`` block's fields into the layer mapping, as our YAML writes them."""
+        for field, value in msg.ListFields():
+            name = field.name
+            if _repeated(field):
+                value = [_scalar(field, v) for v in value]
+                if name in PAIR_FIELDS and len(value) in (1, 2):
+                    value = value[0] if len(value) == 1 else value
+            else:
+                value = _scalar(field, value)
+            if _no_effect(name, value):
+                continue
+            if name == "round_mode":  # BVLC's spelling of the forks' ceil_mode
+                name, value = "ceil_mode", value == "CEIL"
+            if name == "normalization" and ltype == "SoftmaxWithLoss" and value in ("VALID", "BATCH_SIZE"):
+                name, value = "normalize", value == "VALID"
+            name = RENAMED.get(name, name)
+            if name in item:
+                self.problem(mpos.at(field.name), item.get("name"), ltype,
+                             f"'{field.name}' is given twice (as {name})")
+                continue
+            item[name] = value
+            item.keymarks[name] = item.valmarks[name] = mpos.at(field.name)
+
+    # -- data layers -------------------------------------------------------------------------
+    def data_layer(self, lp, lpos, item, ltype):
+        """A Caffe Data or ImageData layer: synthetic data of its shape with ``data=synthetic``."""
+        name = item.get("name")
+        params = lp.data_param if ltype == "Data" else lp.image_data_param
+        ppos = lpos.child("data_param" if ltype == "Data" else "image_data_param")
+        if self.data is None:
+            backend = ""
+            if ltype == "Data":
+                backend = " (backend " + caffe_pb2.DataParameter.DB.Name(params.backend) + ")"
+            self.problem(lpos.mark, name, ltype, f"reading Caffe's datasets{backend} is not supported: "
+                         "plan or train this net with --data synthetic (or synthetic:CxHxW)")
+            return None
+        tp = lp.transform_param
+        crop = tp.crop_size or params.crop_size
+        if self.shape is not None:
+            channels, size = self.shape[0], self.shape[1]
+            if self.shape[1] != self.shape[2]:
+                self.problem(lpos.mark, name, ltype, "synthetic data is square: give CxSxS")
+        else:
+            channels = 1 if tp.force_gray else len(tp.mean_value) if len(tp.mean_value) > 1 else None
+            if ltype == "ImageData" and not params.is_color:
+                channels = 1
+            if ltype == "ImageData" and params.new_height and params.new_height == params.new_width:
+                size = crop or params.new_height
+            else:
+                size = crop
+            if channels is None and size:
+                channels = 3  # colour images, as Caffe decodes them unless told otherwise
+            if not size:
+                self.problem(lpos.mark, name, ltype, "the sample shape is not written (no crop_size): "
+                             "give it as --data synthetic:CxHxW, such as synthetic:1x28x28")
+                return None
+        item["type"] = "Data"
+        for key, value in (("source", "synthetic"), ("batch_size", params.batch_size or 1),
+                           ("channels", channels), ("size", size), ("classes", self.classes(lp))):
+            item[key] = value
+            item.keymarks[key] = item.valmarks[key] = ppos.at("batch_size") if key == "batch_size" else lpos.mark
+        return item
+
+    def classes(self, data_lp):
+        """The classes a label top takes: the num_output of the layer that feeds the loss."""
+        if len(data_lp.top) < 2:
+            return 10
+        label = data_lp.top[1]
+        for ltype, lp in self.all:
+            if ltype == "SoftmaxWithLoss" and len(lp.bottom) == 2 and lp.bottom[1] == label:
+                scores = lp.bottom[0]
+                for otype, other in self.all:
+                    if scores in other.top and otype in ("InnerProduct", "Convolution"):
+                        param = other.inner_product_param if otype == "InnerProduct" else other.convolution_param
+                        if param.num_output:
+                            return int(param.num_output)
+        return 10
+
+
+def is_prototxt(path):
+    """Whether ``path`` names a Caffe text net (by its extension)."""
+    return os.fspath(path).lower().endswith(".prototxt")
