@@ -48,15 +48,18 @@ PAIR_FIELDS = {"kernel_size", "stride", "pad", "dilation"}  # Caffe's repeated: 
 RENAMED = {"concat_dim": "axis"}
 
 
-def load_prototxt(path, overrides=None, batch=None, data=None):
-    """The :class:`~superneuron.spec.NetSpec` of the Caffe net file at ``path``."""
+def load_prototxt(path, overrides=None, batch=None, data=None, loss=False):
+    """The :class:`~superneuron.spec.NetSpec` of the Caffe net file at ``path`` (``loss``:
+    see :func:`add_loss`)."""
     file = str(path)
-    return prototxt_spec(read_text(path), file, overrides, batch, data)
+    return prototxt_spec(read_text(path), file, overrides, batch, data, loss)
 
 
-def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None):
+def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, loss=False):
     """Like :func:`load_prototxt`, for the text of a file."""
     root = prototxt_tree(text, file, data)
+    if loss:
+        add_loss(root)
     return spec_from_tree(root, file, overrides, batch)
 
 
@@ -312,3 +315,40 @@ class _Translator:
 def is_prototxt(path):
     """Whether ``path`` names a Caffe text net (by its extension)."""
     return os.fspath(path).lower().endswith(".prototxt")
+
+
+def add_loss(root):
+    """Make a deploy net trainable, as its train_val would be: a ``label`` input beside its
+    data, and the final Softmax replaced by a SoftmaxWithLoss on the same scores (a net that
+    ends without a Softmax gets the loss on its last top). Changes ``root`` in place."""
+    layers = root["layers"]
+    if not layers:
+        raise SpecError("--add-loss: the net has no layers")
+    if any(str(item.get("type", "")).endswith("Loss") for item in layers):
+        raise SpecError("--add-loss: the net already has a loss layer")
+    inputs = root.get("input")
+    if isinstance(inputs, Map) and inputs:
+        batch = next(iter(inputs.values()))[0]
+        if "label" in inputs:
+            raise SpecError("--add-loss: the net already has an input named 'label'")
+        inputs["label"] = [batch]
+    else:
+        first = layers[0]
+        if first.get("type") != "Input":
+            raise SpecError("--add-loss: the net's first layer is not an Input layer (a net with "
+                            "Data layers has its labels already)")
+        first["top"] = list(first["top"]) + ["label"]
+        first["shape"] = list(first["shape"]) + [[first["shape"][0][0]]]
+    last = layers[-1]
+    loss = Map({"name": "loss", "type": "SoftmaxWithLoss"})
+    loss.mark = last.mark
+    if last.get("type") == "Softmax":
+        loss["bottom"] = [last["bottom"][0] if isinstance(last["bottom"], list) else last["bottom"], "label"]
+        layers[-1] = loss
+    else:
+        top = last["top"][0] if isinstance(last["top"], list) else last["top"]
+        loss["bottom"] = [top, "label"]
+        layers.append(loss)
+        layers.marks.append(loss.mark)
+    loss["top"] = ["loss"]
+    return root

@@ -1,0 +1,57 @@
+"""sn-convert: a Caffe ``.prototxt`` net written as the equivalent YAML net file, so that a user
+can start from a model-zoo file and go on with our templates and ``${}`` parameters.
+
+    sn-convert lenet_train_test.prototxt --data synthetic:1x28x28 -o lenet.yaml
+    sn-convert ResNet-50-deploy.prototxt --add-loss -o resnet50.yaml
+
+The YAML plans and trains exactly as the prototxt does (``sn-plan`` prints the same figures).
+"""
+
+import argparse
+import sys
+
+from ..errors import SNError
+from .common import run_cli
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="sn-convert", description="Write a Caffe .prototxt net as a YAML net file.")
+    p.add_argument("net", metavar="MODEL.prototxt", help="Caffe net (NetParameter text format)")
+    p.add_argument("-o", "--output", metavar="MODEL.yaml", help="where to write (default: standard output)")
+    p.add_argument("--add-loss", action="store_true",
+                   help="for deploy files: add a label input and replace the final Softmax by SoftmaxWithLoss")
+    p.add_argument("--data", metavar="synthetic[:CxHxW]",
+                   help="write the Data layers as synthetic data of their shape (Caffe's datasets are not read)")
+    return p
+
+
+def main(argv=None):
+    return run_cli(build_parser(), run, argv)
+
+
+def run(args):
+    from ..caffe.prototxt import add_loss, is_prototxt, prototxt_tree
+    from ..caffe.textproto import read_text
+    from ..caffe.yaml_out import tree_to_yaml
+    from ..spec import spec_from_tree
+    if not is_prototxt(args.net):
+        raise SNError(f"{args.net}: sn-convert reads Caffe .prototxt files")
+    root = prototxt_tree(read_text(args.net), args.net, args.data)
+    if args.add_loss:
+        add_loss(root)
+    spec_from_tree(root, args.net)  # every check a YAML net gets, before anything is written
+    text = tree_to_yaml(root, source=args.net)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise SNError(f"cannot write '{args.output}': {e.strerror or e}") from None
+    print(f"wrote {args.output} ({len(root['layers'])} layers)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Caffe .prototxt nets: parsed with protobuf against our caffe.proto, translated to our spec,
+planned with the exact learnable parameter counts of the model-zoo files, converted to YAML
+that plans to the same byte, and trained a few iterations on synthetic data."""
+
+import json
+import math
+import sys
+
+import pytest
+
+from superneuron.caffe.prototxt import prototxt_spec
+from superneuron.cli import convert, plan, train
+from superneuron.errors import SpecError
+from superneuron.graph import Graph
+
+sys.path.insert(0, "tests/caffe")
+import zoo  # noqa: E402
+
+LENET = "tests/caffe/lenet_train_test.prototxt"
+CIFAR = "tests/caffe/cifar10_quick_train_test.prototxt"
+
+
+def learnable(spec):
+    graph = Graph(spec)
+    return sum(math.prod(t.shape) for t in graph.tensors.values() if t.kind == "param")
+
+
+def conv_params(cin, cout, k, group=1, bias=True):
+    return cout * (cin // group) * k * k + (cout if bias else 0)
+
+
+def googlenet_count():
+    """bvlc_googlenet with its two auxiliary classifiers, by the architecture's table."""
+    total = conv_params(3, 64, 7) + conv_params(64, 64, 1) + conv_params(64, 192, 3)
+    cin = 192
+    for item in zoo.INCEPTIONS:
+        if item in ("loss1", "loss2"):  # 1x1 conv 128, fc 1024 from 128x4x4, classifier 1000
+            total += conv_params(cin, 128, 1) + conv_params(128 * 16, 1024, 1) + conv_params(1024, 1000, 1)
+        elif isinstance(item, tuple):
+            _, n1, n3r, n3, n5r, n5, npool = item
+            total += (conv_params(cin, n1, 1) + conv_params(cin, n3r, 1) + conv_params(n3r, n3, 3)
+                      + conv_params(cin, n5r, 1) + conv_params(n5r, n5, 5) + conv_params(cin, npool, 1))
+            cin = n1 + n3 + n5 + npool
+    return total + conv_params(cin, 1000, 1)
+
+
+# published counts: ResNet-50 with Kaiming He's conv1 bias, VGG-16, SqueezeNet 1.1, DenseNet-121,
+# MobileNet v1 (Keras' trainable count), Caffe's AlexNet/CaffeNet with groups
+ZOO = [
+    ("resnet50", lambda: zoo.resnet(50), dict(loss=True), 25_557_096),
+    ("vgg16_v1_layers", zoo.vgg16, dict(loss=True), 138_357_544),
+    ("squeezenet1.1", zoo.squeezenet, dict(loss=True), 1_235_496),
+    ("densenet121", zoo.densenet121, dict(loss=True), 7_978_856),
+    ("mobilenet_v1", zoo.mobilenet, dict(loss=True), 4_231_976),
+    ("caffenet", lambda: zoo.alexnet(caffenet=True), dict(data="synthetic"), 60_965_224),
+    ("alexnet", zoo.alexnet, dict(data="synthetic"), 60_965_224),
+    ("googlenet", zoo.googlenet, dict(data="synthetic"), googlenet_count()),
+]
+
+
+@pytest.mark.parametrize("name,make,kw,count", ZOO, ids=[z[0] for z in ZOO])
+def test_model_zoo_nets_have_their_published_parameter_counts(name, make, kw, count):
+    assert learnable(prototxt_spec(make(), f"{name}.prototxt", **kw)) == count
+
+
+def test_bvlc_examples_have_their_counts():
+    lenet = prototxt_spec(open(LENET).read(), LENET, data="synthetic:1x28x28")
+    # conv1 20x1x5x5, conv2 50x20x5x5, ip1 500x800, ip2 10x500, with biases
+    assert learnable(lenet) == conv_params(1, 20, 5) + conv_params(20, 50, 5) + 800 * 500 + 500 + 5010
+    cifar = prototxt_spec(open(CIFAR).read(), CIFAR, data="synthetic:3x32x32")
+    assert learnable(cifar) == (conv_params(3, 32, 5) + conv_params(32, 32, 5) + conv_params(32, 64, 5)
+                                + 64 * 4 * 4 * 64 + 64 + 650)
+
+
+def test_train_val_phases_param_blocks_and_aux_losses():
+    spec = prototxt_spec(zoo.googlenet(), "googlenet.prototxt", data="synthetic")
+    by_name = {}
+    for ls in spec.layers:
+        by_name.setdefault(ls.name, []).append(ls)
+    assert [ls.phases for ls in by_name["data"]] == [{"TRAIN"}, {"TEST"}]
+    assert by_name["data"][0].cfg["size"] == 224 and by_name["data"][0].cfg["channels"] == 3
+    assert by_name["data"][0].cfg["classes"] == 1000  # from loss1/classifier's num_output
+    losses = {ls.name: ls.loss_weight for ls in spec.layers if ls.type == "SoftmaxWithLoss"}
+    assert losses == {"loss1/loss": 0.3, "loss2/loss": 0.3, "loss3/loss3": 1.0}
+    assert all(ls.phases == {"TEST"} for ls in spec.layers if ls.type == "Accuracy")
+    conv1 = by_name["conv1/7x7_s2"][0]
+    assert conv1.lr_mult == (1.0, 2.0) and conv1.decay_mult == (1.0, 0.0)
+    assert conv1.cfg["weight_filler"] == {"type": "gaussian", "std": 0.1, "mean": 0.0}
+
+
+def test_v1_layers_take_blobs_lr_and_weight_decay():
+    text = ('input: "data" input_dim: 2 input_dim: 3 input_dim: 8 input_dim: 8\n'
+            'layers { name: "c" type: CONVOLUTION bottom: "data" top: "c" blobs_lr: 1 blobs_lr: 2 '
+            'weight_decay: 1 weight_decay: 0 convolution_param { num_output: 4 kernel_size: 3 } }\n'
+            'layers { name: "p" type: POOLING bottom: "c" top: "p" pooling_param { pool: AVE kernel_size: 2 } }\n')
+    spec = prototxt_spec(text, "v1.prototxt")
+    conv = spec.layers[1]
+    assert (conv.type, conv.lr_mult, conv.decay_mult) == ("Convolution", (1.0, 2.0), (1.0, 0.0))
+    assert spec.layers[2].type == "Pooling" and spec.layers[2].cfg["pool"] == "AVE"
+
+
+@pytest.mark.parametrize("inputs", [
+    'input: "data" input_dim: 2 input_dim: 3 input_dim: 9 input_dim: 9\n',
+    'input: "data" input_shape { dim: 2 dim: 3 dim: 9 dim: 9 }\n',
+    'layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 2 dim: 3 dim: 9 dim: 9 } } }\n',
+])
+def test_every_way_of_giving_the_input_shape(inputs):
+    text = inputs + ('layer { name: "p" type: "Pooling" bottom: "data" top: "p" '
+                     'pooling_param { kernel_size: 2 stride: 2 } }\n')
+    graph = Graph(prototxt_spec(text, "in.prototxt"))
+    assert graph.tensors["data"].shape == (2, 3, 9, 9)
+    assert graph.tensors["p"].shape == (2, 3, 5, 5)  # Caffe rounds up: ceil((9 - 2) / 2) + 1
+
+
+@pytest.mark.parametrize("written,side", [("", 5), ("ceil_mode: false", 4), ("ceil_mode: true", 5),
+                                          ("round_mode: FLOOR", 4), ("round_mode: CEIL", 5)])
+def test_pooling_rounding_in_bvlc_and_fork_spellings(written, side):
+    text = ('input: "data" input_shape { dim: 1 dim: 1 dim: 9 dim: 9 }\n'
+            f'layer {{ name: "p" type: "Pooling" bottom: "data" top: "p" '
+            f'pooling_param {{ kernel_size: 2 stride: 2 {written} }} }}\n')
+    assert Graph(prototxt_spec(text, "pool.prototxt")).tensors["p"].shape == (1, 1, side, side)
+
+
+def test_every_unknown_field_in_one_error_with_its_place():
+    text = ('input: "data" input_dim: 1 input_dim: 1 input_dim: 8 input_dim: 8\n'
+            'layer {\n  name: "c1"\n  type: "Convolution"\n  bottom: "data"\n  top: "c1"\n'
+            '  convolution_param {\n    num_ouput: 4\n    kernel_size: 3\n    shiny: true\n  }\n}\n'
+            'layer { name: "r" type: "ReLU" bottom: "c1" top: "c1" sparkle: 2 }\n')
+    with pytest.raises(SpecError) as e:
+        prototxt_spec(text, "bad.prototxt")
+    assert e.value.problems == [
+        "bad.prototxt:8:5: layer 'c1' (Convolution): unknown field 'num_ouput' in convolution_param; "
+        "did you mean 'num_output'?",
+        "bad.prototxt:10:5: layer 'c1' (Convolution): unknown field 'shiny' in convolution_param",
+        "bad.prototxt:13:55: layer 'r' (ReLU): unknown field 'sparkle' in layer",
+    ]
+
+
+def test_bad_values_name_their_place_and_layer():
+    text = ('input: "data" input_dim: 1 input_dim: 1 input_dim: 8 input_dim: 8\n'
+            'layer { name: "p" type: "Pooling" bottom: "data" top: "p"\n'
+            '  pooling_param { pool: MEDIAN kernel_size: 2 } }\n')
+    with pytest.raises(SpecError, match=r"^bad.prototxt:3:25: layer 'p' \(Pooling\): .*MEDIAN"):
+        prototxt_spec(text, "bad.prototxt")
+    # a problem our own checks find points into the prototxt too
+    text = text.replace("MEDIAN", "MAX").replace("kernel_size: 2", "kernel_size: 2 kernel_h: 3")
+    with pytest.raises(SpecError, match=r"bad.prototxt:\d+:\d+: layer 'p' \(Pooling\): .*kernel"):
+        Graph(prototxt_spec(text, "bad.prototxt"))
+    text = text.replace('type: "Pooling"', 'type: "Pooling2"')
+    with pytest.raises(SpecError, match=r"bad.prototxt:2:\d+: layer 'p' \(Pooling2\): unknown layer type"):
+        prototxt_spec(text, "bad.prototxt")
+
+
+def test_sn_plan_reports_a_bad_prototxt_in_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.prototxt"
+    path.write_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 1 } } nope: 1 }\n')
+    assert plan.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown field 'nope'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert plan.main([LENET]) == 2  # its Data layers read LMDBs: the error says what to do
+    assert "--data synthetic" in capsys.readouterr().err
+
+
+def test_sn_convert_then_sn_plan_gives_the_same_plan(tmp_path, capsys):
+    yaml_path = tmp_path / "cifar10_quick.yaml"
+    assert convert.main([CIFAR, "--data", "synthetic:3x32x32", "-o", str(yaml_path)]) == 0
+    capsys.readouterr()
+    outputs = []
+    for args in ([CIFAR, "--data", "synthetic:3x32x32"], [str(yaml_path)]):
+        for extra in (["--json"], ["--layers", "--policy", "superneurons"]):
+            assert plan.main(args + extra) == 0
+            outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[2] and outputs[1] == outputs[3]
+    assert json.loads(outputs[0])["learnable_params"] == 145_578
+
+
+def test_sn_convert_add_loss_makes_a_deploy_file_trainable(tmp_path, capsys):
+    src = tmp_path / "squeezenet.prototxt"
+    src.write_text(zoo.squeezenet(size=48, batch=2))
+    out = tmp_path / "squeezenet.yaml"
+    assert convert.main([str(src), "--add-loss", "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "type: SoftmaxWithLoss" in text and "type: Softmax," not in text
+    assert train.main([str(out), "--iters", "2", "--test-interval", "0", "--display", "1"]) == 0
+    assert "done: trained SqueezeNet_v1.1 for 2 iterations" in capsys.readouterr().out
+
+
+def test_lenet_train_test_trains_on_synthetic_data(capsys):
+    status = train.main([LENET, "--data", "synthetic:1x28x28", "--batch", "4", "--iters", "3",
+                         "--display", "1", "--test-interval", "0"])
+    out = capsys.readouterr().out
+    assert status == 0 and "431,080 parameters" in out and "sample 1x28x28" in out
+    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("iter ")]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
