@@ -60,6 +60,8 @@ def plan_from_args(args):
     from ..scheduler.policy import apply_policy
     from ..scheduler.simulate import simulate
     budget, host_memory, limit = sizes_from_args(args)
+    if getattr(args, "data", None) and not str(args.net).lower().endswith(".prototxt"):
+        raise SNError("--data applies to Caffe .prototxt nets (a YAML net plans with its own Data layers)")
     spec = load_spec_from_args(args)
     optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
     from ..backend import get_backend, gpu_available, planning_kernels
