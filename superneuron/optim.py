@@ -31,7 +31,8 @@ import yaml
 from .errors import SNError, SpecError, where
 
 TYPES = ("SGD", "Nesterov", "Adam")
-POLICIES = ("fixed", "step", "multistep", "poly", "cosine")
+POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
+REGULARIZATION = ("L2", "L1")
 ALIASES = {"lr": "base_lr", "iters": "max_iter"}  # command-line names of solver keys
 
 
@@ -64,6 +65,8 @@ class SolverConfig:
     test_iter: int = 0
     snapshot: int = 0
     snapshot_prefix: str = ""
+    regularization_type: str = "L2"
+    average_loss: int = 1
 
     def __post_init__(self):
         problems = [msg for _, msg in check(self)]
@@ -101,7 +104,7 @@ class SolverConfig:
             text += f" momentum {self.momentum:g}"
         if self.type == "Adam":
             text += f" momentum2 {self.momentum2:g}"
-        text += f" weight_decay {self.weight_decay:g}"
+        text += f" weight_decay {self.weight_decay:g}" + (" (L1)" if self.regularization_type == "L1" else "")
         if self.clip_gradients > 0:
             text += f" clip {self.clip_gradients:g}"
         text += f" ({self.lr_policy}"
@@ -117,8 +120,8 @@ def check(c):
         yield key, f"{key} must be a finite number, got {getattr(c, key)}"
     if infinite:
         return
-    for key in ("type", "lr_policy"):
-        value, allowed = getattr(c, key), TYPES if key == "type" else POLICIES
+    for key, allowed in (("type", TYPES), ("lr_policy", POLICIES), ("regularization_type", REGULARIZATION)):
+        value = getattr(c, key)
         if value not in allowed:
             yield key, f"{key}: expected one of {', '.join(allowed)}, got {value!r}" + _hint(value, allowed)
     if c.lr_policy == "step" and c.stepsize <= 0:
@@ -139,8 +142,13 @@ def check(c):
             yield key, f"{key} must be >= 0, got {getattr(c, key)}"
     if any(v < 0 for v in c.stepvalue):
         yield "stepvalue", "stepvalue must hold iterations >= 0"
-    if c.gamma <= 0:
+    if c.lr_policy == "sigmoid":  # Caffe's sigmoid decays with a negative gamma
+        if c.gamma == 0:
+            yield "gamma", "lr_policy sigmoid needs gamma != 0 (negative to decay)"
+    elif c.gamma <= 0:
         yield "gamma", f"gamma must be > 0, got {c.gamma}"
+    if c.average_loss < 1:
+        yield "average_loss", f"average_loss must be >= 1, got {c.average_loss}"
     if c.delta <= 0:
         yield "delta", f"delta must be > 0, got {c.delta}"
     if c.epochs is not None and c.epochs <= 0:
@@ -235,7 +243,11 @@ def solver_from_mapping(mapping, file="<solver>", lines=None):
 
 def load_solver(path):
     """Read a solver YAML file (Caffe solver keys); one SpecError listing every problem, each
-    as ``file:line: what is wrong``."""
+    as ``file:line: what is wrong``. A Caffe ``solver.prototxt`` is read by
+    :mod:`superneuron.caffe.solver`."""
+    if str(path).lower().endswith(".prototxt"):
+        from .caffe.solver import load_solver_prototxt
+        return load_solver_prototxt(path)[0]
     try:
         with open(path) as f:
             text = f.read()
@@ -282,6 +294,12 @@ def learning_rate(cfg, it):
         lr = base * cfg.gamma ** sum(1 for s in cfg.stepvalue if it >= s)
     elif policy == "poly":
         lr = base * (1 - min(it, cfg.max_iter) / cfg.max_iter) ** cfg.power
+    elif policy == "exp":
+        lr = base * cfg.gamma ** it
+    elif policy == "inv":
+        lr = base * (1 + cfg.gamma * it) ** -cfg.power
+    elif policy == "sigmoid":
+        lr = base / (1 + math.exp(min(-cfg.gamma * (it - cfg.stepsize), 700.0)))
     else:  # cosine, held at min_lr after max_iter
         lr = cfg.min_lr + (base - cfg.min_lr) * (1 + math.cos(math.pi * min(it, cfg.max_iter) / cfg.max_iter)) / 2
     if it < cfg.warmup_iter:
@@ -344,8 +362,12 @@ class Optimizer:
         for w, g, state, lr_mult, decay_mult in live:
             tmp = None if buffer is None else buffer[:w.size].reshape(w.shape)
             decay = cfg.weight_decay * decay_mult
-            if decay:  # g + wd * w, as torch's weight_decay
-                xp.multiply(w, decay, out=tmp)
+            if decay:  # g + wd * w, as torch's weight_decay (L1, as Caffe: g + wd * sign(w))
+                if cfg.regularization_type == "L1":
+                    xp.sign(w, out=tmp)
+                    tmp *= decay
+                else:
+                    xp.multiply(w, decay, out=tmp)
                 g += tmp
             if cfg.type == "Adam":
                 self._adam(xp, it, w, g, state, lr * lr_mult, tmp)

@@ -11,6 +11,7 @@ effect when the step is done, so a snapshot never holds half an update or a load
 ahead of its iteration.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -64,6 +65,7 @@ class Trainer:
         log = open(self.log_path, "a") if self.log_path else None
         last_test = None
         window = _Window()
+        recent = collections.deque(maxlen=s.average_loss)  # Caffe's average_loss: display smoothing
         ctrl_c = _HeldInterrupt()
         try:
             while self.iteration < s.max_iter:
@@ -85,10 +87,13 @@ class Trainer:
                     raise KeyboardInterrupt
                 window.add(loss, self._accuracy(self.net.outputs), len(x), time.perf_counter() - start,
                            first=(it == 0))
+                recent.append(loss)
                 on_event({"kind": "iter", "iter": self.iteration, "loss": loss})
                 if s.display and (self.iteration % s.display == 0 or self.iteration == s.max_iter):
                     record = dict(window.summary(), iter=self.iteration, lr=self.net.optimizer.lr(it),
                                   peak_bytes=self.net.peak_bytes)
+                    if s.average_loss > 1:  # the mean of the last average_loss iterations, as Caffe shows
+                        record["loss"] = float(np.mean(recent))
                     window = _Window()
                     on_event(dict(record, kind="display"))
                     _log(log, record)

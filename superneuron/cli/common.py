@@ -8,7 +8,9 @@ from ..errors import SNError
 def net_arguments(parser):
     """Add NET.yaml, --batch, --set, --device, --memory, --policy, --offload-params,
     --placement, --host-memory and --workspace-limit to ``parser``."""
-    parser.add_argument("net", metavar="NET.yaml", help="network file (YAML, or Caffe's .prototxt)")
+    parser.add_argument("net", metavar="NET.yaml", nargs="?",
+                        help="network file (YAML, or Caffe's .prototxt); may be left out when "
+                             "--solver is a Caffe solver.prototxt with net:")
     parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="K=V",
                         help="override a network parameter, e.g. --set depth=152 (repeatable)")
@@ -51,6 +53,8 @@ def sizes_from_args(args):
 def load_spec_from_args(args):
     """The NetSpec named by ``args`` (with --set and --batch applied)."""
     from ..spec import load_spec, parse_overrides
+    if args.net is None:
+        args.net = _solver_net(args)
     if args.batch is not None and args.batch < 1:
         raise SNError(f"--batch must be at least 1, got {args.batch}")
     data = getattr(args, "data", None)
@@ -60,6 +64,18 @@ def load_spec_from_args(args):
         args.data = "synthetic"
         return spec
     return load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch)
+
+
+def _solver_net(args):
+    """The net a Caffe solver.prototxt names (``--solver`` without NET), as ``caffe train`` does."""
+    solver = getattr(args, "solver", None)
+    if solver and str(solver).lower().endswith(".prototxt"):
+        from ..caffe.solver import load_solver_prototxt
+        net = load_solver_prototxt(solver)[1]
+        if net is not None:
+            return net
+        raise SNError(f"{solver}: the solver names no net (net:); give the network file")
+    raise SNError("give the network file (NET.yaml or MODEL.prototxt)")
 
 
 def solver_from_args(args, spec):

@@ -3,11 +3,13 @@ can start from a model-zoo file and go on with our templates and ``${}`` paramet
 
     sn-convert lenet_train_test.prototxt --data synthetic:1x28x28 -o lenet.yaml
     sn-convert ResNet-50-deploy.prototxt --add-loss -o resnet50.yaml
+    sn-convert lenet_solver.prototxt -o lenet_solver.yaml    # a file named *solver*: a solver
 
 The YAML plans and trains exactly as the prototxt does (``sn-plan`` prints the same figures).
 """
 
 import argparse
+import os
 import sys
 
 from ..errors import SNError
@@ -36,11 +38,14 @@ def run(args):
     from ..spec import spec_from_tree
     if not is_prototxt(args.net):
         raise SNError(f"{args.net}: sn-convert reads Caffe .prototxt files")
-    root = prototxt_tree(read_text(args.net), args.net, args.data)
-    if args.add_loss:
-        add_loss(root)
-    spec_from_tree(root, args.net)  # every check a YAML net gets, before anything is written
-    text = tree_to_yaml(root, source=args.net)
+    if "solver" in os.path.basename(args.net).lower():
+        text, count = _solver_yaml(args.net), None
+    else:
+        root = prototxt_tree(read_text(args.net), args.net, args.data)
+        if args.add_loss:
+            add_loss(root)
+        spec_from_tree(root, args.net)  # every check a YAML net gets, before anything is written
+        text, count = tree_to_yaml(root, source=args.net), len(root["layers"])
     if args.output is None:
         sys.stdout.write(text)
         return 0
@@ -49,8 +54,22 @@ def run(args):
             f.write(text)
     except OSError as e:
         raise SNError(f"cannot write '{args.output}': {e.strerror or e}") from None
-    print(f"wrote {args.output} ({len(root['layers'])} layers)", file=sys.stderr)
+    print(f"wrote {args.output}" + (f" ({count} layers)" if count is not None else ""), file=sys.stderr)
     return 0
+
+
+def _solver_yaml(path):
+    """A Caffe solver.prototxt (its file name says solver) as our solver YAML."""
+    import yaml
+
+    from ..caffe.solver import solver_mapping
+    from ..optim import solver_from_mapping
+    mapping, lines, net = solver_mapping(path)
+    solver_from_mapping(mapping, str(path), lines)  # checked before anything is written
+    head = f"# converted from {os.path.basename(str(path))} by sn-convert\n"
+    if net:
+        head += f"# net: {net} (give it to sn-train as the network file)\n"
+    return head + yaml.safe_dump(mapping, sort_keys=False)
 
 
 if __name__ == "__main__":

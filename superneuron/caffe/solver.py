@@ -1,0 +1,95 @@
+"""Caffe ``solver.prototxt`` → our :class:`~superneuron.optim.SolverConfig`, and the net file
+it names (``net:``, resolved beside the solver file).
+
+Keys that change training map onto ours (``base_lr``, ``lr_policy`` with ``inv``, ``exp`` and
+``sigmoid``, ``gamma``, ``power``, ``stepsize``, ``stepvalue``, ``momentum``, ``momentum2``,
+``delta``, ``weight_decay``, ``regularization_type``, ``clip_gradients``, ``max_iter``,
+``test_iter``, ``test_interval``, ``display``, ``average_loss``, ``snapshot``,
+``snapshot_prefix``, ``type`` or the old ``solver_type``). Keys that only say how Caffe runs
+(``solver_mode``, ``device_id``, ``debug_info``, ...) are accepted and have no effect here;
+any key we cannot honour is an error naming its line, never silently dropped.
+"""
+
+import os
+
+from ..errors import SpecError, where
+from . import caffe_pb2
+from .textproto import parse, read_text
+
+DIRECT = ("base_lr", "lr_policy", "gamma", "power", "stepsize", "momentum", "momentum2", "delta",
+          "weight_decay", "regularization_type", "clip_gradients", "max_iter", "test_interval", "display",
+          "average_loss", "snapshot", "snapshot_prefix")
+NO_EFFECT = ("solver_mode", "device_id", "debug_info", "test_compute_loss", "test_initialization",
+             "snapshot_after_train", "snapshot_format", "layer_wise_reduce", "snapshot_diff")
+TYPES = {"SGD": "SGD", "Nesterov": "Nesterov", "Adam": "Adam", "NESTEROV": "Nesterov", "ADAM": "Adam"}
+
+
+def load_solver_prototxt(path):
+    """``(SolverConfig, net path or None)`` from a Caffe solver file; SpecError listing every
+    problem as ``file:line:col: ...``."""
+    from ..optim import solver_from_mapping
+    mapping, lines, net = solver_mapping(path)
+    return solver_from_mapping(mapping, str(path), lines), net
+
+
+def solver_mapping(path):
+    """``(mapping of our solver keys, their lines, net path or None)`` of a Caffe solver file."""
+    file = str(path)
+    param = caffe_pb2.SolverParameter()
+    pos = parse(read_text(path, "solver file"), param, file)
+    mapping, lines, problems = {}, {}, []
+
+    def at(name):
+        return where(file, *pos.at(name))
+
+    for field, value in param.ListFields():
+        name = field.name
+        if name in DIRECT:
+            mapping[name] = _f32(value) if field.type == field.TYPE_FLOAT else value
+        elif name == "stepvalue":
+            mapping["stepvalue"] = list(value)
+        elif name == "test_iter":
+            if len(set(value)) > 1:
+                problems.append(at(name) + "one test net only: give one test_iter")
+            mapping["test_iter"] = value[0]
+        elif name in ("type", "solver_type"):
+            spelled = value if name == "type" else field.enum_type.values_by_number[value].name
+            if spelled not in TYPES and spelled != "SGD":
+                problems.append(at(name) + f"solver type {spelled} is not supported (SGD, Nesterov, Adam)")
+                continue
+            mapping["type"] = TYPES.get(spelled, "SGD")
+        elif name == "iter_size":
+            if value != 1:
+                problems.append(at(name) + "iter_size > 1 (gradient accumulation) is not supported yet; "
+                                "train at the full batch or with a smaller one")
+        elif name in ("net", "random_seed") or name in NO_EFFECT:
+            continue
+        else:
+            problems.append(at(name) + f"'{name}' is not supported (give the net with 'net:')")
+        if name in mapping or name in ("type", "solver_type"):
+            lines["type" if name == "solver_type" else name] = pos.at(name)[0]
+    if problems:
+        raise SpecError(problems)
+    for key, default in (("momentum", 0.0), ("weight_decay", 0.0), ("lr_policy", None)):
+        if key not in mapping and default is not None:
+            mapping[key] = default  # Caffe's defaults where they differ from ours
+    if "lr_policy" not in mapping:
+        raise SpecError(where(file, 1) + "lr_policy is required (Caffe has no default): fixed, step, ...")
+    return mapping, lines, (resolve_net(param.net, file, pos.at("net")) if param.HasField("net") else None)
+
+
+def resolve_net(net, solver_file, mark):
+    """The net file a solver names: beside the solver file, else as written (Caffe reads it
+    from the working folder), else its file name beside the solver (a model zoo's
+    ``examples/mnist/...`` paths moved with the solver)."""
+    here = os.path.dirname(os.path.abspath(solver_file))
+    tried = [os.path.join(here, net), net, os.path.join(here, os.path.basename(net))]
+    for path in tried:
+        if os.path.isfile(path):
+            return os.path.relpath(path) if not os.path.isabs(net) else path
+    raise SpecError(where(solver_file, *mark) + f"net '{net}' not found (looked for "
+                    + ", ".join(dict.fromkeys(tried)) + ")")
+
+
+def _f32(value):
+    return float(str(__import__("numpy").float32(value)))
