@@ -4,6 +4,7 @@ can start from a model-zoo file and go on with our templates and ``${}`` paramet
     sn-convert lenet_train_test.prototxt --data synthetic:1x28x28 -o lenet.yaml
     sn-convert ResNet-50-deploy.prototxt --add-loss -o resnet50.yaml
     sn-convert lenet_solver.prototxt -o lenet_solver.yaml    # a file named *solver*: a solver
+    sn-convert snaps/LeNet_iter_500.npz --net lenet.yaml -o lenet.caffemodel
 
 The YAML plans and trains exactly as the prototxt does (``sn-plan`` prints the same figures).
 """
@@ -18,7 +19,10 @@ from .common import run_cli
 
 def build_parser():
     p = argparse.ArgumentParser(prog="sn-convert", description="Write a Caffe .prototxt net as a YAML net file.")
-    p.add_argument("net", metavar="MODEL.prototxt", help="Caffe net (NetParameter text format)")
+    p.add_argument("net", metavar="MODEL.prototxt",
+                   help="Caffe net (NetParameter text format), a solver.prototxt, or a snapshot .npz")
+    p.add_argument("--net", dest="from_net", metavar="NET",
+                   help="with a snapshot SNAPSHOT.npz: the net it was trained from (then -o MODEL.caffemodel)")
     p.add_argument("-o", "--output", metavar="MODEL.yaml", help="where to write (default: standard output)")
     p.add_argument("--add-loss", action="store_true",
                    help="for deploy files: add a label input and replace the final Softmax by SoftmaxWithLoss")
@@ -36,8 +40,12 @@ def run(args):
     from ..caffe.textproto import read_text
     from ..caffe.yaml_out import tree_to_yaml
     from ..spec import spec_from_tree
+    if str(args.net).lower().endswith(".npz"):
+        return _snapshot_to_caffemodel(args)
+    if args.from_net:
+        raise SNError("--net is for converting a snapshot (.npz) to a .caffemodel")
     if not is_prototxt(args.net):
-        raise SNError(f"{args.net}: sn-convert reads Caffe .prototxt files")
+        raise SNError(f"{args.net}: sn-convert reads Caffe .prototxt files and our snapshots (.npz)")
     if "solver" in os.path.basename(args.net).lower():
         text, count = _solver_yaml(args.net), None
     else:
@@ -55,6 +63,35 @@ def run(args):
     except OSError as e:
         raise SNError(f"cannot write '{args.output}': {e.strerror or e}") from None
     print(f"wrote {args.output}" + (f" ({count} layers)" if count is not None else ""), file=sys.stderr)
+    return 0
+
+
+def _snapshot_to_caffemodel(args):
+    """A snapshot of ours, checked whole, written as the .caffemodel of its net's weights."""
+    from .. import snapshot as snap
+    from ..caffe.weights import write_caffemodel
+    from ..net import Net
+    from ..optim import SolverConfig, make_optimizer
+    from ..spec import load_spec
+    if not args.from_net or not args.output:
+        raise SNError("a snapshot converts with --net NET (the net it was trained from) and -o MODEL.caffemodel")
+    spec = load_spec(args.from_net)
+    errors = []
+    # the snapshot names its solver; its state arrays are checked against each kind in turn
+    for solver in (SolverConfig(), SolverConfig(momentum=0.0), SolverConfig(type="Nesterov"),
+                   SolverConfig(type="Adam")):
+        net = Net(spec, optimizer=make_optimizer(solver))
+        identity = {"net": net.graph.name, "fingerprint": snap.fingerprint(net), "solver": solver.type}
+        try:
+            _, arrays = snap.read(args.net, snap.expected_arrays(net), identity)
+            break
+        except snap.BadSnapshot as e:
+            errors.append(str(e))
+    else:
+        raise SNError(errors[0])
+    params = {key.split(":", 1)[1]: a for key, a in arrays.items() if key.startswith("param:")}
+    write_caffemodel(net, args.output, params)
+    print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 

@@ -40,6 +40,10 @@ def build_parser():
     p.add_argument("--snapshot-interval", type=int, metavar="N", help="snapshot every N iterations")
     p.add_argument("--resume", metavar="FILE", help="continue from a snapshot file, or from a folder's "
                    "newest snapshot of this net that is whole (damaged newer ones are skipped, and said)")
+    p.add_argument("--weights", metavar="FILE.caffemodel",
+                   help="start from Caffe weights, copied by layer name (as caffe train --weights)")
+    p.add_argument("--snapshot-format", choices=("npz", "caffemodel"), default="npz",
+                   help="caffemodel: beside each snapshot, also the weights as a .caffemodel Caffe reads")
     p.add_argument("--log", metavar="FILE.jsonl", help="write one JSON object per display and test interval")
     return p
 
@@ -77,6 +81,10 @@ def run(args):
     train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
     test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log)
+    if args.weights:
+        if args.resume:
+            raise SNError("give --weights or --resume, not both (a snapshot holds the weights)")
+        _load_weights(net, args.weights)
     if args.resume:
         path = trainer.restore(args.resume, on_event=_say_skipped)
         print(f"resumed from {path} at iteration {trainer.iteration}")
@@ -96,8 +104,11 @@ def run(args):
     printer = _Printer(solver.max_iter, start=trainer.iteration)
     started = time.perf_counter()
     first = trainer.iteration
+    on_event = printer
+    if args.snapshot_format == "caffemodel":
+        on_event = _with_caffemodels(net, printer)
     try:
-        result = trainer.run(printer)
+        result = trainer.run(on_event)
     finally:
         printer.close()
     elapsed = time.perf_counter() - started
@@ -117,6 +128,32 @@ def run(args):
                      f" (last iteration)")
     print(" | ".join(parts))
     return 130 if printer.interrupted else 0
+
+
+def _load_weights(net, path):
+    """Copy a .caffemodel into ``net`` by layer name and say what happened to each layer."""
+    from ..caffe.weights import load_weights
+    report = load_weights(net, path)
+    print(f"weights: {path}: copied {len(report['copied'])} layers, skipped {len(report['skipped'])} "
+          f"(not in the file), refused {len(report['refused'])}, unused {len(report['unused'])}")
+    for name in report["skipped"]:
+        print(f"weights: skipped {name} (not in the file; keeps its initial values)")
+    for name, why in report["refused"]:
+        print(f"weights: refused {name}: {why} (keeps its initial values)")
+
+
+def _with_caffemodels(net, printer):
+    """``printer`` that also writes the weights as NAME_iter_N.caffemodel beside each snapshot."""
+    from ..caffe.weights import write_caffemodel
+
+    def on_event(event):
+        if event["kind"] in ("snapshot", "interrupted") and event.get("path"):
+            path = write_caffemodel(net, event["path"][:-len(".npz")] + ".caffemodel")
+            printer(event)
+            printer.write(f"weights: {path}")
+            return
+        printer(event)
+    return on_event
 
 
 def _say_skipped(event):
