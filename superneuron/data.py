@@ -35,10 +35,12 @@ OPTIONS = {
     "channels": ("int", 3, "number of channels (synthetic)"),
     "samples": ("int", 1024, "number of samples, train and test together (synthetic)"),
     "seed": ("int", 0, "seed of the synthetic data and of train/test splits"),
+    "mean_file": ("str", "", "a Caffe .binaryproto mean image subtracted before cropping (LMDB sources)"),
+    "test_source": ("str", "", "the test split's own source (Caffe's TEST-phase Data layer; LMDB sources)"),
 }
 DEFAULTS = {key: default for key, (_, default, _) in OPTIONS.items()}
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".gif", ".tif", ".tiff", ".webp")
-SOURCES = "'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder"
+SOURCES = "'digits', 'synthetic', a .npz file, a CIFAR-10 python directory, an image folder or an LMDB"
 
 
 def _one_line(e):
@@ -52,6 +54,8 @@ def source_kind(src):
         return src
     if not os.path.exists(src):
         raise SNError(f"{src}: no such file or directory (a data source is {SOURCES})")
+    if os.path.isdir(src) and os.path.isfile(os.path.join(src, "data.mdb")):
+        return "lmdb"  # Caffe's Data layer with backend LMDB: superneuron.caffe.lmdb_data
     if os.path.isdir(src):
         return "cifar" if os.path.isfile(os.path.join(src, "data_batch_1")) else "folder"
     if src.lower().endswith(".npz"):
@@ -100,6 +104,9 @@ def describe(cfg):
     src, size, kind = cfg["source"], cfg["size"], source_kind(cfg["source"])
     if kind == "digits":
         shape, classes = (1, size or 8, size or 8), 10
+    elif kind == "lmdb":
+        from .caffe.lmdb_data import describe as describe_lmdb
+        shape, classes = describe_lmdb(cfg)
     elif kind == "synthetic":
         shape, classes = (cfg["channels"], size or 32, size or 32), cfg["classes"]
     elif kind == "cifar":
@@ -111,7 +118,7 @@ def describe(cfg):
             raise SNError(f"{src}: an image folder needs size or crop set (its images differ in size)")
         classes = len(_folder_classes(_folder_dirs(src)[0]))
         shape = (3, size or cfg["crop"], size or cfg["crop"])
-    if kind in ("cifar", "npz") and size not in (0, shape[1]):
+    if kind in ("cifar", "npz", "lmdb") and size not in (0, shape[1]):
         raise SNError(f"{src}: size {size} given, but its samples are {shape[1]}×{shape[2]} "
                       "(size resizes digits, synthetic data and image folders only)")
     crop = cfg["crop"]
@@ -243,6 +250,9 @@ def open_source(cfg):
     src, kind = cfg["source"], source_kind(cfg["source"])
     if kind == "folder":
         return _open_folder(src, cfg)
+    if kind == "lmdb":
+        from .caffe.lmdb_data import open_lmdb
+        return open_lmdb(cfg)
     if kind == "digits":
         x, y = _digits(cfg["size"])
         x_test = y_test = None

@@ -262,14 +262,9 @@ class _Translator:
         name = item.get("name")
         params = lp.data_param if ltype == "Data" else lp.image_data_param
         ppos = lpos.child("data_param" if ltype == "Data" else "image_data_param")
-        if self.data is None:
-            backend = ""
-            if ltype == "Data":
-                backend = " (backend " + caffe_pb2.DataParameter.DB.Name(params.backend) + ")"
-            self.problem(lpos.mark, name, ltype, f"reading Caffe's datasets{backend} is not supported: "
-                         "plan or train this net with --data synthetic (or synthetic:CxHxW)")
-            return None
         tp = lp.transform_param
+        if self.data is None:
+            return self.lmdb_layer(lp, lpos, item, ltype, params, ppos, tp)
         crop = tp.crop_size or params.crop_size
         if self.shape is not None:
             channels, size = self.shape[0], self.shape[1]
@@ -294,6 +289,40 @@ class _Translator:
                            ("channels", channels), ("size", size), ("classes", self.classes(lp))):
             item[key] = value
             item.keymarks[key] = item.valmarks[key] = ppos.at("batch_size") if key == "batch_size" else lpos.mark
+        return item
+
+    def lmdb_layer(self, lp, lpos, item, ltype, params, ppos, tp):
+        """A Data layer reading its LMDB: our Data layer with Caffe's transform, ``(x - mean) *
+        scale`` written as our ``x * scale - mean * scale``; the TEST layer's source becomes the
+        TRAIN layer's ``test_source``."""
+        name = item.get("name")
+        if ltype != "Data" or params.backend != caffe_pb2.DataParameter.LMDB:
+            what = "ImageData" if ltype != "Data" else (
+                "backend " + caffe_pb2.DataParameter.DB.Name(params.backend))
+            self.problem(ppos.at("backend") if ltype == "Data" else lpos.mark, name, ltype,
+                         f"{what} is not read here (LMDB only; convert the data with sn-make-lmdb), "
+                         "or plan and train with --data synthetic")
+            return None
+        if tp.force_color or tp.force_gray:
+            self.problem(lpos.child("transform_param").mark, name, ltype, "force_color/force_gray are not supported")
+            return None
+        scale = _f32(tp.scale) if tp.HasField("scale") else 1.0
+        values = {"source": params.source, "batch_size": params.batch_size or 1, "scale": scale,
+                  "crop": int(tp.crop_size), "mirror": bool(tp.mirror), "shuffle": False}  # Caffe reads in order
+        if tp.mean_value:
+            values["mean"] = [_f32(m) * scale for m in tp.mean_value]
+        if tp.mean_file:
+            values["mean_file"] = tp.mean_file
+        phases = {r.phase for r in lp.include}
+        if caffe_pb2.TRAIN in phases:
+            for other_type, other in self.all:
+                if (other_type == "Data" and other is not lp and list(other.top) == list(lp.top)
+                        and caffe_pb2.TEST in {r.phase for r in other.include}):
+                    values["test_source"] = other.data_param.source
+        item["type"] = "Data"
+        for key, value in values.items():
+            item[key] = value
+            item.keymarks[key] = item.valmarks[key] = lpos.mark
         return item
 
     def classes(self, data_lp):

@@ -53,7 +53,7 @@ def main(argv=None):
 
 
 def run(args):
-    from ..data import Loader, check_labels, open_source, source_config
+    from ..data import Loader, check_labels, open_source, source_config, source_kind
     from ..net import Net
     from ..optim import make_optimizer
     from ..train import Trainer
@@ -79,6 +79,9 @@ def run(args):
     optimizer.cfg = solver  # max_iter shapes poly and cosine learning rates
     batch = _batch(spec)
     train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
+    if source_kind(data_cfg["source"]) == "lmdb":  # decoded per batch: read ahead on a worker thread
+        from ..readahead import ReadAhead
+        train_loader = ReadAhead(train_loader)
     test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log)
     if args.weights:
