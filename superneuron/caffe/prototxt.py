@@ -306,6 +306,10 @@ class _Translator:
         if tp.force_color or tp.force_gray:
             self.problem(lpos.child("transform_param").mark, name, ltype, "force_color/force_gray are not supported")
             return None
+        if not os.path.isdir(params.source):
+            self.problem(ppos.at("source"), name, ltype, f"LMDB '{params.source}' not found; make one with "
+                         "sn-make-lmdb, or plan and train with --data synthetic (or synthetic:CxHxW)")
+            return None
         scale = _f32(tp.scale) if tp.HasField("scale") else 1.0
         values = {"source": params.source, "batch_size": params.batch_size or 1, "scale": scale,
                   "crop": int(tp.crop_size), "mirror": bool(tp.mirror), "shuffle": False}  # Caffe reads in order
