@@ -27,8 +27,9 @@ class ReadAhead:
         if self._ahead is None:
             batch = self.loader.next()
         else:
-            ahead, self._ahead = self._ahead, None
-            batch = ahead.result()  # its error, if any, is raised here, as next() would
+            # kept pending until it is done: a Ctrl-C while waiting leaves restore() to settle it
+            batch = self._ahead.result()  # its error, if any, is raised here, as next() would
+            self._ahead = None
         self._state = self.loader.state()
         self._ahead = self._pool.submit(self.loader.next)
         return batch
