@@ -37,10 +37,15 @@ OPTIONS = {
     "seed": ("int", 0, "seed of the synthetic data and of train/test splits"),
     "mean_file": ("str", "", "a Caffe .binaryproto mean image subtracted before cropping (LMDB sources)"),
     "test_source": ("str", "", "the test split's own source (Caffe's TEST-phase Data layer; LMDB sources)"),
+    "root_folder": ("str", "", "folder the paths of an image list (.txt) are under (Caffe's ImageData)"),
+    "new_height": ("int", 0, "image list: resize every image to new_height x new_width (both, or none)"),
+    "new_width": ("int", 0, "image list: see new_height"),
+    "is_color": ("bool", True, "image list: false reads the images grey"),
 }
 DEFAULTS = {key: default for key, (_, default, _) in OPTIONS.items()}
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".gif", ".tif", ".tiff", ".webp")
-SOURCES = "'digits', 'synthetic', a .npz file, a CIFAR-10 python directory, an image folder or an LMDB"
+SOURCES = ("'digits', 'synthetic', a .npz file, a CIFAR-10 python directory, an image folder, an LMDB "
+           "or an image list (.txt)")
 
 
 def _one_line(e):
@@ -56,6 +61,8 @@ def source_kind(src):
         raise SNError(f"{src}: no such file or directory (a data source is {SOURCES})")
     if os.path.isdir(src) and os.path.isfile(os.path.join(src, "data.mdb")):
         return "lmdb"  # Caffe's Data layer with backend LMDB: superneuron.caffe.lmdb_data
+    if src.lower().endswith(".txt") and os.path.isfile(src):
+        return "imagelist"  # Caffe's ImageData: superneuron.caffe.image_data
     if os.path.isdir(src):
         return "cifar" if os.path.isfile(os.path.join(src, "data_batch_1")) else "folder"
     if src.lower().endswith(".npz"):
@@ -107,6 +114,9 @@ def describe(cfg):
     elif kind == "lmdb":
         from .caffe.lmdb_data import describe as describe_lmdb
         shape, classes = describe_lmdb(cfg)
+    elif kind == "imagelist":
+        from .caffe.image_data import describe as describe_list
+        shape, classes = describe_list(cfg)
     elif kind == "synthetic":
         shape, classes = (cfg["channels"], size or 32, size or 32), cfg["classes"]
     elif kind == "cifar":
@@ -118,7 +128,7 @@ def describe(cfg):
             raise SNError(f"{src}: an image folder needs size or crop set (its images differ in size)")
         classes = len(_folder_classes(_folder_dirs(src)[0]))
         shape = (3, size or cfg["crop"], size or cfg["crop"])
-    if kind in ("cifar", "npz", "lmdb") and size not in (0, shape[1]):
+    if kind in ("cifar", "npz", "lmdb", "imagelist") and size not in (0, shape[1]):
         raise SNError(f"{src}: size {size} given, but its samples are {shape[1]}×{shape[2]} "
                       "(size resizes digits, synthetic data and image folders only)")
     crop = cfg["crop"]
@@ -253,6 +263,9 @@ def open_source(cfg):
     if kind == "lmdb":
         from .caffe.lmdb_data import open_lmdb
         return open_lmdb(cfg)
+    if kind == "imagelist":
+        from .caffe.image_data import open_image_list
+        return open_image_list(cfg)
     if kind == "digits":
         x, y = _digits(cfg["size"])
         x_test = y_test = None

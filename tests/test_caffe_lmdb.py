@@ -160,3 +160,31 @@ def test_lenet_prototxt_and_solver_learn_the_digits_from_an_lmdb_as_our_yaml_len
     # Caffe's LeNet (no ReLU after its convolutions) learns at least as fast as ours from the same
     # digits: 100 % against 90.5 % after 120 iterations when this was written
     assert yaml_acc >= 0.8 and lmdb_acc >= yaml_acc - 0.02, results
+
+
+def test_image_data_reads_a_list_resized_grey_or_bgr(tmp_path):
+    rng = np.random.default_rng(6)
+    images = [rng.integers(0, 256, (5 + i, 7, 3), dtype=np.uint8) for i in range(4)]  # differing sizes
+    lines = []
+    for i, im in enumerate(images):
+        Image.fromarray(im).save(tmp_path / f"im{i}.png")
+        lines.append(f"im{i}.png {i % 2}")
+    (tmp_path / "train.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "test.txt").write_text("\n".join(lines[:2]) + "\n")
+    for color in (True, False):
+        text = "".join(
+            f'layer {{ name: "data" type: "ImageData" top: "data" top: "label" include {{ phase: {phase} }} '
+            f'transform_param {{ scale: 0.5 mean_value: 3 }} image_data_param {{ source: "{tmp_path}/{lst}" '
+            f'root_folder: "{tmp_path}/" batch_size: 2 new_height: 4 new_width: 6 '
+            f'is_color: {str(color).lower()} }} }}\n'
+            for phase, lst in (("TRAIN", "train.txt"), ("TEST", "test.txt")))
+        cfg = prototxt_spec(text + 'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+                            'inner_product_param { num_output: 2 } }\n', "i.prototxt").layers[0].cfg
+        train_set, test_set = open_source(cfg)
+        assert len(train_set) == 4 and len(test_set) == 2 and train_set.labels.tolist() == [0, 1, 0, 1]
+        got = train_set.batch(np.arange(4))
+        for i, im in enumerate(images):
+            pil = Image.fromarray(im).convert("RGB" if color else "L").resize((6, 4), Image.BILINEAR)
+            x = np.asarray(pil, np.float32)
+            x = x[:, :, ::-1].transpose(2, 0, 1) if color else x[None]
+            np.testing.assert_allclose(got[i], (x - 3) * 0.5, rtol=1e-6)

@@ -115,30 +115,45 @@ def read_mean_file(path, shape):
     return data.reshape(shape)
 
 
-class LmdbDataset(Dataset):
-    """One LMDB as a split: samples decoded per batch, Caffe's transform applied."""
+class CaffeDataset(Dataset):
+    """A split read per batch (:meth:`_read` gives the samples as stored) with Caffe's transform:
+    the mean image, then the crop and mirror, then (by :class:`Dataset`) scale and mean_value."""
+
+    def __init__(self, name, labels, shape, cfg, classes):
+        crop = cfg["crop"]
+        if crop > min(shape[1:]):
+            raise SNError(f"{name}: crop {crop} is larger than its {shape[1]}×{shape[2]} samples")
+        super().__init__(name, labels, classes, (shape[0], crop or shape[1], crop or shape[2]), cfg, 1.0)
+        self.shape = shape
+        self.mean_image = read_mean_file(cfg["mean_file"], shape) if cfg.get("mean_file") else None
+
+    def _read(self, idx):
+        raise NotImplementedError
+
+    def _pixels(self, idx, rng, train):
+        x = self._read(idx)
+        if self.mean_image is not None:  # per pixel, before the crop (Caffe cuts both alike)
+            x -= self.mean_image
+        return _crop_mirror(x, np.arange(len(idx)), self.crop, self.mirror, rng, train)
+
+
+class LmdbDataset(CaffeDataset):
+    """One LMDB as a split: records decoded per batch."""
 
     def __init__(self, path, cfg, classes):
         keys, labels, shape = index(path)
-        crop = cfg["crop"]
-        if crop > min(shape[1:]):
-            raise SNError(f"{path}: crop {crop} is larger than its {shape[1]}×{shape[2]} samples")
-        c = shape[0]
-        super().__init__(f"{path}", labels, classes, (c, crop or shape[1], crop or shape[2]), cfg, 1.0)
-        self.path, self.keys, self.shape = path, keys, shape
-        self.mean_image = read_mean_file(cfg["mean_file"], shape) if cfg.get("mean_file") else None
+        super().__init__(str(path), labels, shape, cfg, classes)
+        self.path, self.keys = path, keys
         self.env = None
 
-    def _pixels(self, idx, rng, train):
+    def _read(self, idx):
         if self.env is None:
             self.env = _open_env(self.path)
         x = np.empty((len(idx),) + self.shape, dtype=np.float32)
         with self.env.begin() as txn:
             for i, k in enumerate(idx):
                 x[i] = decode(txn.get(self.keys[k]), f"{self.path}: record {k}")[0]
-        if self.mean_image is not None:  # per pixel, before the crop (Caffe cuts both alike)
-            x -= self.mean_image
-        return _crop_mirror(x, np.arange(len(idx)), self.crop, self.mirror, rng, train)
+        return x
 
 
 def open_lmdb(cfg):

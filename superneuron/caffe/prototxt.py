@@ -292,27 +292,35 @@ class _Translator:
         return item
 
     def lmdb_layer(self, lp, lpos, item, ltype, params, ppos, tp):
-        """A Data layer reading its LMDB: our Data layer with Caffe's transform, ``(x - mean) *
-        scale`` written as our ``x * scale - mean * scale``; the TEST layer's source becomes the
-        TRAIN layer's ``test_source``."""
+        """A Data layer reading its LMDB, or an ImageData layer its list: our Data layer with
+        Caffe's transform, ``(x - mean) * scale`` written as our ``x * scale - mean * scale``;
+        the TEST layer's source becomes the TRAIN layer's ``test_source``."""
         name = item.get("name")
-        if ltype != "Data" or params.backend != caffe_pb2.DataParameter.LMDB:
-            what = "ImageData" if ltype != "Data" else (
-                "backend " + caffe_pb2.DataParameter.DB.Name(params.backend))
-            self.problem(ppos.at("backend") if ltype == "Data" else lpos.mark, name, ltype,
-                         f"{what} is not read here (LMDB only; convert the data with sn-make-lmdb), "
-                         "or plan and train with --data synthetic")
+        if ltype == "Data" and params.backend != caffe_pb2.DataParameter.LMDB:
+            self.problem(ppos.at("backend"), name, ltype,
+                         f"backend {caffe_pb2.DataParameter.DB.Name(params.backend)} is not read here (LMDB "
+                         "only; convert the data with sn-make-lmdb), or plan and train with --data synthetic")
             return None
         if tp.force_color or tp.force_gray:
             self.problem(lpos.child("transform_param").mark, name, ltype, "force_color/force_gray are not supported")
             return None
-        if not os.path.isdir(params.source):
-            self.problem(ppos.at("source"), name, ltype, f"LMDB '{params.source}' not found; make one with "
+        old = [f for f in ("scale", "mean_file", "crop_size", "mirror") if params.HasField(f)]
+        if old:  # Caffe's deprecated copies of transform_param's fields
+            self.problem(ppos.at(old[0]), name, ltype, f"'{old[0]}' belongs in transform_param")
+            return None
+        exists = os.path.isdir(params.source) if ltype == "Data" else os.path.isfile(params.source)
+        if not exists:
+            what = "LMDB" if ltype == "Data" else "image list"
+            self.problem(ppos.at("source"), name, ltype, f"{what} '{params.source}' not found; make one with "
                          "sn-make-lmdb, or plan and train with --data synthetic (or synthetic:CxHxW)")
             return None
         scale = _f32(tp.scale) if tp.HasField("scale") else 1.0
         values = {"source": params.source, "batch_size": params.batch_size or 1, "scale": scale,
                   "crop": int(tp.crop_size), "mirror": bool(tp.mirror), "shuffle": False}  # Caffe reads in order
+        if ltype == "ImageData":
+            values.update(shuffle=bool(params.shuffle), root_folder=params.root_folder,
+                          new_height=int(params.new_height), new_width=int(params.new_width),
+                          is_color=bool(params.is_color))
         if tp.mean_value:
             values["mean"] = [_f32(m) * scale for m in tp.mean_value]
         if tp.mean_file:
@@ -320,9 +328,9 @@ class _Translator:
         phases = {r.phase for r in lp.include}
         if caffe_pb2.TRAIN in phases:
             for other_type, other in self.all:
-                if (other_type == "Data" and other is not lp and list(other.top) == list(lp.top)
+                if (other_type == ltype and other is not lp and list(other.top) == list(lp.top)
                         and caffe_pb2.TEST in {r.phase for r in other.include}):
-                    values["test_source"] = other.data_param.source
+                    values["test_source"] = (other.data_param if ltype == "Data" else other.image_data_param).source
         item["type"] = "Data"
         for key, value in values.items():
             item[key] = value

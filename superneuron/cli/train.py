@@ -79,7 +79,7 @@ def run(args):
     optimizer.cfg = solver  # max_iter shapes poly and cosine learning rates
     batch = _batch(spec)
     train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
-    if source_kind(data_cfg["source"]) == "lmdb":  # decoded per batch: read ahead on a worker thread
+    if source_kind(data_cfg["source"]) in ("lmdb", "imagelist"):  # decoded per batch: read ahead on a thread
         from ..readahead import ReadAhead
         train_loader = ReadAhead(train_loader)
     test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
