@@ -44,10 +44,13 @@ def googlenet_count():
     return total + conv_params(cin, 1000, 1)
 
 
-# published counts: ResNet-50 with Kaiming He's conv1 bias, VGG-16, SqueezeNet 1.1, DenseNet-121,
+# published counts: ResNets with Kaiming He's conv1 bias, VGG-16, SqueezeNet 1.1, DenseNet-121,
 # MobileNet v1 (Keras' trainable count), Caffe's AlexNet/CaffeNet with groups
 ZOO = [
     ("resnet50", lambda: zoo.resnet(50), dict(loss=True), 25_557_096),
+    ("resnet101", lambda: zoo.resnet(101), dict(loss=True), 44_549_160 + 64),  # torchvision's + conv1 bias
+    ("resnet152", lambda: zoo.resnet(152), dict(loss=True), 60_192_808 + 64),
+    ("resnext50_32x4d", lambda: zoo.resnet(50, groups=32, group_width=4), dict(loss=True), 25_028_904),
     ("vgg16_v1_layers", zoo.vgg16, dict(loss=True), 138_357_544),
     ("squeezenet1.1", zoo.squeezenet, dict(loss=True), 1_235_496),
     ("densenet121", zoo.densenet121, dict(loss=True), 7_978_856),

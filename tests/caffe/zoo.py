@@ -88,27 +88,31 @@ def input_layer(shape):
 
 
 # -- ResNet (Kaiming He's deploy files: conv1 with a bias, BN with global stats, Scale) ------------
-def resnet(depth=50, size=224, batch=1):
+def resnet(depth=50, size=224, batch=1, groups=1, group_width=64):
+    """Kaiming He's ResNet deploy files; with ``groups`` > 1, ResNeXt (grouped 3x3 convolutions
+    ``groups`` × ``group_width`` wide, no bias on conv1, as torchvision's)."""
     blocks = {50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}[depth]
-    out = [old_input(f"ResNet-{depth}", (batch, 3, size, size))]
-    out += [conv("conv1", "data", "conv1", 64, 7, 2, 3), bn_scale("bn_conv1", "scale_conv1", "conv1"),
+    name = f"ResNet-{depth}" if groups == 1 else f"ResNeXt-{depth}-{groups}x{group_width}d"
+    out = [old_input(name, (batch, 3, size, size))]
+    out += [conv("conv1", "data", "conv1", 64, 7, 2, 3, bias=groups == 1),
+            bn_scale("bn_conv1", "scale_conv1", "conv1"),
             relu("conv1_relu", "conv1"), pool("pool1", "conv1", "pool1", "MAX", 3, 2)]
     bottom = "pool1"
     for stage, count in enumerate(blocks):
-        width = 64 * 2 ** stage
+        width, out_width = groups * group_width * 2 ** stage, 256 * 2 ** stage
         for i in range(count):
             tag = f"{stage + 2}{chr(ord('a') + i) if count <= 6 or i == 0 else 'b' + str(i)}"
             stride = 2 if i == 0 and stage > 0 else 1
             if i == 0:
                 short = f"res{tag}_branch1"
-                out += [conv(short, bottom, short, 4 * width, 1, stride, bias=False),
+                out += [conv(short, bottom, short, out_width, 1, stride, bias=False),
                         bn_scale(f"bn{tag}_branch1", f"scale{tag}_branch1", short)]
             else:
                 short = bottom
             prev = bottom
-            for part, (n, k, s, p) in zip("abc", [(width, 1, stride, 0), (width, 3, 1, 1), (4 * width, 1, 1, 0)]):
+            for part, (n, k, s, p) in zip("abc", [(width, 1, stride, 0), (width, 3, 1, 1), (out_width, 1, 1, 0)]):
                 name = f"res{tag}_branch2{part}"
-                out += [conv(name, prev, name, n, k, s, p, bias=False),
+                out += [conv(name, prev, name, n, k, s, p, bias=False, group=groups if part == "b" else 1),
                         bn_scale(f"bn{tag}_branch2{part}", f"scale{tag}_branch2{part}", name)]
                 if part != "c":
                     out.append(relu(f"{name}_relu", name))
