@@ -72,6 +72,10 @@ MAX_SEED = 2**32 - 1
 MAX_DATA_SIDE = 1 << 16
 """Largest ``size`` or ``crop`` of a data source and ``sn-depth --size``: 65 536 pixels."""
 
+MAX_SEARCH_DEPTH = 30_000
+"""Largest ``sn-depth --max-depth``: a ResNet of depth 30 000 has about 140 000 layers (within
+MAX_LAYERS), and each plan that deep takes about a minute."""
+
 TIMELINE_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 """File extensions ``sn-plan --timeline`` writes (matplotlib's formats)."""
 

@@ -313,9 +313,9 @@ class _Loader:
             else:
                 self.expand(item["layers"], inner, chain, item.value_at("layers"))
             if i == 0 and before + (len(self.layers) - before) * count > MAX_LAYERS:
-                self.too_many(item.value_at("repeat"), f"repeat {count} of {len(self.layers) - before} "
-                              f"layers would make about {before + (len(self.layers) - before) * count:,} layers, "
-                              f"over the limit of {MAX_LAYERS:,} (MAX_LAYERS)".replace(",", " "), chain)
+                self.too_many(item.value_at("repeat"), f"repeat {count} of {len(self.layers) - before} layers: "
+                              + over("a net of about", before + (len(self.layers) - before) * count, MAX_LAYERS,
+                                     "MAX_LAYERS", " layers"), chain)
 
     def too_many(self, pos, message, chain):
         """Stop expanding at once: the file asks for more layers than MAX_LAYERS."""
@@ -447,8 +447,8 @@ class _Loader:
                 self.first_line[lname] = (line or item.mark[0], seen | phases)
         if lname is not None and tname is not None:
             if len(self.layers) >= MAX_LAYERS:
-                self.too_many(item.mark, f"more than {MAX_LAYERS:,} layers, the limit "
-                                         f"(MAX_LAYERS)".replace(",", " "), chain)
+                self.too_many(item.mark, over("a net of more than", MAX_LAYERS, MAX_LAYERS, "MAX_LAYERS",
+                                              " layers"), chain)
             self.layers.append(LayerSpec(lname, tname, conns["bottom"], conns["top"], cfg,
                                          self.file, item.mark[0], item.mark[1], loss_weight,
                                          common.get("lr_mult", ()), common.get("decay_mult", ()), phases))

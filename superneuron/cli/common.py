@@ -99,6 +99,7 @@ def run_cli(parser, run, argv=None):
     """Parse ``argv`` with ``parser`` and call ``run(args)``; a user error becomes one line on
     stderr and exit status 2. Output piped into a reader that stops (``| head``) ends the tool
     quietly with status 141, as SIGPIPE ends a C tool, instead of a BrokenPipeError."""
+    parser.error = lambda message: _usage_error(parser, message)
     args = parser.parse_args(argv)
     try:
         status = run(args)
@@ -111,6 +112,12 @@ def run_cli(parser, run, argv=None):
         return 141
     except MemoryError:
         return fail("out of memory (a batch, size or data set too large for this machine?)")
+
+
+def _usage_error(parser, message):
+    """argparse's error, as one line (argparse prints the whole usage first) and status 2."""
+    print(f"error: {message} (see {parser.prog} --help)", file=sys.stderr)
+    sys.exit(2)
 
 
 def _silence_stdout():

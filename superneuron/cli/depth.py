@@ -23,7 +23,7 @@ import sys
 import time
 
 from ..errors import SNError
-from ..limits import MAX_DATA_SIDE, over
+from ..limits import MAX_DATA_SIDE, MAX_SEARCH_DEPTH, over
 from .common import check_batch, run_cli
 
 
@@ -100,6 +100,8 @@ def planner_from_args(args):
     if host_memory is not None and host_memory <= 0:
         raise SNError(f"--host-memory must be positive, got '{args.host_memory}'")
     check_batch(args.batch)
+    if args.max_depth > MAX_SEARCH_DEPTH:
+        raise SNError(over("--max-depth", args.max_depth, MAX_SEARCH_DEPTH, "MAX_SEARCH_DEPTH"))
     overrides = parse_overrides(args.set)
     if args.size is not None:
         if args.size < 1:
