@@ -56,7 +56,7 @@ def source_kind(src):
     if not os.path.exists(src):
         raise SNError(f"{src}: no such file or directory (a data source is {SOURCES})")
     if os.path.isdir(src):
-        return "cifar" if os.path.isfile(os.path.join(src, "data_batch_1")) else "folder"
+        return "cifar" if os.path.exists(os.path.join(src, "data_batch_1")) else "folder"
     if src.lower().endswith(".npz"):
         mode = os.stat(src).st_mode
         if not stat.S_ISREG(mode):  # a FIFO would block the zip reader for ever
@@ -471,6 +471,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 def _cifar_batch(path):
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the reader for ever
+        raise SNError(f"{path}: not a regular file (a CIFAR-10 batch is a file)")
     if not os.path.isfile(path):
         raise SNError(f"{path}: missing (a CIFAR-10 python directory has data_batch_1..5 and test_batch)")
     try:
@@ -511,12 +513,20 @@ def _folder_classes(d):
     return classes
 
 
+def _is_file(entry):
+    try:
+        return entry.is_file()
+    except OSError:  # a symlink loop
+        return False
+
+
 def _folder_images(d, classes):
     paths, labels = [], []
     for label, name in enumerate(classes):
         cdir = os.path.join(d, name)
         if os.path.isdir(cdir):  # a test split may lack a class
-            files = sorted(f for f in os.listdir(cdir) if f.lower().endswith(IMAGE_EXTS))
+            # regular files only: opening a FIFO named x.png would wait for ever
+            files = sorted(e.name for e in os.scandir(cdir) if e.name.lower().endswith(IMAGE_EXTS) and _is_file(e))
             paths += [os.path.join(cdir, f) for f in files]
             labels += [label] * len(files)
     if not paths:

@@ -93,10 +93,21 @@ def _spaced(n):
 
 
 def host_memory_bytes():
-    """This machine's physical memory in bytes, or None where the system does not say: what
-    data held in memory, and the arena on the CPU, must fit in."""
+    """The most memory this process could take, in bytes: the machine's physical memory, or less
+    where an address-space limit (``ulimit -v``) leaves less; None where the system does not say.
+    Data held in memory, and the arena on the CPU, must fit in it."""
     import os
+    import resource
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
-        return None
+        total = None
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        try:
+            with open("/proc/self/status") as f:
+                used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        except (OSError, StopIteration, ValueError):
+            used = 0
+        total = soft - used if total is None else min(total, soft - used)
+    return total
