@@ -123,16 +123,16 @@ def _depth(tree):
 
 
 def size_of(value, limit=MAX_EXPR_SIZE):
-    """About how many characters ``str(value)`` would take: characters of strings, digits of
-    integers, and items of lists, tuples and dicts counted through nested ones (a list holding one
-    list a million times counts a million times). Counting stops once past ``limit``."""
+    """About how large ``value`` is: characters of strings, digits of long integers, and items
+    of lists, tuples and dicts counted through nested ones (a list holding one list a million
+    times counts a million times). Counting stops once past ``limit``."""
     total, todo = 0, [value]
     while todo and total <= limit:
         v = todo.pop()
         if isinstance(v, str):
             total += len(v)
-        elif isinstance(v, int):
-            total += v.bit_length() // 3
+        elif isinstance(v, int):  # an item; a long integer also its digits past the first 19
+            total += max(0, v.bit_length() - 64) // 3
         elif isinstance(v, (list, tuple)):
             total += len(v)
             if total <= limit:

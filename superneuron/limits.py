@@ -17,8 +17,9 @@ MAX_SOLVER_FILE_BYTES = 1 << 20
 """Largest solver file read: a solver is a dozen keys."""
 
 MAX_YAML_NODES = 1_000_000
-"""Most YAML nodes a file may stand for once its aliases (``*name``) are expanded: a file of
-16 MiB has fewer; nine nested aliases of nine items each (an "alias bomb") would be 387 million."""
+"""Most YAML nodes a file (or a ``--set`` value) may stand for once its aliases (``*name``) are
+expanded: a file within MAX_NET_FILE_BYTES has far fewer; nine nested aliases of nine items
+each (an "alias bomb") would be 387 million."""
 
 # -- the spec language ------------------------------------------------------------------------
 
@@ -67,14 +68,15 @@ MAX_SIZE_BYTES = 1 << 50
 """Largest ``--memory``, ``--host-memory`` or ``--workspace-limit``: 1 PiB."""
 
 MAX_SEED = 2**32 - 1
-"""Largest ``--seed`` (seeds are 0 .. 2**32 - 1, as in NumPy's legacy seeding and Caffe)."""
+"""Largest ``--seed``: seeds are 0 .. 2**32 - 1, what NumPy's legacy seeding takes (NumPy refuses
+negative ones)."""
 
 MAX_DATA_SIDE = 1 << 16
 """Largest ``size`` or ``crop`` of a data source and ``sn-depth --size``: 65 536 pixels."""
 
 MAX_SEARCH_DEPTH = 30_000
 """Largest ``sn-depth --max-depth``: a ResNet of depth 30 000 has about 140 000 layers (within
-MAX_LAYERS), and each plan that deep takes about a minute."""
+MAX_LAYERS), and plans that deep take minutes each."""
 
 TIMELINE_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
 """File extensions ``sn-plan --timeline`` writes (matplotlib's formats)."""
@@ -97,13 +99,16 @@ def host_memory_bytes():
     where an address-space limit (``ulimit -v``) leaves less; None where the system does not say.
     Data held in memory, and the arena on the CPU, must fit in it."""
     import os
-    import resource
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        resource = None
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         total = None
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if soft != resource.RLIM_INFINITY:
+    soft = resource.RLIM_INFINITY if resource is None else resource.getrlimit(resource.RLIMIT_AS)[0]
+    if resource is not None and soft != resource.RLIM_INFINITY:
         try:
             with open("/proc/self/status") as f:
                 used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
