@@ -138,3 +138,15 @@ def test_values_within_the_limits_are_computed(src):
 def test_values_just_over_the_limits_are_refused(src):
     with pytest.raises(ExprError, match="MAX_"):
         evaluate(src, {})
+
+
+def test_ctrl_c_outside_training_is_one_line(monkeypatch):
+    """Ctrl-C while sn-plan plans (or sn-train builds its net): 'interrupted', status 130, no
+    traceback."""
+    import superneuron.cli.plan as plan_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(plan_cli, "plan_from_args", interrupted)
+    outcome = run_main(plan_main, [TINY])
+    assert outcome.escaped is None and outcome.rc == 130 and outcome.err == "interrupted\n", outcome

@@ -112,6 +112,9 @@ def run_cli(parser, run, argv=None):
         return 141
     except MemoryError:
         return fail("out of memory (a batch, size or data set too large for this machine?)")
+    except KeyboardInterrupt:  # Ctrl-C outside training (which snapshots and says so itself)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def _usage_error(parser, message):
