@@ -11,14 +11,17 @@ stored), then multiplied by ``scale``, then normalised per channel: ``(x - mean)
 """
 
 import functools
+import math
 import os
 import pickle
+import stat
 import zipfile
 import zlib
 
 import numpy as np
 
 from .errors import SNError
+from .limits import MAX_DATA_SIDE, MAX_SPEC_INT, host_memory_bytes, over
 
 # The Data layer's options besides source and batch_size: kind, default, meaning.
 OPTIONS = {
@@ -64,8 +67,11 @@ def source_kind(src):
     if src.lower().endswith(".txt") and os.path.isfile(src):
         return "imagelist"  # Caffe's ImageData: superneuron.caffe.image_data
     if os.path.isdir(src):
-        return "cifar" if os.path.isfile(os.path.join(src, "data_batch_1")) else "folder"
+        return "cifar" if os.path.exists(os.path.join(src, "data_batch_1")) else "folder"
     if src.lower().endswith(".npz"):
+        mode = os.stat(src).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO would block the zip reader for ever
+            raise SNError(f"{src}: not a regular file (a FIFO or a device); a .npz data source is a file")
         return "npz"
     raise SNError(f"{src}: not a data source (expected {SOURCES})")
 
@@ -89,9 +95,13 @@ def _config(cfg):
     for key in ("size", "crop"):
         if cfg[key] < 0:
             raise SNError(f"data source '{src}': {key} must be >= 0, got {cfg[key]}")
+        if cfg[key] > MAX_DATA_SIDE:
+            raise SNError(f"data source '{src}': " + over(key, cfg[key], MAX_DATA_SIDE, "MAX_DATA_SIDE"))
     for key in ("classes", "channels", "samples"):
         if cfg[key] < 1:
             raise SNError(f"data source '{src}': {key} must be >= 1, got {cfg[key]}")
+        if cfg[key] > MAX_SPEC_INT:  # the Python API does not pass Key.convert
+            raise SNError(f"data source '{src}': " + over(key, cfg[key], MAX_SPEC_INT, "MAX_SPEC_INT"))
     if not 0.0 <= cfg["test_fraction"] < 1.0:
         raise SNError(f"data source '{src}': test_fraction must be in [0, 1), got {cfg['test_fraction']}")
     if any(s == 0 for s in cfg["std"]):
@@ -111,6 +121,7 @@ def describe(cfg):
     src, size, kind = cfg["source"], cfg["size"], source_kind(cfg["source"])
     if kind == "digits":
         shape, classes = (1, size or 8, size or 8), 10
+        _check_memory(src, 1797 * math.prod(shape) * 4, "its 1797 images at this size")
     elif kind == "lmdb":
         from .caffe.lmdb_data import describe as describe_lmdb
         shape, classes = describe_lmdb(cfg)
@@ -119,6 +130,9 @@ def describe(cfg):
         shape, classes = describe_list(cfg)
     elif kind == "synthetic":
         shape, classes = (cfg["channels"], size or 32, size or 32), cfg["classes"]
+        # the samples, and one pattern per class
+        _check_memory(src, (cfg["samples"] + classes) * math.prod(shape) * 4,
+                      f"{cfg['samples']} samples of {classes} classes at this size")
     elif kind == "cifar":
         shape, classes = (3, 32, 32), 10
     elif kind == "npz":
@@ -334,6 +348,16 @@ def _synthetic(cfg):
     return x, y.astype(np.int64)
 
 
+def _check_memory(src, nbytes, what):
+    """SNError when data of ``nbytes`` cannot be held in this machine's memory (checked before it
+    is made: NumPy would raise MemoryError, or the system kill the process)."""
+    total = host_memory_bytes()
+    if total is not None and nbytes > total:
+        from .report import human_bytes
+        raise SNError(f"{src}: {what} would take {human_bytes(nbytes)}, more than this machine's "
+                      f"{human_bytes(total)} of memory")
+
+
 def _sample_shape(path, shape, key="x"):
     """(C, H, W) for an array of ``shape`` (3-D arrays get one channel); SNError otherwise."""
     if len(shape) == 3:
@@ -354,23 +378,29 @@ def _labels(path, y, n, key="y"):
 
 
 def _npz_read(path, keys, headers=()):
-    """Arrays ``keys`` (those present) and the shapes of ``headers`` read from their .npy headers."""
+    """Arrays ``keys`` (those present) and the shapes of ``headers`` read from their .npy headers.
+    Every header is checked before any array is loaded: what it claims must be what its member
+    holds (a crafted header could otherwise ask for terabytes) and fit in memory."""
     try:
         arrays, shapes = {}, {}
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
-            for key in headers:
+            for key in set(headers) | set(keys):
                 if key + ".npy" in names:
-                    with z.open(key + ".npy") as f:
-                        version = np.lib.format.read_magic(f)
-                        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                else np.lib.format.read_array_header_2_0)
-                        shapes[key] = read(f)[0]
+                    shape, dtype, header_bytes = _npy_header(z, key + ".npy")
+                    nbytes = math.prod(shape) * dtype.itemsize
+                    held = z.getinfo(key + ".npy").file_size - header_bytes
+                    if dtype.hasobject or nbytes != held:
+                        raise SNError(f"{path}: damaged .npz: the header of '{key}' says {shape} {dtype} "
+                                      f"({nbytes} bytes), but the file holds {max(held, 0)} bytes")
+                    if key in keys:
+                        _check_memory(path, nbytes, f"'{key}'")
+                    shapes[key] = shape
         with np.load(path, allow_pickle=False) as f:
             for key in keys:
                 if key in f.files:
                     arrays[key] = f[key]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error, MemoryError) as e:
         raise SNError(f"{path}: not a readable .npz file ({_one_line(e)})") from None
     members = [n[:-4] for n in names]
     for need in ("x", "y"):
@@ -380,6 +410,17 @@ def _npz_read(path, keys, headers=()):
     if ("x_test" in members) != ("y_test" in members):
         raise SNError(f"{path}: has one of x_test and y_test without the other")
     return arrays, shapes
+
+
+def _npy_header(z, name):
+    """``(shape, dtype, bytes before the data)`` of the .npy member ``name`` of zip ``z``."""
+    with z.open(name) as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0), (3, 0)):
+            raise ValueError(f"'{name}': .npy version {version}")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read(f)
+        return shape, dtype, f.tell()
 
 
 def _npz_describe(path):
@@ -453,6 +494,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
 
 
 def _cifar_batch(path):
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the reader for ever
+        raise SNError(f"{path}: not a regular file (a CIFAR-10 batch is a file)")
     if not os.path.isfile(path):
         raise SNError(f"{path}: missing (a CIFAR-10 python directory has data_batch_1..5 and test_batch)")
     try:
@@ -493,12 +536,20 @@ def _folder_classes(d):
     return classes
 
 
+def _is_file(entry):
+    try:
+        return entry.is_file()
+    except OSError:  # a symlink loop
+        return False
+
+
 def _folder_images(d, classes):
     paths, labels = [], []
     for label, name in enumerate(classes):
         cdir = os.path.join(d, name)
         if os.path.isdir(cdir):  # a test split may lack a class
-            files = sorted(f for f in os.listdir(cdir) if f.lower().endswith(IMAGE_EXTS))
+            # regular files only: opening a FIFO named x.png would wait for ever
+            files = sorted(e.name for e in os.scandir(cdir) if e.name.lower().endswith(IMAGE_EXTS) and _is_file(e))
             paths += [os.path.join(cdir, f) for f in files]
             labels += [label] * len(files)
     if not paths:

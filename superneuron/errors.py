@@ -1,5 +1,7 @@
 """User-facing errors: each prints as one line (or one line per problem), never a traceback."""
 
+from .limits import MAX_PROBLEMS
+
 
 class SNError(Exception):
     """An error the user can fix: bad network file, bad option, missing data, budget too small.
@@ -14,10 +16,15 @@ class LayerError(SNError):
 
 
 class SpecError(SNError):
-    """One or more problems in a network file, each as ``file:line:col: layer 'x' (Type): msg``."""
+    """One or more problems in a network file, each as ``file:line:col: layer 'x' (Type): msg``;
+    past MAX_PROBLEMS of them, the rest are counted in a last line, not listed."""
 
     def __init__(self, problems):
-        self.problems = list(problems) if isinstance(problems, (list, tuple)) else [problems]
+        problems = list(problems) if isinstance(problems, (list, tuple)) else [problems]
+        if len(problems) > MAX_PROBLEMS + 1:
+            problems = problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more problems "
+                                                  f"(the first {MAX_PROBLEMS} are shown: MAX_PROBLEMS)"]
+        self.problems = problems
         super().__init__("\n".join(self.problems))
 
 

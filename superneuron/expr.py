@@ -19,11 +19,14 @@ the expression's value with its type; ``${expr}`` inside a longer string is repl
 
 import ast
 import functools
+import math
 import operator
+import re
 
 import yaml
 
 from .errors import SpecError, where
+from .limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_SIZE, MAX_INT_BITS, MAX_YAML_NODES, over
 
 
 def _error(message):
@@ -31,11 +34,25 @@ def _error(message):
     raise ExprError(str(message))
 
 
-FUNCTIONS = {"min": min, "max": max, "int": int, "float": float, "str": str, "len": len,
-             "range": lambda *a: list(range(*a)), "sum": sum, "abs": abs, "error": _error}
+def _sum(items, start=0):
+    """Python's ``sum``, in linear time for lists and tuples too (``sum(lists, [])``), and
+    refusing a result over MAX_EXPR_SIZE as it grows."""
+    items = list(items)
+    if not isinstance(start, (list, tuple)):
+        return sum(items, start)
+    out = list(start)
+    for item in items:
+        if not isinstance(item, type(start)):
+            raise TypeError(f"can only concatenate {type(start).__name__} (not "
+                            f"\"{type(item).__name__}\") to {type(start).__name__}")
+        if len(out) + len(item) > MAX_EXPR_SIZE:
+            raise ExprError(over("a sum of", len(out) + len(item), MAX_EXPR_SIZE, "MAX_EXPR_SIZE", " items"))
+        out.extend(item)
+    return out if isinstance(start, list) else tuple(out)
 
-MAX_POWER = 4096  # a larger exponent or range is a typo, not a network; refuse it quickly
-MAX_RANGE = 1_000_000
+
+FUNCTIONS = {"min": min, "max": max, "int": int, "float": float, "str": str, "len": len,
+             "range": lambda *a: list(range(*a)), "sum": _sum, "abs": abs, "error": _error}
 
 BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
           ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
@@ -60,12 +77,23 @@ class ExprError(ValueError):
 
 
 def evaluate(src, env):
-    """The value of the expression ``src`` with names looked up in ``env`` (a dict)."""
+    """The value of the expression ``src`` with names looked up in ``env`` (a dict).
+
+    Its length, its nesting and the size of every value it makes are bounded (MAX_EXPR_CHARS,
+    MAX_EXPR_DEPTH, MAX_EXPR_SIZE, MAX_INT_BITS), each checked before the work it would cost, so
+    no expression can run for long or take much memory."""
     shown = "${" + (src if len(src) <= 60 else src[:57] + "...") + "}"
+    if len(src) > MAX_EXPR_CHARS:
+        raise ExprError(over(f"expression '{shown}' of", len(src), MAX_EXPR_CHARS, "MAX_EXPR_CHARS",
+                             " characters"))
     try:
         tree = _parse(src.strip())
     except SyntaxError as e:
         raise ExprError(f"invalid expression '{shown}': {e.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ExprError(f"invalid expression '{shown}': nested too deeply") from None
+    if _depth(tree) > MAX_EXPR_DEPTH:
+        raise ExprError(f"expression '{shown}' is nested more than {MAX_EXPR_DEPTH} deep (MAX_EXPR_DEPTH)")
     try:
         return _Evaluator(env, shown).visit(tree)
     except ExprError:
@@ -81,6 +109,55 @@ def evaluate(src, env):
 @functools.lru_cache(maxsize=4096)  # a repeat evaluates the same few expressions many times
 def _parse(src):
     return ast.parse(src, mode="eval").body
+
+
+def _depth(tree):
+    """The depth of a syntax tree, walked without recursion (the evaluator's recursion follows it)."""
+    deepest, todo = 0, [(tree, 1)]
+    while todo:
+        node, d = todo.pop()
+        deepest = max(deepest, d)
+        if d <= MAX_EXPR_DEPTH:
+            todo.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def size_of(value, limit=MAX_EXPR_SIZE):
+    """About how large ``value`` is: characters of strings, digits of long integers, and items
+    of lists, tuples and dicts counted through nested ones (a list holding one list a million
+    times counts a million times). Counting stops once past ``limit``."""
+    total, todo = 0, [value]
+    while todo and total <= limit:
+        v = todo.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, int):  # an item; a long integer also its digits past the first 19
+            total += max(0, v.bit_length() - 64) // 3
+        elif isinstance(v, (list, tuple)):
+            total += len(v)
+            if total <= limit:
+                todo.extend(v)
+        elif isinstance(v, dict):
+            total += len(v)
+            if total <= limit:
+                todo.extend(v)
+                todo.extend(v.values())
+    return total
+
+
+# printf-style conversions: '%s', '%-08.3f', '%(name)d', '%*d' (a width taken from the arguments)
+_CONVERSION = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.S)
+
+
+def _check_format(text):
+    """A ``'...' % args`` format whose widths and precisions are small numbers written in it."""
+    for m in _CONVERSION.finditer(text):
+        for part in m.group(1, 2):
+            if part == "*":
+                raise ExprError("'*' widths in '%' formatting are not allowed")
+            if part is not None and (len(part) > 7 or int(part) > MAX_EXPR_SIZE):
+                raise ExprError(over("a '%' width of", int(part) if len(part) <= 30 else 10**30,
+                                     MAX_EXPR_SIZE, "MAX_EXPR_SIZE", " characters"))
 
 
 class _Evaluator:
@@ -114,29 +191,61 @@ class _Evaluator:
             self.fail(f"function '{node.id}' must be called")
         self.fail(f"undefined name '{node.id}'")
 
+    def bounded(self, value):
+        """``value``, if it is within MAX_INT_BITS and MAX_EXPR_SIZE."""
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            self.fail(over("an integer of", value.bit_length(), MAX_INT_BITS, "MAX_INT_BITS", " bits"))
+        if isinstance(value, (str, list, tuple, dict)) and size_of(value) > MAX_EXPR_SIZE:
+            self.fail(over("a value of more than", MAX_EXPR_SIZE, MAX_EXPR_SIZE, "MAX_EXPR_SIZE",
+                           " characters or items"))
+        return value
+
     def visit_List(self, node):
-        return [self.visit(e) for e in node.elts]
+        return self.bounded([self.visit(e) for e in node.elts])
 
     def visit_Tuple(self, node):
-        return tuple(self.visit(e) for e in node.elts)
+        return self.bounded(tuple(self.visit(e) for e in node.elts))
 
     def visit_Dict(self, node):
         if any(k is None for k in node.keys):
             self.fail("'**' unpacking is not allowed")
-        return {self.visit(k): self.visit(v) for k, v in zip(node.keys, node.values, strict=True)}
+        return self.bounded({self.visit(k): self.visit(v) for k, v in zip(node.keys, node.values, strict=True)})
 
     def visit_BinOp(self, node):
         op = BINARY.get(type(node.op))
         if op is None:
             self.forbid(node.op)
         left, right = self.visit(node.left), self.visit(node.right)
-        if isinstance(node.op, ast.Pow) and isinstance(right, (int, float)) and abs(right) > MAX_POWER:
-            self.fail(f"exponent {right} is too large")
-        if isinstance(node.op, ast.Mult) and any(isinstance(v, (str, list, tuple)) for v in (left, right)):
-            n = right if isinstance(left, (str, list, tuple)) else left
-            if isinstance(n, int) and n > MAX_RANGE:
-                self.fail(f"repetition {n} is too large")
-        return op(left, right)
+        self.check_cost(node.op, left, right)
+        return self.bounded(op(left, right))
+
+    def check_cost(self, op, left, right):
+        """Refuse, before computing it, a result that would break MAX_INT_BITS or MAX_EXPR_SIZE."""
+        ints = all(isinstance(v, int) for v in (left, right))
+        seqs = (str, list, tuple)
+        if isinstance(op, ast.Pow) and ints and right > 0 and abs(left) > 1:
+            bits = right * math.log2(abs(left))
+            if bits > MAX_INT_BITS:
+                self.fail(over("an integer of about", int(bits) if bits < 1e30 else 10**30, MAX_INT_BITS,
+                               "MAX_INT_BITS", " bits"))
+        elif isinstance(op, ast.Mult) and ints:
+            if left.bit_length() + right.bit_length() > MAX_INT_BITS + 1:
+                self.fail(over("an integer of about", left.bit_length() + right.bit_length(), MAX_INT_BITS,
+                               "MAX_INT_BITS", " bits"))
+        elif isinstance(op, ast.Mult) and any(isinstance(v, seqs) for v in (left, right)):
+            seq, n = (left, right) if isinstance(left, seqs) else (right, left)
+            if isinstance(n, int) and n > 0 and size_of(seq) * n > MAX_EXPR_SIZE:
+                self.fail(over("a repetition of", size_of(seq) * n if n < 10**30 else n, MAX_EXPR_SIZE,
+                               "MAX_EXPR_SIZE", " characters or items"))
+        elif isinstance(op, ast.Add) and isinstance(left, seqs) and isinstance(right, seqs):
+            if size_of(left) + size_of(right) > MAX_EXPR_SIZE:
+                self.fail(over("a value of more than", MAX_EXPR_SIZE, MAX_EXPR_SIZE, "MAX_EXPR_SIZE",
+                               " characters or items"))
+        elif isinstance(op, ast.Mod) and isinstance(left, str):
+            _check_format(left)
+            if size_of(right) > MAX_EXPR_SIZE:
+                self.fail(over("a value of more than", MAX_EXPR_SIZE, MAX_EXPR_SIZE, "MAX_EXPR_SIZE",
+                               " characters or items"))
 
     def visit_UnaryOp(self, node):
         op = UNARY.get(type(node.op))
@@ -183,9 +292,9 @@ class _Evaluator:
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
             self.fail(f"'{node.func.id}' takes positional arguments only")
         args = [self.visit(a) for a in node.args]
-        if node.func.id == "range" and len(range(*args)) > MAX_RANGE:
-            self.fail(f"range of {len(range(*args))} items is too large")
-        return FUNCTIONS[node.func.id](*args)
+        if node.func.id == "range" and len(range(*args)) > MAX_EXPR_SIZE:
+            self.fail(over("a range of", len(range(*args)), MAX_EXPR_SIZE, "MAX_EXPR_SIZE", " items"))
+        return self.bounded(FUNCTIONS[node.func.id](*args))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -227,10 +336,14 @@ def interpolate(text, env):
     if len(spans) == 1 and spans[0][0] == 0 and spans[0][1] == len(text):
         value = evaluate(spans[0][2], env)
         return list(value) if isinstance(value, tuple) else value
-    out, last = [], 0
+    out, last, length = [], 0, len(text)
     for start, end, src in spans:
         out.append(text[last:start])
         out.append(str(evaluate(src, env)))
+        length += len(out[-1])
+        if length > MAX_EXPR_SIZE:
+            raise ExprError(over(f"'{text[:40]}...' makes a string of more than", MAX_EXPR_SIZE,
+                                 MAX_EXPR_SIZE, "MAX_EXPR_SIZE", " characters"))
         last = end
     out.append(text[last:])
     return "".join(out)
@@ -300,22 +413,81 @@ def _mark(node):
 
 
 def parse_yaml(text, file="<net>"):
-    """Plain Python values (Map/Seq carrying positions) from YAML ``text``; SpecError if invalid."""
-    loader = yaml.SafeLoader(text)
+    """Plain Python values (Map/Seq carrying positions) from YAML ``text``; SpecError if invalid,
+    or if its aliases expand it past MAX_YAML_NODES."""
+    try:
+        loader = yaml.SafeLoader(text)  # it checks the characters at once
+    except yaml.reader.ReaderError as e:
+        raise SpecError(_reader_error(text, e, file)) from None
     try:
         node = loader.get_single_node()
-        return None if node is None else _plain(loader, node, file)
+        if node is None:
+            return None
+        count_nodes(node, file)
+        return _plain(loader, node, file)
+    except yaml.reader.ReaderError as e:
+        raise SpecError(_reader_error(text, e, file)) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (None, None)
         what = " ".join(p for p in (e.context, e.problem) if p)
         raise SpecError(where(file, line, col) + f"invalid YAML: {what}") from None
     except yaml.YAMLError as e:
-        raise SpecError(where(file) + f"invalid YAML: {e}") from None
+        raise SpecError(where(file) + f"invalid YAML: {_first_line(e)}") from None
+    except ValueError as e:  # a scalar YAML reads but Python refuses (an integer of 5000 digits)
+        raise SpecError(where(file) + f"invalid YAML: {_first_line(e)}") from None
     except RecursionError:  # an anchor that contains itself
         raise SpecError(where(file) + "invalid YAML: nested too deeply (a recursive anchor?)") from None
     finally:
         loader.dispose()
+
+
+def _first_line(e):
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _reader_error(text, e, file):
+    """``file:line:col: invalid YAML: ...`` for a character YAML does not allow (a control character)."""
+    if isinstance(e.character, int):
+        pos = e.position
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        return where(file, line, col) + f"invalid YAML: character #x{e.character:04x} is not allowed ({e.reason})"
+    return where(file) + f"invalid YAML: {e.reason}"
+
+
+def _children(node):
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return ()
+
+
+def count_nodes(root, file="<yaml>"):
+    """How many nodes the YAML ``root`` stands for once its aliases are expanded (each node is
+    visited once, so this takes the time of the file, not of the expansion); SpecError past
+    MAX_YAML_NODES (an "alias bomb") or for an alias inside its own anchor."""
+    sizes, open_, todo = {}, set(), [(root, False)]
+    while todo:
+        node, done = todo.pop()
+        key = id(node)
+        if done:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes[id(k)] for k in _children(node))
+            if sizes[key] > MAX_YAML_NODES:
+                line, col = _mark(node)
+                raise SpecError(where(file, line, col) + "invalid YAML: " + over(
+                    "a value whose aliases expand it to", sizes[key], MAX_YAML_NODES, "MAX_YAML_NODES",
+                    " nodes"))
+        elif key not in sizes:
+            if key in open_:
+                raise SpecError(where(file, *_mark(node)) + "invalid YAML: an alias inside its own anchor")
+            open_.add(key)
+            todo.append((node, True))
+            todo.extend((k, False) for k in _children(node) if id(k) not in sizes)
+    return sizes[id(root)]
 
 
 def _plain(loader, node, file):

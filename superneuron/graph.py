@@ -35,6 +35,7 @@ import numpy as np
 from .errors import LayerError, SpecError, where
 from .layers import layer_class
 from .layers.base import Layer
+from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
 from .rules import PHASES
 
 KINDS = ("data", "grad", "param", "param_grad", "state", "workspace")
@@ -187,8 +188,9 @@ class Graph:
                                           f"(line {later.line}): a layer must come after what it reads")
                     bottoms.append(None)
                 else:
-                    self._problem(ls, f"bottom '{b}' is not produced by any layer or input"
-                                      + _close_hint(b, list(version)))
+                    # past MAX_PROBLEMS no hint: a near match among 20 000 names, each time, is slow
+                    hint = _close_hint(b, list(version)) if len(self._problems) < MAX_PROBLEMS else ""
+                    self._problem(ls, f"bottom '{b}' is not produced by any layer or input" + hint)
                     bottoms.append(None)
             tops = []
             for t in ls.tops:
@@ -246,6 +248,9 @@ class Graph:
                 self._problem(ls, f"has {len(tops)} tops but produces {len(top_shapes)}")
                 failed.update(tops)
                 continue
+            if self._too_large(ls, zip(ls.tops, top_shapes), "top"):
+                failed.update(tops)
+                continue
             layer.bottom_shapes = [tuple(shapes[b]) for b in bottoms]
             layer.top_shapes = [tuple(s) for s in top_shapes]
             for t, s in zip(tops, top_shapes):
@@ -267,6 +272,17 @@ class Graph:
             node = self._add_node(ls, layer, renamed, tops, *inplace[ls.name])
             if node.inplace:
                 self.tensors[tops[0]].alias = renamed[0]
+
+    def _too_large(self, ls, named_shapes, what):
+        """Record a problem for each tensor over MAX_TENSOR_BYTES; whether there was one."""
+        found = False
+        for name, shape in named_shapes:
+            nbytes = math.prod(map(int, shape)) * self.dtype.itemsize
+            if nbytes > MAX_TENSOR_BYTES:
+                self._problem(ls, over(f"{what} '{name}' of shape {tuple(shape)} takes", nbytes,
+                                       MAX_TENSOR_BYTES, "MAX_TENSOR_BYTES", " bytes"))
+                found = True
+        return found
 
     def _split_of(self, version, shape, count, split_cls):
         """The Split node for ``version``, created just before its first reader; its name and
@@ -290,7 +306,10 @@ class Graph:
             # a view (Split, Flatten, Reshape); an in-place version is aliased by _build
             alias = bottoms[0] if layer.ALIAS_TOPS else None
             self.tensors[t] = TensorInfo(t, s, self.dtype, "data", alias)
-        for k, p in enumerate(layer.param_specs()):
+        specs = layer.param_specs()
+        if self._too_large(ls, [(f"{layer.name}/{p.name}", p.shape) for p in specs], "parameter"):
+            specs = []
+        for k, p in enumerate(specs):
             tname = f"{layer.name}/{p.name}"
             if tname in self.tensors:
                 self._problem(ls, f"parameter '{tname}' has the name of a top; rename that top")

@@ -63,10 +63,27 @@ class Net:
         if host_memory is not None and host > host_memory:
             raise SNError(f"needs {human_bytes(host)} of host memory for offloaded tensors; "
                           f"--host-memory {human_bytes(host_memory)} (policy {policy})")
-        self.runtime = Runtime(list(self.schedules.values()), self.backend,
-                               capacity=memory or needed, seed=seed, host_capacity=host)
+        self.runtime = self._runtime(memory or needed, host, seed)
         self._init_params(seed)
         self.outputs = {}  # scalar tops (losses, accuracies) of the last run, by layer name
+
+    def _runtime(self, capacity, host, seed):
+        """The Runtime and its arenas; SNError, before anything is allocated where it can be told,
+        when they cannot be had (on the CPU both must fit this machine's memory)."""
+        from .limits import host_memory_bytes
+        total = host_memory_bytes()
+        on_host = host + (capacity if self.backend.name == "cpu" else 0)
+        if total is not None and on_host > total:
+            raise SNError(f"the arena needs {human_bytes(on_host)} of host memory, more than this "
+                          f"machine's {human_bytes(total)}: a smaller --batch or net, or a policy that "
+                          f"needs less")
+        try:
+            return Runtime(list(self.schedules.values()), self.backend, capacity=capacity, seed=seed,
+                           host_capacity=host)
+        except MemoryError:  # cupy's OutOfMemoryError is one too
+            raise SNError(f"cannot allocate the arena of {human_bytes(capacity)} on {self.backend.name}"
+                          + (f" and {human_bytes(host)} on the host" if host else "")
+                          + ": not enough memory") from None
 
     def _cost_model(self, costs):
         from .scheduler.cost import CostModel, cached_table, load_or_measure

@@ -22,13 +22,16 @@ proportional to a parameter is allocated. The gradient is overwritten: it is scr
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
 
 import yaml
 
-from .errors import SNError, SpecError, where
+from .errors import SpecError, where
+from .files import read_text_capped
+from .limits import MAX_SOLVER_FILE_BYTES
 
 TYPES = ("SGD", "Nesterov", "Adam")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
@@ -248,22 +251,26 @@ def load_solver(path):
     if str(path).lower().endswith(".prototxt"):
         from .caffe.solver import load_solver_prototxt
         return load_solver_prototxt(path)[0]
+    from .expr import count_nodes
+    if not os.path.lexists(path):
+        raise SpecError(f"{path}: no such solver file")
+    text = read_text_capped(path, MAX_SOLVER_FILE_BYTES, "solver file", "MAX_SOLVER_FILE_BYTES", SpecError)
+    loader = None
     try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise SNError(f"{path}: no such solver file" if isinstance(e, FileNotFoundError)
-                      else f"{path}: cannot read solver file ({e.strerror})") from None
-    loader = yaml.SafeLoader(text)
-    try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
+        if node is not None:
+            count_nodes(node, path)  # an alias bomb is refused before it is built
         mapping = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise SpecError(where(path, mark.line + 1 if mark else None)
-                        + f"not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        why = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e).splitlines()[0]
+        raise SpecError(where(path, mark.line + 1 if mark else None) + f"not valid YAML ({why})") from None
+    except ValueError as e:  # a scalar YAML reads but Python refuses (an integer of 5000 digits)
+        raise SpecError(where(path) + f"not valid YAML ({str(e).splitlines()[0]})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(node, yaml.MappingNode):
         raise SpecError(where(path, 1) + "a solver file is a mapping of solver keys (base_lr: 0.01, ...)")
     lines, duplicates = {}, []

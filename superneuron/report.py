@@ -1,8 +1,11 @@
 """Formatting of figures for people: sizes, rates, tables (the CLIs print what this returns)."""
 
+import os
 import re
 
 from .errors import SNError
+from .files import write_bytes
+from .limits import MAX_SIZE_BYTES, TIMELINE_FORMATS, over
 
 _UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3,
           "GB": 1000**3, "T": 1000**4, "TB": 1000**4, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
@@ -22,8 +25,12 @@ def parse_size(text):
     """``'12GiB'``, ``'500MB'``, ``'1.5 GiB'``, ``'4096'`` → bytes; SNError when malformed."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
-        raise SNError(f"bad size '{text}'; use e.g. 12GiB, 500MB or 4096")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        raise SNError(f"bad size '{str(text)[:40]}'; use e.g. 12GiB, 500MB or 4096")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]  # 400 digits: inf, not an error
+    if not value <= MAX_SIZE_BYTES:
+        shown = f"{value:.3g}" if value < float("inf") else "more than 1e308"
+        raise SNError(over(f"size '{str(text)[:40]}' of", shown, MAX_SIZE_BYTES, "MAX_SIZE_BYTES", " bytes"))
+    return int(value)
 
 
 def table(rows, headers):
@@ -151,8 +158,21 @@ def write_timeline(path, schedule, plan, budget=None):
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower center", fontsize="small", ncol=5)
     fig.tight_layout()
-    fig.savefig(path)
+    import io
+    image = io.BytesIO()  # drawn first, then written: a write that fails is an SNError naming it
+    fig.savefig(image, format=timeline_format(path))
     plt.close(fig)
+    write_bytes(path, image.getvalue(), "timeline")
+
+
+def timeline_format(path):
+    """The image format of ``path`` from its extension, one of TIMELINE_FORMATS (PNG without one);
+    SNError otherwise (checked before planning, so a typo costs nothing)."""
+    ext = os.path.splitext(str(path))[1].lower().lstrip(".") or "png"  # /dev/stdout: a PNG
+    if ext not in TIMELINE_FORMATS:
+        raise SNError(f"{path}: the timeline is written as .png, or .{', .'.join(TIMELINE_FORMATS[1:])}; "
+                      f"not '.{ext}'")
+    return ext
 
 
 def trace_events(schedule, plan):
@@ -189,5 +209,5 @@ def trace_events(schedule, plan):
 def write_trace(path, schedule, plan):
     """Write :func:`trace_events` as a trace file that chrome://tracing and Perfetto open."""
     import json
-    with open(path, "w") as f:
-        json.dump({"traceEvents": trace_events(schedule, plan), "displayTimeUnit": "ms"}, f)
+    text = json.dumps({"traceEvents": trace_events(schedule, plan), "displayTimeUnit": "ms"})
+    write_bytes(path, text.encode(), "trace")

@@ -87,7 +87,8 @@ def write(path, meta, arrays):
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise SNError(f"{path}: cannot write snapshot ({e.strerror or e})") from None
+            raise SNError(f"{path}: cannot write snapshot ({e.strerror or e}); its partial .tmp file "
+                          f"was removed, earlier snapshots are as they were") from None
         raise
     return path
 

@@ -14,12 +14,12 @@ import difflib
 import os
 from dataclasses import dataclass, field
 
-import yaml
-
 from .errors import SpecError, where
 from .expr import ExprError, Map, Seq, parse_yaml, substitute
+from .files import read_text_capped
 from .layers import layer_class
 from .layers.base import Key
+from .limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, over
 from .rules import PHASES, param_blocks, phases_of
 
 
@@ -58,8 +58,6 @@ COMMON_KEYS = {"loss_weight": Key("floats"), "lr_mult": Key("floats"), "decay_mu
 LAYER_KEYS = ("name", "type", "bottom", "top")
 RULE_KEYS = ("include", "exclude", "param")  # Caffe's NetStateRule lists and ParamSpec blocks
 TOP_KEYS = ("name", "params", "input", "templates", "layers", "solver")
-MAX_NESTING = 32      # templates within templates; deeper is surely a mistake
-MAX_PROBLEMS = 100    # a bad key inside a 1000-fold repeat should not print 1000 lines
 
 
 def parse_overrides(items):
@@ -72,10 +70,12 @@ def parse_overrides(items):
         if not eq or not key.isidentifier() or not text.strip():
             problems.append(f"--set {item!r}: expected NAME=VALUE, such as depth=50")
             continue
-        try:
-            out[key] = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            problems.append(f"--set {item!r}: the value is not valid YAML ({getattr(e, 'problem', e)})")
+        try:  # with positions dropped; read as a file is, so an alias bomb is refused too
+            out[key] = _plain(parse_yaml(text, "--set"))
+        except SpecError as e:
+            why = str(e).split("invalid YAML: ", 1)[-1]
+            problems.append(f"--set {item if len(item) <= 60 else item[:57] + '...'!r}: the value is not "
+                            f"valid YAML ({why})")
     if problems:
         raise SpecError(problems)
     return out
@@ -91,13 +91,8 @@ def load_spec(path, overrides=None, batch=None, data=None):
     if str(path).lower().endswith(".prototxt"):
         from .caffe.prototxt import load_prototxt
         return load_prototxt(path, overrides, batch, data=data)
-    file = str(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise SpecError(f"{file}: cannot read the network file: {e.strerror or e}") from None
-    return loads_spec(text, file, overrides, batch)
+    text = read_text_capped(path, MAX_NET_FILE_BYTES, "network file", error=SpecError)
+    return loads_spec(text, str(path), overrides, batch)
 
 
 def loads_spec(text, file="<net>", overrides=None, batch=None):
@@ -171,10 +166,7 @@ class _Loader:
 
     def check(self):
         if self.problems:
-            lines = list(self.problems)
-            if len(lines) > MAX_PROBLEMS:
-                lines = lines[:MAX_PROBLEMS] + [f"... and {len(lines) - MAX_PROBLEMS} more problems"]
-            raise SpecError(lines)
+            raise SpecError(list(self.problems))  # which lists MAX_PROBLEMS and counts the rest
 
     def env(self, env):
         return env if self.prev is None else dict(env, prev=self.prev)
@@ -187,6 +179,8 @@ class _Loader:
         if self.batch is not None and (isinstance(self.batch, bool) or not isinstance(self.batch, int)
                                        or self.batch <= 0):
             raise SpecError(f"batch must be a positive integer, got {self.batch!r}")
+        if self.batch is not None and self.batch > MAX_BATCH:
+            raise SpecError(over("batch", self.batch, MAX_BATCH, "MAX_BATCH"))
 
     def load_root(self, root):
         self.check_batch()
@@ -325,12 +319,25 @@ class _Loader:
         if ("use" in item) == ("layers" in item):
             self.problem(item.mark, "repeat needs either 'use: template' or 'layers: [...]'", chain=chain)
             return
+        if count > MAX_LAYERS:
+            self.too_many(item.value_at("repeat"), over("repeat", count, MAX_LAYERS, "MAX_LAYERS")
+                          + ", the most layers a net may have", chain)
+        before = len(self.layers)
         for i in range(count):
             inner = env if var is None else dict(env, **{var: i})
             if "use" in item:
                 self.use(item, inner, chain)
             else:
                 self.expand(item["layers"], inner, chain, item.value_at("layers"))
+            if i == 0 and before + (len(self.layers) - before) * count > MAX_LAYERS:
+                self.too_many(item.value_at("repeat"), f"repeat {count} of {len(self.layers) - before} layers: "
+                              + over("a net of about", before + (len(self.layers) - before) * count, MAX_LAYERS,
+                                     "MAX_LAYERS", " layers"), chain)
+
+    def too_many(self, pos, message, chain):
+        """Stop expanding at once: the file asks for more layers than MAX_LAYERS."""
+        self.problem(pos, message, chain=chain)
+        raise SpecError(list(self.problems))
 
     def use(self, item, env, chain):
         if "repeat" not in item:
@@ -456,6 +463,9 @@ class _Loader:
             else:
                 self.first_line[lname] = (line or item.mark[0], seen | phases)
         if lname is not None and tname is not None:
+            if len(self.layers) >= MAX_LAYERS:
+                self.too_many(item.mark, over("a net of more than", MAX_LAYERS, MAX_LAYERS, "MAX_LAYERS",
+                                              " layers"), chain)
             self.layers.append(LayerSpec(lname, tname, conns["bottom"], conns["top"], cfg,
                                          self.file, item.mark[0], item.mark[1], loss_weight,
                                          common.get("lr_mult", ()), common.get("decay_mult", ()), phases))

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import snapshot as snap
 from .errors import SNError, where
+from .files import LineFile, check_output_path
 
 
 class Trainer:
@@ -46,6 +47,7 @@ class Trainer:
             _check_writable(snapshot_dir)
             snap.remove_stale_tmp(snapshot_dir, net.graph.name)
         if log_path is not None:
+            check_output_path(log_path, "log")
             _check_writable(os.path.dirname(os.path.abspath(log_path)))
 
     # -- the loop -------------------------------------------------------------------------
@@ -62,7 +64,7 @@ class Trainer:
 
     def _run(self, on_event):
         s = self.solver
-        log = open(self.log_path, "a") if self.log_path else None
+        log = LineFile(self.log_path) if self.log_path else None
         last_test = None
         window = _Window()
         recent = collections.deque(maxlen=s.average_loss)  # Caffe's average_loss: display smoothing
@@ -260,6 +262,8 @@ class _HeldInterrupt:
 
 
 def _check_writable(folder):
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise SNError(f"{folder}: not a folder")
     try:
         os.makedirs(folder, exist_ok=True)
         probe = os.path.join(folder, ".sn-write-test")
@@ -272,8 +276,7 @@ def _check_writable(folder):
 
 def _log(log, record):
     if log is not None:
-        log.write(json.dumps(record) + "\n")
-        log.flush()
+        log.write_line(json.dumps(record))
 
 
 class _Window:

@@ -371,7 +371,7 @@ def test_repeated_errors_are_capped(fake, tmp_path):
     layers:
       - {repeat: 500, as: i, layers: [{name: 'r${i}', type: ReLU, bottom: data, top: 'r${i}', oops: 1}]}
     """)
-    assert len(found) == 101 and found[-1] == "... and 400 more problems"
+    assert len(found) == 101 and found[-1].startswith("... and 400 more problems")
 
 
 # -- the ${} evaluator ---------------------------------------------------------------------
@@ -402,9 +402,9 @@ def test_evaluate_keeps_types():
     ("min(*[1, 2])", "positional arguments only"),
     ("max(1, key=abs)", "positional arguments only"),
     ("1 << 2", "'<<' is not allowed"),
-    ("2 ** 100000", "exponent 100000 is too large"),
-    ("range(10 ** 9)", "too large"),
-    ("'a' * 10 ** 9", "too large"),
+    ("2 ** 100000", "over the limit of 4 096 bits (MAX_INT_BITS)"),
+    ("range(10 ** 9)", "over the limit of 1 000 000 items (MAX_EXPR_SIZE)"),
+    ("'a' * 10 ** 9", "(MAX_EXPR_SIZE)"),
     ("{1, 2}", "a set is not allowed"),
     ("1 is 1", "'is' is not allowed"),
     ("(y := 2)", "':=' is not allowed"),

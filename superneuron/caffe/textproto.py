@@ -12,22 +12,16 @@ import difflib
 from google.protobuf import text_format
 
 from ..errors import SpecError, where
-
-MAX_BYTES = 64 << 20  # model-zoo nets are under 100 KiB; more is not a network file
+from ..files import read_text_capped
+from ..limits import MAX_NET_FILE_BYTES, MAX_SOLVER_FILE_BYTES
 
 
 def read_text(path, what="network file"):
-    """The text of ``path`` (UTF-8, at most MAX_BYTES), or a one-line SpecError."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(MAX_BYTES + 1)
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{path}: not a text {what} (undecodable byte at offset {e.start})") from None
-    if len(text) > MAX_BYTES:
-        raise SpecError(f"{path}: larger than {MAX_BYTES >> 20} MiB; not a {what}")
-    return text
+    """The text of ``path`` through the capped reader every network and solver file goes through
+    (a regular UTF-8 file within its limit), or a one-line SpecError."""
+    if what == "solver file":
+        return read_text_capped(path, MAX_SOLVER_FILE_BYTES, what, "MAX_SOLVER_FILE_BYTES", SpecError)
+    return read_text_capped(path, MAX_NET_FILE_BYTES, what, "MAX_NET_FILE_BYTES", SpecError)
 
 
 class Pos:

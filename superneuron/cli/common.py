@@ -1,8 +1,10 @@
 """What the command-line tools share: the network arguments, loading, and failing cleanly."""
 
+import os
 import sys
 
 from ..errors import SNError
+from ..limits import MAX_BATCH, over
 
 
 def net_arguments(parser):
@@ -55,8 +57,7 @@ def load_spec_from_args(args):
     from ..spec import load_spec, parse_overrides
     if args.net is None:
         args.net = _solver_net(args)
-    if args.batch is not None and args.batch < 1:
-        raise SNError(f"--batch must be at least 1, got {args.batch}")
+    check_batch(args.batch)
     data = getattr(args, "data", None)
     if data and str(args.net).lower().endswith(".prototxt"):
         # a Caffe net's Data layers read datasets we do not: they become synthetic data
@@ -64,6 +65,14 @@ def load_spec_from_args(args):
         args.data = "synthetic"
         return spec
     return load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch)
+
+
+def check_batch(batch):
+    """SNError unless ``--batch`` (None: not given) is in 1 .. MAX_BATCH."""
+    if batch is not None and batch < 1:
+        raise SNError(f"--batch must be at least 1, got {batch}")
+    if batch is not None and batch > MAX_BATCH:
+        raise SNError(over("--batch", batch, MAX_BATCH, "MAX_BATCH"))
 
 
 def _solver_net(args):
@@ -110,9 +119,37 @@ def fail(error, status=2):
 
 def run_cli(parser, run, argv=None):
     """Parse ``argv`` with ``parser`` and call ``run(args)``; a user error becomes one line on
-    stderr and exit status 2."""
+    stderr and exit status 2. Output piped into a reader that stops (``| head``) ends the tool
+    quietly with status 141, as SIGPIPE ends a C tool, instead of a BrokenPipeError."""
+    parser.error = lambda message: _usage_error(parser, message)
     args = parser.parse_args(argv)
     try:
-        return run(args)
+        status = run(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at the exit
+        return status
     except SNError as e:
         return fail(e)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except MemoryError:
+        return fail("out of memory (a batch, size or data set too large for this machine?)")
+    except KeyboardInterrupt:  # Ctrl-C outside training (which snapshots and says so itself)
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _usage_error(parser, message):
+    """argparse's error, as one line (argparse prints the whole usage first) and status 2."""
+    print(f"error: {message} (see {parser.prog} --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def _silence_stdout():
+    """Point stdout at /dev/null, so that flushing it at exit cannot raise BrokenPipeError again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # a stdout without a file (in tests): nothing to flush
+        pass

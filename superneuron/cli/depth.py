@@ -23,7 +23,8 @@ import sys
 import time
 
 from ..errors import SNError
-from .common import run_cli
+from ..limits import MAX_DATA_SIDE, MAX_SEARCH_DEPTH, over
+from .common import check_batch, run_cli
 
 
 def build_parser():
@@ -98,12 +99,15 @@ def planner_from_args(args):
     host_memory = None if args.host_memory is None else parse_size(args.host_memory)
     if host_memory is not None and host_memory <= 0:
         raise SNError(f"--host-memory must be positive, got '{args.host_memory}'")
-    if args.batch < 1:
-        raise SNError(f"--batch must be at least 1, got {args.batch}")
+    check_batch(args.batch)
+    if args.max_depth > MAX_SEARCH_DEPTH:
+        raise SNError(over("--max-depth", args.max_depth, MAX_SEARCH_DEPTH, "MAX_SEARCH_DEPTH"))
     overrides = parse_overrides(args.set)
     if args.size is not None:
         if args.size < 1:
             raise SNError(f"--size must be at least 1, got {args.size}")
+        if args.size > MAX_DATA_SIDE:
+            raise SNError(over("--size", args.size, MAX_DATA_SIDE, "MAX_DATA_SIDE"))
         overrides["size"] = args.size
     if args.net is None:
         args.net = default_net()

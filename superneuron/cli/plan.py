@@ -125,6 +125,12 @@ def figures(schedule, plan, budget):
 
 def run(args):
     from .. import report
+    from ..files import check_output_path
+    if args.timeline:  # before planning: a typo in a path should cost nothing
+        report.timeline_format(args.timeline)
+        check_output_path(args.timeline, "timeline")
+    if args.trace:
+        check_output_path(args.trace, "trace")
     schedule, plan, info = plan_from_args(args)
     if args.json:
         print(json.dumps(info, indent=1))
@@ -148,10 +154,7 @@ def run(args):
 
 
 def _write(args, path, write, *what):
-    try:
-        write(path, *what)
-    except OSError as e:
-        raise SNError(f"cannot write '{path}': {e.strerror or e}") from None
+    write(path, *what)  # SNError naming the path when the bytes did not get there
     if not args.json:
         print(f"wrote {path}", file=sys.stderr)
 

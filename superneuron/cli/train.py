@@ -11,6 +11,7 @@ import time
 
 from .. import __version__
 from ..errors import SNError
+from ..limits import MAX_SEED
 from ..report import human_bytes
 from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
 
@@ -58,6 +59,8 @@ def run(args):
     from ..optim import make_optimizer
     from ..train import Trainer
 
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
     spec = load_spec_from_args(args)
     solver = solver_from_args(args, spec)
     data_cfg = _data_config(spec, args, source_config)

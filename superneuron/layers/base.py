@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import LayerError
+from ..limits import MAX_SPEC_INT, over
 
 REQUIRED = object()
 
@@ -103,6 +104,8 @@ class Key:
             value = tuple(tuple(s) for s in value)
         elif kind == "filler":
             value = parse_filler(value)
+        if kind in ("int", "pair", "ints", "shapes"):
+            _check_ints(value)
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"expected one of {', '.join(map(str, self.choices))}, got {value!r}")
         return value
@@ -133,6 +136,15 @@ def parse_filler(value):
             raise ValueError(f"filler option {k!r} expects a finite number, got {v!r}")
         out[k] = float(v)
     return out
+
+
+def _check_ints(value):
+    """ValueError for an integer (in a converted int, pair, ints or shapes value) whose size is
+    over MAX_SPEC_INT: no layer needs one, and the shapes it would make cannot exist."""
+    items = [value] if isinstance(value, int) else [v for v in value for v in (v if isinstance(v, tuple) else (v,))]
+    for v in items:
+        if abs(v) > MAX_SPEC_INT:
+            raise ValueError(over("integer", v, MAX_SPEC_INT, "MAX_SPEC_INT"))
 
 
 def _finite(value):

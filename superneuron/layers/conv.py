@@ -33,6 +33,8 @@ above remain the fallback where cuDNN refuses a shape.
 
 import math
 
+from ..errors import LayerError
+from ..limits import MAX_WINDOW_TAPS, over
 from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 
@@ -60,7 +62,11 @@ def _axis_spans(k, s, p, d, n_in, n_out):
 def window_taps(kernel, stride, pad, dilation, in_hw, out_hw):
     """The kernel taps in scan order (row by row), each ``(i, j, out_index, in_index)``: indices
     of the outputs that see the image through tap (i, j) and of the pixels they see (None, None
-    when the tap sees only padding). Shared with Pooling."""
+    when the tap sees only padding). Shared with Pooling. LayerError for a window of more than
+    MAX_WINDOW_TAPS taps."""
+    if kernel[0] * kernel[1] > MAX_WINDOW_TAPS:
+        raise LayerError(over(f"a {kernel[0]}x{kernel[1]} window of", kernel[0] * kernel[1], MAX_WINDOW_TAPS,
+                              "MAX_WINDOW_TAPS", " taps"))
     rows, cols = (_axis_spans(kernel[a], stride[a], pad[a], dilation[a], in_hw[a], out_hw[a])
                   for a in (0, 1))
     taps = []
