@@ -222,9 +222,9 @@ def main():
 
 CONV_TYPES = ("Convolution", "Deconvolution")
 FUSED_GROUP = ("BatchNorm", "Scale", "ReLU", "Eltwise", "Split")
-# functions of superneuron.layers.conv (those a tree has) → the part their time goes to
-CONV_HELPERS = {"gather": "im2col gathers", "im2col": "im2col gathers",
-                "scatter_add": "col2im scatter_add"}
+# functions of superneuron.layers' modules (those a tree has) → the part their time goes to
+CONV_HELPERS = {("conv", "gather"): "im2col gathers", ("im2col", "columns"): "im2col gathers",
+                ("conv", "scatter_add"): "col2im scatter_add"}
 PARTS = ["convolution GEMMs", "col2im scatter_add", "im2col gathers",
          "convolution: transposes, fills, bias", "BatchNorm, Scale, ReLU, Eltwise, Split",
          "other layers (pooling, inner product, loss)", "optimizer update", "runtime between layers"]
@@ -281,7 +281,7 @@ def instrument(net, timer):
     """Wrap the layer methods of ``net``'s layer classes, the convolution helpers, NumPy's
     matmul (a convolution's GEMM inside a convolution, the enclosing layer's part elsewhere)
     and the optimizer's update. Returns a function undoing it all."""
-    from superneuron.layers import conv as conv_module
+    import importlib
     undo = []
 
     def patch(owner, name, new):
@@ -300,9 +300,13 @@ def instrument(net, timer):
             own = cls.__dict__.get(phase)
             undo.append(lambda c=cls, p=phase, o=own: setattr(c, p, o) if o else delattr(c, p))
             setattr(cls, phase, wrapped)
-    for name, part in CONV_HELPERS.items():
-        if hasattr(conv_module, name):
-            patch(conv_module, name, timer.wrap(getattr(conv_module, name), part))
+    for (module, name), part in CONV_HELPERS.items():
+        try:
+            module = importlib.import_module("superneuron.layers." + module)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            patch(module, name, timer.wrap(getattr(module, name), part))
     for name in ("matmul", "dot"):
         patch(np, name, timer.wrap(getattr(np, name), lambda layer: None if layer is None else
                                    "convolution GEMMs" if layer in CONV_TYPES else
