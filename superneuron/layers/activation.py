@@ -59,7 +59,7 @@ class ReLU(Layer):
         if not slope and cuda.on_gpu(xp):  # one fused kernel, no mask
             cuda.kernel("relu_backward")(dy, y, dx)
             return
-        if not slope:  # both passes over a block while it is in cache
+        if not slope:
             def block(ys, dys, dxs, active):
                 xp.multiply(dys, xp.greater(ys, 0, out=active), out=dxs)
             parallel.elementwise(block, (y, dy, dx, ctx.scratch(y.shape, np.bool_)), xp)

@@ -33,37 +33,41 @@ def _spans(layer):
     return geo, (back if min(back) >= 0 else None)
 
 
+def _declared(outputs):
+    """The outputs an algorithm declares its workspace for, from those a call computes: a
+    convolution's backward declares dx even where the graph needs none (the first layer)."""
+    return outputs | {"dx"} if outputs == {"dw"} else outputs
+
+
 def regions(layer, outputs):
-    """``[(name, shape)]``: the workspace regions of ``outputs`` (of 'y', 'dw', 'dx'), each
-    region sized for the largest thing it holds in turn, in the order they are carved."""
+    """``[(name, elements)]``: the workspace regions of the declared ``outputs`` (of 'y',
+    'dw', 'dx'), in the order they are carved, each sized for the most it holds in turn."""
     (n, c, h, w, k, g, ho, wo), back = _spans(layer)
     kh, kw = layer.kernel
     ph, pw = layer.pad
-    pads, cols, tops = [], [], []
-    if "y" in outputs or "dw" in outputs:
-        cols.append(c * kh * kw * n * ho * wo)
-        tops.append(k * n * ho * wo)
+    need = {"pad": [0], "cols": [], "top": [], "small": [0]}
+
+    def x_columns():  # the input's columns and y (or dy) in (K, N, Ho*Wo) order
+        need["cols"].append(c * kh * kw * n * ho * wo)
+        need["top"].append(k * n * ho * wo)
         if ph or pw:
-            pads.append(c * n * (h + 2 * ph) * (w + 2 * pw))
-    flipped = 0
-    if "dx" in outputs:
-        if back is None:  # the columns' gradient, scattered back
-            cols.append(c * kh * kw * n * ho * wo)
-            tops.append(k * n * ho * wo)
-        else:
-            cols.append(k * kh * kw * n * h * w)
-            tops.append(c * n * h * w)
-            if back[0] or back[1]:
-                pads.append(k * n * (ho + 2 * back[0]) * (wo + 2 * back[1]))
-            flipped = k * (c // g) * kh * kw
-    out = [("pad", (max(pads),))] if pads else []
-    out += [("cols", (max(cols),)), ("top", (max(tops),))]
-    return out + ([("flipped", (flipped,))] if flipped else [])
+            need["pad"].append(c * n * (h + 2 * ph) * (w + 2 * pw))
+
+    if "y" in outputs or "dw" in outputs:
+        x_columns()
+    if "dx" in outputs and back is None:
+        x_columns()  # the columns' gradient, scattered back
+    elif "dx" in outputs:  # dy's columns; x or dx in (C, N, H*W) order; a weight-sized buffer
+        need["cols"].append(k * kh * kw * n * h * w)
+        need["top"].append(c * n * h * w)
+        need["pad"].append(k * n * (ho + 2 * back[0]) * (wo + 2 * back[1]) if back[0] or back[1] else 0)
+        need["small"].append(k * (c // g) * kh * kw)
+    return [(name, max(sizes)) for name, sizes in need.items() if max(sizes)]
 
 
 def workspace_shapes(layer, outputs):
     """The regions as ``(shape, dtype)`` pairs for :func:`~.base.workspace_bytes`."""
-    return [(shape, layer.dtype) for _, shape in regions(layer, outputs)]
+    return [((size,), layer.dtype) for _, size in regions(layer, outputs)]
 
 
 def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
@@ -94,45 +98,58 @@ def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
 
 def im2col(layer, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
     """Any of ``y``, ``dw``, ``dx`` of ``layer``'s convolution (see the module docstring)."""
-    from .conv import scatter_add
     assert y is None or dx is None  # both would need the top-sized buffer at once
-    xp, dt = ctx.xp, layer.dtype
-    (n, c, h, w, k, g, ho, wo), back = _spans(layer)
+    outputs = {name for name, a in (("y", y), ("dw", dw), ("dx", dx)) if a is not None}
+    room = {name: ctx.scratch((size,), layer.dtype) for name, size in regions(layer, _declared(outputs))}
+    if dx is not None and _spans(layer)[1] is not None:
+        _gradients_from_dy_columns(layer, ctx.xp, room, weight, x, dy, dw, dx)
+    else:
+        _from_x_columns(layer, ctx.xp, room, weight, x, dy, y, dw, dx)
+
+
+def _from_x_columns(layer, xp, room, weight, x, dy, y, dw, dx):
+    """y, dw and a scattered dx through the columns of x (dx: of dy's product with the weight)."""
+    from .conv import scatter_add
+    n, c, h, w, k, g, ho, wo = layer.geometry
     (kh, kw), p = layer.kernel, ho * wo
     kg, ckk = k // g, c // g * kh * kw
-    outputs = {name for name, a in (("y", y), ("dw", dw), ("dx", dx)) if a is not None}
-    scatter = dx is not None and back is None
-    room = {name: ctx.scratch(shape, dt) for name, shape in regions(layer, outputs or {"y"})}
-    if y is not None or dw is not None or scatter:  # y or dy with the batch inside the GEMM
-        top = room["top"][:k * n * p].reshape(k, n, p)
+    cols = room["cols"][:c * kh * kw * n * p].reshape(c, kh, kw, n, ho, wo)
+    cols3 = cols.reshape(g, ckk, n * p)
+    top = room["top"][:k * n * p].reshape(k, n, p)  # y or dy with the batch inside the GEMM
     w3 = weight.reshape(g, kg, ckk)
     if y is not None or dw is not None:
-        cols = room["cols"][:c * kh * kw * n * p].reshape(c, kh, kw, n, ho, wo)
         columns(xp, cols, x, room.get("pad"), layer.kernel, layer.stride, layer.pad, layer.dilation)
-        cols3 = cols.reshape(g, ckk, n * p)
-    if dw is not None or scatter:
+    if dy is not None:
         parallel.copyto(xp, top, dy.reshape(n, k, p).transpose(1, 0, 2))
     if dw is not None:
         xp.matmul(top.reshape(g, kg, n * p), cols3.transpose(0, 2, 1), out=dw.reshape(g, kg, ckk))
     if y is not None:  # after dw, which reads dy from ``top``
         xp.matmul(w3, cols3, out=top.reshape(g, kg, n * p))
         parallel.copyto(xp, y.reshape(n, k, p), top.transpose(1, 0, 2))
-    if dx is None:
-        return
-    if scatter:  # the columns' gradient, added back tap by tap
-        dcols = room["cols"][:c * kh * kw * n * p].reshape(c, kh, kw, n, ho, wo)
-        xp.matmul(w3.transpose(0, 2, 1), top.reshape(g, kg, n * p), out=dcols.reshape(g, ckk, n * p))
+    if dx is not None:  # the columns' gradient replaces the columns, added back tap by tap
+        xp.matmul(w3.transpose(0, 2, 1), top.reshape(g, kg, n * p), out=cols3)
         dx.fill(0)
         dxt = dx.transpose(1, 0, 2, 3)
         for i, j, out_index, in_index in layer._taps:
-            scatter_add(xp, dxt, dcols[:, i, j], out_index, in_index)
-        return
-    # dx = conv(dy padded by d(k-1) - p, the flipped kernel with C and K swapped), stride 1
-    flipped = room["flipped"].reshape(g, c // g, kg, kh, kw)
-    xp.copyto(flipped, weight.reshape(g, kg, c // g, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
-    dcols = room["cols"][:k * kh * kw * n * h * w].reshape(k, kh, kw, n, h, w)
+            scatter_add(xp, dxt, cols[:, i, j], out_index, in_index)
+
+
+def _gradients_from_dy_columns(layer, xp, room, weight, x, dy, dw, dx):
+    """dx and dw of a stride-1 convolution from one gather, dy's columns (padded by
+    d(k-1) - p): dx is their product with the flipped kernel (C and K swapped), and dw the
+    product of x with them, read back flipped."""
+    (n, c, h, w, k, g, ho, wo), back = _spans(layer)
+    (kh, kw), hw = layer.kernel, h * w
+    cg, kkk = c // g, k // g * kh * kw
+    dcols = room["cols"][:k * kh * kw * n * hw].reshape(k, kh, kw, n, h, w)
     columns(xp, dcols, dy, room.get("pad"), layer.kernel, (1, 1), back, layer.dilation)
-    dxt = room["top"][:c * n * h * w].reshape(c, n, h * w)
-    xp.matmul(flipped.reshape(g, c // g, kg * kh * kw), dcols.reshape(g, kg * kh * kw, n * h * w),
-              out=dxt.reshape(g, c // g, n * h * w))
-    parallel.copyto(xp, dx.reshape(n, c, h * w), dxt.transpose(1, 0, 2))
+    dcols3 = dcols.reshape(g, kkk, n * hw)
+    by_tap = room["small"].reshape(g, cg, k // g, kh, kw)  # (C, K) swapped, taps flipped
+    both = room["top"][:c * n * hw].reshape(c, n, hw)  # x, then dx, in (C, N, H*W) order
+    if dw is not None:
+        parallel.copyto(xp, both, x.reshape(n, c, hw).transpose(1, 0, 2))
+        xp.matmul(both.reshape(g, cg, n * hw), dcols3.transpose(0, 2, 1), out=by_tap.reshape(g, cg, kkk))
+        xp.copyto(dw.reshape(g, k // g, cg, kh, kw), by_tap[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
+    xp.copyto(by_tap, weight.reshape(g, k // g, cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
+    xp.matmul(by_tap.reshape(g, cg, kkk), dcols3, out=both.reshape(g, cg, n * hw))
+    parallel.copyto(xp, dx.reshape(n, c, hw), both.transpose(1, 0, 2))

@@ -202,7 +202,7 @@ class Split(Layer):
         elif len(grads) == 1:
             if not xp.may_share_memory(dx, grads[0]):
                 xp.copyto(dx, grads[0])
-        else:  # the sums of a block while it is in cache
+        else:
             def block(dxs, *gs):
                 xp.add(gs[0], gs[1], out=dxs)
                 for g in gs[2:]:

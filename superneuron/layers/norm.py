@@ -119,9 +119,9 @@ class BatchNorm(Layer):
         m = n * l
         if cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
             return
-        if xp is np:  # channel blocks that stay in cache, over the cores
+        if xp is np:  # channels split over the cores
             mean, var = np.empty(c, self.dtype), np.empty(c, self.dtype)
-            self._forward_blocks(x, y, mean, var, params["saved_invstd"], ctx.scratch((n * c,), self.dtype))
+            self._forward_cpu(x, y, mean, var, params["saved_invstd"], ctx.scratch((n * c,), self.dtype))
         else:
             mean = x.mean(axis=(0, 2))
             xp.subtract(x, mean[:, None], out=y)
@@ -137,9 +137,9 @@ class BatchNorm(Layer):
                 running *= f
                 running += batch
 
-    def _forward_blocks(self, x, y, mean, var, invstd, room):
-        """The CPU training forward, block of channels by block of channels (each block's four
-        passes find it in cache), blocks over the cores; ``room``: N*C scratch elements."""
+    def _forward_cpu(self, x, y, mean, var, invstd, room):
+        """The CPU training forward, its channels split over the cores (``room``: N*C scratch
+        elements)."""
         n, c, l = self.ncl
         eps, m = self.cfg["eps"], n * l
 
@@ -152,7 +152,7 @@ class BatchNorm(Layer):
             np.sqrt(v + eps, out=invstd[a:b])
             np.reciprocal(invstd[a:b], out=invstd[a:b])
             ys *= invstd[a:b, None]
-        parallel.blocks(block, c, n * l * self.dtype.itemsize)
+        parallel.run(block, c, n * l)
 
     def _update_scale_factor(self, params):
         s = params["scale_factor"]
@@ -197,7 +197,7 @@ class BatchNorm(Layer):
         x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
         tmp = ctx.scratch(self.ncl, self.dtype)
 
-        def block(a, b):  # channels a..b: six passes over a block that stays in cache
+        def block(a, b):  # channels a..b
             dys, dxs, xh, t = dy[:, a:b], dx[:, a:b], x_hat[:, a:b], tmp[:, a:b]
             mean_dy = dys.mean(axis=(0, 2))
             mean_dyx = xp.multiply(dys, xh, out=t).mean(axis=(0, 2))
@@ -205,7 +205,7 @@ class BatchNorm(Layer):
             xp.subtract(dys, t, out=dxs)
             dxs -= mean_dy[:, None]
             dxs *= invstd[a:b, None]
-        parallel.blocks(block, c, n * l * self.dtype.itemsize, xp)
+        parallel.run(block, c, n * l, xp)
 
 
 @register
@@ -255,7 +255,7 @@ class Scale(Layer):
             ys = xp.multiply(x[:, a:b], weight[a:b, None], out=y[:, a:b])
             if bias is not None:
                 ys += bias[a:b, None]
-        parallel.blocks(block, self.ncl[1], self.ncl[0] * self.ncl[2] * self.dtype.itemsize, xp)
+        parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2], xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp
@@ -282,7 +282,7 @@ class Scale(Layer):
                 xp.sum(dys, axis=(0, 2), out=db[a:b])
             if dx is not None:
                 xp.multiply(dys, weight[a:b, None], out=dx[:, a:b])
-        parallel.blocks(block, c, n * l * self.dtype.itemsize, xp)
+        parallel.run(block, c, n * l, xp)
 
 
 def _box_sum(xp, src, dst, half, axis):

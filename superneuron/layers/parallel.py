@@ -16,8 +16,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 # Below this many elements per chunk a split costs more than it saves (a thread hand-off is
-# some tens of microseconds, a float32 pass over 16 K elements about as long).
-MIN_CHUNK = 1 << 14
+# some tens of microseconds, a float32 pass over 64 K elements a few times that).
+MIN_CHUNK = 1 << 16
 
 
 def _default_threads():
@@ -95,33 +95,12 @@ def copyto(xp, dst, src):
     run(lambda a, b: xp.copyto(dst[a:b], src[a:b]), dst.shape[0], dst[:1].size, xp)
 
 
-# Elementwise passes go over blocks of about this many bytes per array, so that the passes of
-# one kernel over a block (a BatchNorm backward makes six) find it in the core's L2 cache
-# instead of going back to memory for each.
-BLOCK_BYTES = 1 << 18
-
-
-def blocks(kernel, length, unit_bytes, xp=None):
-    """``kernel(start, stop)`` over blocks of ``range(length)`` of about BLOCK_BYTES each
-    (``unit_bytes``: bytes of one unit of ``length`` in the largest array), the blocks split
-    over the threads in contiguous runs. Inline, whole, off NumPy."""
-    if xp is not None and getattr(xp, "__name__", "numpy") != "numpy":
-        kernel(0, length)
-        return
-    per = max(1, BLOCK_BYTES // max(1, unit_bytes))
-
-    def span(a, b):
-        for start in range(a, b, per):
-            kernel(start, min(start + per, b))
-    run(span, length, max(1, unit_bytes // 4))
-
-
 def elementwise(kernel, arrays, xp=None):
-    """``kernel(*flat_slices)`` over blocks of the flattened ``arrays`` (one size, each
-    C-contiguous; otherwise one call on the arrays as given)."""
+    """``kernel(*flat_slices)`` over one slice per thread of the flattened ``arrays`` (one
+    size, each C-contiguous; otherwise one call on the arrays as given)."""
     if (xp is not None and getattr(xp, "__name__", "numpy") != "numpy") or not all(
             a.flags.c_contiguous for a in arrays):
         kernel(*arrays)
         return
     flat = [a.reshape(-1) for a in arrays]
-    blocks(lambda a, b: kernel(*(f[a:b] for f in flat)), flat[0].size, flat[0].itemsize)
+    run(lambda a, b: kernel(*(f[a:b] for f in flat)), flat[0].size)
