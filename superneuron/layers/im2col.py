@@ -13,8 +13,11 @@ once measured slower than the nine copies.)
 
 The data gradient of a stride-1 convolution is the convolution of dy, padded by
 ``d(k-1) - p``, with the kernel flipped and its in/out channels swapped: the same gather and
-GEMM as the forward, where Caffe's col2im adds nine shifted copies into dx one by one. With a
-stride the columns' gradient is still added back tap by tap (:func:`~.conv.scatter_add`).
+GEMM as the forward, where Caffe's col2im adds nine shifted copies into dx one by one; and the
+weight gradient comes from the same columns of dy (x times them, read back flipped), so the
+backward makes one gather, not two. With a stride, or where that convolution would cost more
+than the scatter (see :func:`_spans`), the columns' gradient is added back tap by tap
+(:func:`~.conv.scatter_add`).
 
 The workspace is a few regions reused in turn (see :func:`regions`): padded input or dy,
 columns of x or of dy, the top-sized (K, N, Ho·Wo) buffer of y or dy (later dx's (C, N, H·W)),
@@ -23,15 +26,28 @@ and the flipped weight.
 
 from . import parallel
 
+# Relative costs that decide how dx is taken (measured on the 2-core development machine, one
+# thread): copying one element into columns costs about as long as 30 flops of a GEMM, and
+# adding columns back into dx tap by tap (col2im) about 3.5 such copies per element.
+COPY_FLOPS = 30
+SCATTER_COPIES = 3.5
+
 
 def _spans(layer):
     """Geometry: ``(n, c, h, w, k, g, ho, wo)`` and the pads (ph, pw) of the dx-convolution,
-    or None when dx must be scattered (a stride, or a pad wider than the kernel's reach)."""
+    or None when dx is scattered: where the stride is not 1, where the pad is wider than the
+    kernel's reach, or where that convolution would cost more (it works at the input's size,
+    with dy's K channels: a convolution without padding that shrinks the image, as LeNet's,
+    would pay for the full correlation more than the scatter costs)."""
     geo = layer.geometry
+    n, c, h, w, k, g, ho, wo = geo
     if layer.stride != (1, 1):
         return geo, None
     back = tuple(d * (kk - 1) - p for kk, p, d in zip(layer.kernel, layer.pad, layer.dilation, strict=True))
-    return geo, (back if min(back) >= 0 else None)
+    gemms = 2 * 2 * k * (c // g)  # flops of the two GEMMs per tap and position
+    gathered = h * w * (gemms + COPY_FLOPS * k)
+    scattered = ho * wo * (gemms + COPY_FLOPS * (1 + SCATTER_COPIES) * c)
+    return geo, (back if min(back) >= 0 and gathered <= scattered else None)
 
 
 def _declared(outputs):
