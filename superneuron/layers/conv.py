@@ -16,9 +16,10 @@ the weight gradient ``dw`` (from x and dy) and the data gradient ``dx`` (from dy
 asks for y, the backward for dw and dx; Deconvolution (layers/deconv.py), the adjoint, asks
 for dx in its forward and for y and dw in its backward. Fastest first:
 
-- ``im2col``: the whole batch's columns as (C·kh·kw, N·Ho·Wo) per group, one GEMM per group.
-  The batch sits inside the GEMM, so the weight gradient needs no per-sample partial sums;
-  the price is a top-sized buffer holding y (or dy) in (K, N·Ho·Wo) order.
+- ``im2col`` (layers/im2col.py): the whole batch's columns, one GEMM per group, built from a
+  zero-bordered copy of the input one tap at a time; a stride-1 backward gathers dy's columns
+  once and takes dx as a convolution of dy with the flipped kernel and dw from the same
+  columns, where that costs less than col2im's scatter.
 - ``im2col_chunked``: one sample's columns at a time; y's GEMM writes into y[n] directly, the
   weight gradient adds per-sample parts through a weight-sized buffer. A pointwise
   convolution (1x1, stride 1, no pad) uses x itself as its columns, and dx as theirs.

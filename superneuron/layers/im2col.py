@@ -1,5 +1,5 @@
 """The ``im2col`` convolution algorithm: the whole batch's columns, one GEMM per group, and
-the data gradient as a convolution too (a gather, never a scatter where the stride is 1).
+the data gradient as a convolution too (a gather, not col2im's scatter) where that pays.
 
 Columns are laid out (C, kh, kw, N, Ho, Wo), so with groups they read as
 (g, C/g·kh·kw, N·Ho·Wo) and match the weight's (g, K/g, C/g·kh·kw); the batch sits inside the
@@ -19,9 +19,9 @@ backward makes one gather, not two. With a stride, or where that convolution wou
 than the scatter (see :func:`_spans`), the columns' gradient is added back tap by tap
 (:func:`~.conv.scatter_add`).
 
-The workspace is a few regions reused in turn (see :func:`regions`): padded input or dy,
-columns of x or of dy, the top-sized (K, N, Ho·Wo) buffer of y or dy (later dx's (C, N, H·W)),
-and the flipped weight.
+The workspace is a few regions reused in turn (see :func:`regions`): the padded input or dy,
+the columns of x or of dy, y or dy in (K, N, Ho·Wo) order or x and then dx in (C, N, H·W)
+order, and a weight-sized buffer (dw read back flipped, then the flipped weight).
 """
 
 from . import parallel
