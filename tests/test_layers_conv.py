@@ -35,9 +35,10 @@ CONV_CASES = [
     ((2, 4, 5, 5), dict(num_output=3, kernel_size=1)),            # pointwise: no column buffer
     ((2, 4, 5, 5), dict(num_output=3, kernel_size=1, stride=2)),
     ((2, 2, 1, 1), dict(num_output=3, kernel_size=3, dilation=3, pad=3)),  # outer taps: padding only
-    # im2col's dx as a convolution of dy (stride 1): groups, rectangular, dilated, uneven pads
-    ((2, 4, 7, 6), dict(num_output=6, kernel_size=[3, 2], pad=[1, 0], dilation=[2, 1], group=2)),
+    # im2col's dx as a convolution of dy (stride 1, same size): groups, dilated, uneven pads
+    ((2, 4, 8, 7), dict(num_output=4, kernel_size=3, pad=[2, 1], dilation=[2, 1], group=2)),
     ((2, 4, 6, 5), dict(num_output=4, kernel_size=1, pad=1)),     # stride 1, pad past the kernel: scattered
+    ((2, 2, 8, 8), dict(num_output=2, kernel_size=3, pad=1)),
 ]
 
 
@@ -98,7 +99,7 @@ def test_conv_workspaces_ordered():
     assert [a.workspace for a in pointwise.algorithms("forward")][1] == 0
 
 
-@pytest.mark.parametrize("case", [3, 1, 0, 8])
+@pytest.mark.parametrize("case", [3, 1, 8, 10])
 def test_conv_skips_bottom_gradient_when_not_needed(case):
     # the first convolution of a net: dw alone, in the workspace declared for dw and dx
     shape, cfg = CONV_CASES[case]
@@ -116,18 +117,19 @@ def test_conv_skips_bottom_gradient_when_not_needed(case):
 
 def test_im2col_paths_are_all_tested():
     """The cases above reach both ways im2col takes the data gradient: a convolution of dy
-    (stride 1), or the columns' gradient scattered back (a stride, or a pad past the kernel)."""
+    (stride 1, same size), or the columns' gradient scattered back (a stride, a pad past the
+    kernel, a change of size or channels)."""
     paths = set()
     for shape, cfg in CONV_CASES + random_conv_cases():
         layer, _ = build("Convolution", [shape], **cfg)
         paths.add(im2col_module._spans(layer)[1] is None)
     assert paths == {True, False}
-    for case, gathered in ((0, True), (2, True), (8, True), (1, False), (9, False)):
+    for case, gathered in ((8, True), (10, True), (0, False), (1, False), (2, False), (9, False)):
         layer, _ = build("Convolution", [CONV_CASES[case][0]], **CONV_CASES[case][1])
         assert (im2col_module._spans(layer)[1] is not None) == gathered, case
 
 
-@pytest.mark.parametrize("case", [0, 2, 8, 9])
+@pytest.mark.parametrize("case", [0, 2, 8, 9, 10])
 def test_im2col_workspace_declared_exactly(case):
     shape, cfg = CONV_CASES[case]
     layer, params = build("Convolution", [shape], **cfg)
@@ -135,7 +137,7 @@ def test_im2col_workspace_declared_exactly(case):
 
 
 @pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
-@pytest.mark.parametrize("case", [0, 1, 8])
+@pytest.mark.parametrize("case", [0, 1, 8, 10])
 def test_conv_threads_give_the_same_bits(monkeypatch, type_name, case):
     """Copies split over two threads (every split forced) give what one thread gives, bit for bit."""
     shape, cfg = CONV_CASES[case]

@@ -19,10 +19,13 @@ backward makes one gather, not two. With a stride, or where that convolution wou
 than the scatter (see :func:`_spans`), the columns' gradient is added back tap by tap
 (:func:`~.conv.scatter_add`).
 
-The workspace is a few regions reused in turn (see :func:`regions`): the padded input or dy,
-the columns of x or of dy, y or dy in (K, N, Ho·Wo) order or x and then dx in (C, N, H·W)
-order, and a weight-sized buffer (dw read back flipped, then the flipped weight).
+The workspace is a few regions reused in turn (see :func:`regions`): the columns of x or of
+dy; the padded input or dy (read up into the columns first), then y or dy in (K, N, Ho·Wo)
+order or x and then dx in (C, N, H·W) order; and a weight-sized buffer (dw read back
+flipped, then the flipped weight). The padded copy costs no room of its own.
 """
+
+import math
 
 from . import parallel
 
@@ -36,9 +39,11 @@ SCATTER_COPIES = 3.5
 def _spans(layer):
     """Geometry: ``(n, c, h, w, k, g, ho, wo)`` and the pads (ph, pw) of the dx-convolution,
     or None when dx is scattered: where the stride is not 1, where the pad is wider than the
-    kernel's reach, or where that convolution would cost more (it works at the input's size,
-    with dy's K channels: a convolution without padding that shrinks the image, as LeNet's,
-    would pay for the full correlation more than the scatter costs)."""
+    kernel's reach, or where that convolution would cost more time or room (it works at the
+    input's size, with dy's K channels: a convolution without padding that shrinks the image,
+    as LeNet's, would pay for the full correlation more than the scatter costs, and one that
+    changes the channel count, as a bottleneck's 1x1s, would need a larger workspace, which
+    could lift a plan's peak)."""
     geo = layer.geometry
     n, c, h, w, k, g, ho, wo = geo
     if layer.stride != (1, 1):
@@ -47,7 +52,11 @@ def _spans(layer):
     gemms = 2 * 2 * k * (c // g)  # flops of the two GEMMs per tap and position
     gathered = h * w * (gemms + COPY_FLOPS * k)
     scattered = ho * wo * (gemms + COPY_FLOPS * (1 + SCATTER_COPIES) * c)
-    return geo, (back if min(back) >= 0 and gathered <= scattered else None)
+    # no more room than x's columns and y: dy's columns, and x (then dx) in (C, N, H*W) order
+    # and a weight-sized buffer, small beside them only where the maps are large
+    smaller = (k * h * w <= c * ho * wo and c * h * w <= k * ho * wo
+               and 4 * (c // g) * math.prod(layer.kernel) <= n * ho * wo)
+    return geo, (back if min(back) >= 0 and gathered <= scattered and smaller else None)
 
 
 def _declared(outputs):
@@ -62,13 +71,14 @@ def regions(layer, outputs):
     (n, c, h, w, k, g, ho, wo), back = _spans(layer)
     kh, kw = layer.kernel
     ph, pw = layer.pad
-    need = {"pad": [0], "cols": [], "top": [], "small": [0]}
+    # a padded copy lives in the top-sized region where it fits (it is read up into the columns
+    # before that region is written), so that it costs no room: a larger workspace than the
+    # plain columns' could lift a plan's peak
+    need = {"cols": [], "top": [], "small": [0]}
 
     def x_columns():  # the input's columns and y (or dy) in (K, N, Ho*Wo) order
         need["cols"].append(c * kh * kw * n * ho * wo)
         need["top"].append(k * n * ho * wo)
-        if ph or pw:
-            need["pad"].append(c * n * (h + 2 * ph) * (w + 2 * pw))
 
     if "y" in outputs or "dw" in outputs:
         x_columns()
@@ -77,7 +87,6 @@ def regions(layer, outputs):
     elif "dx" in outputs:  # dy's columns; x or dx in (C, N, H*W) order; a weight-sized buffer
         need["cols"].append(k * kh * kw * n * h * w)
         need["top"].append(c * n * h * w)
-        need["pad"].append(k * n * (ho + 2 * back[0]) * (wo + 2 * back[1]) if back[0] or back[1] else 0)
         need["small"].append(k * (c // g) * kh * kw)
     return [(name, max(sizes)) for name, sizes in need.items() if max(sizes)]
 
@@ -89,13 +98,20 @@ def workspace_shapes(layer, outputs):
 
 def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
     """``cols`` (C, kh, kw, N, Ho, Wo) = what each output sees of ``src`` (N, C, H, W) through
-    each tap, zeros in the padding; ``pad_buf`` is flat room for the padded copy (unused, and
-    may be None, without padding)."""
+    each tap, zeros in the padding; ``pad_buf`` is flat room for the padded copy (unused
+    without padding), free to be overwritten once this returns."""
     c, kh, kw, n, ho, wo = cols.shape
     h, w = src.shape[2:]
     ph, pw = pad
+    (sy, sx), (dy, dx) = stride, dilation
+    hp, wp = h + 2 * ph, w + 2 * pw
+    if (ph or pw) and c * n * hp * wp > pad_buf.size:  # no room for a padded copy: fill per tap
+        from .conv import gather, window_taps
+        srct = src.transpose(1, 0, 2, 3)
+        for i, j, out_index, in_index in window_taps((kh, kw), stride, pad, dilation, (h, w), (ho, wo)):
+            gather(xp, cols[:, i, j], srct, out_index, in_index)
+        return
     if ph or pw:
-        hp, wp = h + 2 * ph, w + 2 * pw
         padded = pad_buf[:c * n * hp * wp].reshape(c, n, hp, wp)
         padded[:, :, :ph].fill(0)
         padded[:, :, hp - ph:].fill(0)
@@ -105,7 +121,6 @@ def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
         base = padded
     else:
         base = src.transpose(1, 0, 2, 3)
-    (sy, sx), (dy, dx) = stride, dilation
     for i in range(kh):  # one copy per tap: faster than one copy of a 6-D strided view
         for j in range(kw):
             tap = base[:, :, i * dy:i * dy + (ho - 1) * sy + 1:sy, j * dx:j * dx + (wo - 1) * sx + 1:sx]
@@ -134,7 +149,7 @@ def _from_x_columns(layer, xp, room, weight, x, dy, y, dw, dx):
     top = room["top"][:k * n * p].reshape(k, n, p)  # y or dy with the batch inside the GEMM
     w3 = weight.reshape(g, kg, ckk)
     if y is not None or dw is not None:
-        columns(xp, cols, x, room.get("pad"), layer.kernel, layer.stride, layer.pad, layer.dilation)
+        columns(xp, cols, x, room["top"], layer.kernel, layer.stride, layer.pad, layer.dilation)
     if dy is not None:
         parallel.copyto(xp, top, dy.reshape(n, k, p).transpose(1, 0, 2))
     if dw is not None:
@@ -158,7 +173,7 @@ def _gradients_from_dy_columns(layer, xp, room, weight, x, dy, dw, dx):
     (kh, kw), hw = layer.kernel, h * w
     cg, kkk = c // g, k // g * kh * kw
     dcols = room["cols"][:k * kh * kw * n * hw].reshape(k, kh, kw, n, h, w)
-    columns(xp, dcols, dy, room.get("pad"), layer.kernel, (1, 1), back, layer.dilation)
+    columns(xp, dcols, dy, room["top"], layer.kernel, (1, 1), back, layer.dilation)
     dcols3 = dcols.reshape(g, kkk, n * hw)
     by_tap = room["small"].reshape(g, cg, k // g, kh, kw)  # (C, K) swapped, taps flipped
     both = room["top"][:c * n * hw].reshape(c, n, hw)  # x, then dx, in (C, N, H*W) order
