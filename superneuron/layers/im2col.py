@@ -5,13 +5,16 @@ Columns are laid out (C, kh, kw, N, Ho, Wo), so with groups they read as
 (g, C/g·kh·kw, N·Ho·Wo) and match the weight's (g, K/g, C/g·kh·kw); the batch sits inside the
 GEMM, so the weight gradient needs no per-sample partial sums.
 
-Building them takes no fills of column pieces: the input is first copied once into a
-zero-bordered buffer (C, N, H+2p, W+2p) (only its borders are filled: four fills), and each
-tap's columns are then one strided copy of it (split over the cores). Without padding they
-are copied from the input itself. (One copy of a 6-D ``as_strided`` view of all the taps at
-once measured slower than the nine copies.)
+Building them takes no fills of column pieces where the workspace has room for a padded
+copy: the input is first copied once into a zero-bordered buffer (C, N, H+2p, W+2p) (only its
+borders are filled: four fills), and each tap's columns are then one strided copy of it
+(split over the cores); without that room each tap fills the columns its window leaves in
+the padding (:func:`~.conv.gather`). Without padding they are copied from the input
+itself. (One copy of a 6-D ``as_strided`` view of all the taps at once measured slower than
+the nine copies.)
 
-The data gradient of a stride-1 convolution is the convolution of dy, padded by
+The data gradient of a stride-1 convolution that keeps its size and channels is the
+convolution of dy, padded by
 ``d(k-1) - p``, with the kernel flipped and its in/out channels swapped: the same gather and
 GEMM as the forward, where Caffe's col2im adds nine shifted copies into dx one by one; and the
 weight gradient comes from the same columns of dy (x times them, read back flipped), so the
