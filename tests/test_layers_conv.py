@@ -16,6 +16,8 @@ from layer_harness import (
 )
 
 from superneuron.errors import LayerError
+from superneuron.layers import im2col as im2col_module
+from superneuron.layers import parallel
 from superneuron.layers.base import Context
 
 KIB = 1024
@@ -33,6 +35,10 @@ CONV_CASES = [
     ((2, 4, 5, 5), dict(num_output=3, kernel_size=1)),            # pointwise: no column buffer
     ((2, 4, 5, 5), dict(num_output=3, kernel_size=1, stride=2)),
     ((2, 2, 1, 1), dict(num_output=3, kernel_size=3, dilation=3, pad=3)),  # outer taps: padding only
+    # im2col's dx as a convolution of dy (stride 1, same size): groups, dilated, uneven pads
+    ((2, 4, 8, 7), dict(num_output=4, kernel_size=3, pad=[2, 1], dilation=[2, 1], group=2)),
+    ((2, 4, 6, 5), dict(num_output=4, kernel_size=1, pad=1)),     # stride 1, pad past the kernel: scattered
+    ((2, 2, 8, 8), dict(num_output=2, kernel_size=3, pad=1)),
 ]
 
 
@@ -93,8 +99,10 @@ def test_conv_workspaces_ordered():
     assert [a.workspace for a in pointwise.algorithms("forward")][1] == 0
 
 
-def test_conv_skips_bottom_gradient_when_not_needed():
-    shape, cfg = CONV_CASES[3]
+@pytest.mark.parametrize("case", [3, 1, 8, 10])
+def test_conv_skips_bottom_gradient_when_not_needed(case):
+    # the first convolution of a net: dw alone, in the workspace declared for dw and dx
+    shape, cfg = CONV_CASES[case]
     layer, params = build("Convolution", [shape], **cfg)
     x = np.random.default_rng(0).standard_normal(shape)
     dy = np.random.default_rng(1).standard_normal(layer.top_shapes[0])
@@ -105,6 +113,58 @@ def test_conv_skips_bottom_gradient_when_not_needed():
         layer.backward(ctx, [x], [None], [dy], [None], params, grads)
         for k in params:
             np.testing.assert_allclose(grads[k], ref[k], atol=1e-12, err_msg=algo.name)
+
+
+def test_im2col_paths_are_all_tested():
+    """The cases above reach both ways im2col takes the data gradient: a convolution of dy
+    (stride 1, same size), or the columns' gradient scattered back (a stride, a pad past the
+    kernel, a change of size or channels)."""
+    paths = set()
+    for shape, cfg in CONV_CASES + random_conv_cases():
+        layer, _ = build("Convolution", [shape], **cfg)
+        paths.add(im2col_module._spans(layer)[1] is None)
+    assert paths == {True, False}
+    for case, gathered in ((8, True), (10, True), (0, False), (1, False), (2, False), (9, False)):
+        layer, _ = build("Convolution", [CONV_CASES[case][0]], **CONV_CASES[case][1])
+        assert (im2col_module._spans(layer)[1] is not None) == gathered, case
+
+
+@pytest.mark.parametrize("case", [0, 2, 8, 9, 10])
+def test_im2col_workspace_declared_exactly(case):
+    shape, cfg = CONV_CASES[case]
+    layer, params = build("Convolution", [shape], **cfg)
+    assert_workspace_exact(layer, np.random.default_rng(0).standard_normal(shape), params)
+
+
+@pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("case", [0, 1, 8, 10])
+def test_conv_threads_give_the_same_bits(monkeypatch, type_name, case):
+    """Copies split over two threads (every split forced) give what one thread gives, bit for bit."""
+    shape, cfg = CONV_CASES[case]
+    layer, params = build(type_name, [shape], np.float32, **cfg)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(layer.top_shapes[0]).astype(np.float32)
+
+    def run():
+        out = []
+        for f_algo, b_algo in zip(layer.algorithms("forward"), layer.algorithms("backward")):
+            y = forward(layer, [x], params, algo=f_algo)[0]
+            bg, pg = backward(layer, [x], [y], [dy], params, algo=b_algo)
+            out += [y, bg[0], *pg.values()]
+        return out
+
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
+    before = parallel.threads()
+    try:
+        parallel.set_threads(1)
+        one = run()
+        parallel.set_threads(2)
+        two = run()
+    finally:
+        parallel.set_threads(before)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("kernel", [3, 1])

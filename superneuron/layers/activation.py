@@ -8,7 +8,7 @@ Dropout's backward draws its mask again from the step's seed (the same numbers o
 import numpy as np
 
 from . import cuda_kernels as cuda
-from . import register
+from . import parallel, register
 from .base import Algo, Key, Layer, workspace_bytes
 
 
@@ -44,7 +44,7 @@ class ReLU(Layer):
             cuda.kernel("relu")(x, y)
             return
         if not slope:
-            xp.maximum(x, 0, out=y)
+            parallel.elementwise(lambda xs, ys: xp.maximum(xs, 0, out=ys), (x, y), xp)
             return
         scaled = xp.multiply(x, slope, out=ctx.scratch(x.shape, x.dtype))
         # max(x, s*x) picks x where x > 0 when s < 1; min does when s > 1
@@ -60,8 +60,9 @@ class ReLU(Layer):
             cuda.kernel("relu_backward")(dy, y, dx)
             return
         if not slope:
-            active = xp.greater(y, 0, out=ctx.scratch(y.shape, np.bool_))
-            xp.multiply(dy, active, out=dx)
+            def block(ys, dys, dxs, active):
+                xp.multiply(dys, xp.greater(ys, 0, out=active), out=dxs)
+            parallel.elementwise(block, (y, dy, dx, ctx.scratch(y.shape, np.bool_)), xp)
             return
         factor = xp.greater(y, 0, out=ctx.scratch(y.shape, y.dtype))  # 1 active, 0 not
         factor *= 1.0 - slope

@@ -16,9 +16,10 @@ the weight gradient ``dw`` (from x and dy) and the data gradient ``dx`` (from dy
 asks for y, the backward for dw and dx; Deconvolution (layers/deconv.py), the adjoint, asks
 for dx in its forward and for y and dw in its backward. Fastest first:
 
-- ``im2col``: the whole batch's columns as (C·kh·kw, N·Ho·Wo) per group, one GEMM per group.
-  The batch sits inside the GEMM, so the weight gradient needs no per-sample partial sums;
-  the price is a top-sized buffer holding y (or dy) in (K, N·Ho·Wo) order.
+- ``im2col`` (layers/im2col.py): the whole batch's columns, one GEMM per group, built from a
+  zero-bordered copy of the input one tap at a time; a stride-1 backward gathers dy's columns
+  once and takes dx as a convolution of dy with the flipped kernel and dw from the same
+  columns, where that costs less than col2im's scatter.
 - ``im2col_chunked``: one sample's columns at a time; y's GEMM writes into y[n] directly, the
   weight gradient adds per-sample parts through a weight-sized buffer. A pointwise
   convolution (1x1, stride 1, no pad) uses x itself as its columns, and dx as theirs.
@@ -37,6 +38,7 @@ from ..errors import LayerError
 from ..limits import MAX_WINDOW_TAPS, over
 from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .im2col import im2col, workspace_shapes
 
 
 def conv_out_size(n, k, s, p, d=1):
@@ -232,7 +234,7 @@ class Convolution(Layer):
         direct = [((k, cg), dt), ((c, p), dt)]
         direct += [((k, p), dt)] if "y" in outputs else []
         direct += [((k, cg), dt)] if "dw" in outputs else []
-        algos = [Algo("im2col", workspace_bytes(((c * kh * kw, n * p), dt), ((k, n * p), dt)), 1.0),
+        algos = [Algo("im2col", workspace_bytes(*workspace_shapes(self, outputs)), 1.0),
                  Algo("im2col_chunked", workspace_bytes((cols, dt), *part), 0.8)]
         if not self._pointwise:
             algos.append(Algo("direct", workspace_bytes(*direct), 0.5))
@@ -288,31 +290,7 @@ class Convolution(Layer):
     # an output not asked for is None, and x is read only for y or dw.
 
     def _im2col(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
-        assert y is None or dx is None  # both would need the top-sized buffer at once
-        xp = ctx.xp
-        n, k, g, kg, ckk, p = self._shapes()
-        c, (kh, kw) = self.geometry[1], self.kernel
-        col = ctx.scratch((c, kh, kw, n) + self.geometry[6:], self.dtype)
-        if x is not None:
-            xt = x.transpose(1, 0, 2, 3)
-            for i, j, out_index, in_index in self._taps:
-                gather(xp, col[:, i, j], xt, out_index, in_index)
-        cols = col.reshape(g, ckk, n * p)
-        t = ctx.scratch((k, n, p), self.dtype)  # y or dy with the batch inside the GEMM
-        t3, w3 = t.reshape(g, kg, n * p), weight.reshape(g, kg, ckk)
-        if dy is not None:
-            xp.copyto(t, dy.reshape(n, k, p).transpose(1, 0, 2))
-        if dw is not None:
-            xp.matmul(t3, cols.transpose(0, 2, 1), out=dw.reshape(g, kg, ckk))
-        if y is not None:  # after dw, which reads dy from t
-            xp.matmul(w3, cols, out=t3)
-            xp.copyto(y.reshape(n, k, p), t.transpose(1, 0, 2))
-        if dx is not None:  # the columns' gradient replaces the columns
-            xp.matmul(w3.transpose(0, 2, 1), t3, out=cols)
-            dx.fill(0)
-            dxt = dx.transpose(1, 0, 2, 3)
-            for i, j, out_index, in_index in self._taps:
-                scatter_add(xp, dxt, col[:, i, j], out_index, in_index)
+        im2col(self, ctx, weight, x=x, dy=dy, y=y, dw=dw, dx=dx)  # layers/im2col.py
 
     def _im2col_chunked(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
         xp = ctx.xp

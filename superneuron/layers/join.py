@@ -7,7 +7,7 @@ backward is the one place where the gradients of the readers are summed.
 
 import numpy as np
 
-from . import register
+from . import parallel, register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 
 
@@ -75,6 +75,8 @@ class Eltwise(Layer):
             xp.maximum(bottoms[0], bottoms[1], out=y)
             for x in bottoms[2:]:
                 xp.maximum(y, x, out=y)
+        elif len(bottoms) == 2 and self._coeffs() == (1.0, 1.0):  # ResNet's shortcut: one pass
+            parallel.elementwise(lambda a, b, out: xp.add(a, b, out=out), (bottoms[0], bottoms[1], y), xp)
         else:
             coeffs = self._coeffs()
             xp.multiply(bottoms[0], coeffs[0], out=y)
@@ -92,7 +94,11 @@ class Eltwise(Layer):
         xp, op, dy = ctx.xp, self.cfg["operation"], top_grads[0]
         if op == "SUM":
             for c, dx in zip(self._coeffs(), bottom_grads, strict=True):
-                if dx is not None:
+                if dx is None or (c == 1.0 and xp.may_share_memory(dx, dy)):
+                    continue  # a gradient that is dy's memory already holds dy
+                if c == 1.0:
+                    parallel.elementwise(lambda d, out: xp.copyto(out, d), (dy, dx), xp)
+                else:
                     xp.multiply(dy, c, out=dx)
         elif op == "PROD":
             for i, dx in enumerate(bottom_grads):
@@ -197,6 +203,8 @@ class Split(Layer):
             if not xp.may_share_memory(dx, grads[0]):
                 xp.copyto(dx, grads[0])
         else:
-            xp.add(grads[0], grads[1], out=dx)
-            for g in grads[2:]:
-                dx += g
+            def block(dxs, *gs):
+                xp.add(gs[0], gs[1], out=dxs)
+                for g in gs[2:]:
+                    dxs += g
+            parallel.elementwise(block, (dx, *grads), xp)

@@ -12,7 +12,7 @@ by one batched ``matmul`` into an (N, C) scratch, so no bottom-sized product is 
 import numpy as np
 
 from . import cuda_kernels as cuda
-from . import register
+from . import parallel, register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
 
@@ -34,8 +34,9 @@ def axis_setup(layer, bottom_shapes):
 
 
 def _channel_dot(xp, a, b, scratch, out=None):
-    """``sum(a * b)`` over axes 0 and 2 of two (N, C, L) arrays, through an (N, C) scratch."""
+    """``sum(a * b)`` over axes 0 and 2 of two (N, C, L) arrays, through an N*C scratch."""
     n, c, _ = a.shape
+    scratch = scratch.reshape(n, c)
     xp.matmul(a[:, :, None, :], b[:, :, :, None], out=scratch.reshape(n, c, 1, 1))
     return scratch.sum(axis=0, out=out)
 
@@ -118,19 +119,40 @@ class BatchNorm(Layer):
         m = n * l
         if cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
             return
-        mean = x.mean(axis=(0, 2))
-        xp.subtract(x, mean[:, None], out=y)
-        var = _channel_dot(xp, y, y, ctx.scratch((n, c), self.dtype)) / m  # biased
-        invstd = params["saved_invstd"]
-        xp.sqrt(var + eps, out=invstd)
-        xp.reciprocal(invstd, out=invstd)
-        y *= invstd[:, None]
+        if xp is np:  # channels split over the cores
+            mean, var = np.empty(c, self.dtype), np.empty(c, self.dtype)
+            self._forward_cpu(x, y, mean, var, params["saved_invstd"], ctx.scratch((n * c,), self.dtype))
+        else:
+            mean = x.mean(axis=(0, 2))
+            xp.subtract(x, mean[:, None], out=y)
+            var = _channel_dot(xp, y, y, ctx.scratch((n, c), self.dtype)) / m  # biased
+            invstd = params["saved_invstd"]
+            xp.sqrt(var + eps, out=invstd)
+            xp.reciprocal(invstd, out=invstd)
+            y *= invstd[:, None]
         if not ctx.recompute:
             self._update_scale_factor(params)
             f = self.cfg["moving_average_fraction"]
             for running, batch in ((params["mean"], mean), (params["variance"], var * (m / max(m - 1, 1)))):
                 running *= f
                 running += batch
+
+    def _forward_cpu(self, x, y, mean, var, invstd, room):
+        """The CPU training forward, its channels split over the cores (``room``: N*C scratch
+        elements)."""
+        n, c, l = self.ncl
+        eps, m = self.cfg["eps"], n * l
+
+        def block(a, b):
+            xs, ys = x[:, a:b], y[:, a:b]
+            xs.mean(axis=(0, 2), out=mean[a:b])
+            np.subtract(xs, mean[a:b, None], out=ys)
+            v = _channel_dot(np, ys, ys, room[a * n:b * n], out=var[a:b])
+            v /= m  # biased
+            np.sqrt(v + eps, out=invstd[a:b])
+            np.reciprocal(invstd[a:b], out=invstd[a:b])
+            ys *= invstd[a:b, None]
+        parallel.run(block, c, n * l)
 
     def _update_scale_factor(self, params):
         s = params["scale_factor"]
@@ -174,12 +196,16 @@ class BatchNorm(Layer):
         # dx = invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat)); dx may be dy itself
         x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
         tmp = ctx.scratch(self.ncl, self.dtype)
-        mean_dy = dy.mean(axis=(0, 2))
-        mean_dyx = xp.multiply(dy, x_hat, out=tmp).mean(axis=(0, 2))
-        xp.multiply(x_hat, mean_dyx[:, None], out=tmp)
-        xp.subtract(dy, tmp, out=dx)
-        dx -= mean_dy[:, None]
-        dx *= invstd[:, None]
+
+        def block(a, b):  # channels a..b
+            dys, dxs, xh, t = dy[:, a:b], dx[:, a:b], x_hat[:, a:b], tmp[:, a:b]
+            mean_dy = dys.mean(axis=(0, 2))
+            mean_dyx = xp.multiply(dys, xh, out=t).mean(axis=(0, 2))
+            xp.multiply(xh, mean_dyx[:, None], out=t)
+            xp.subtract(dys, t, out=dxs)
+            dxs -= mean_dy[:, None]
+            dxs *= invstd[a:b, None]
+        parallel.run(block, c, n * l, xp)
 
 
 @register
@@ -223,9 +249,13 @@ class Scale(Layer):
             else:
                 cuda.kernel("scale")(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
             return
-        xp.multiply(bottoms[0].reshape(self.ncl), params["weight"][:, None], out=y)
-        if self.cfg["bias_term"]:
-            y += params["bias"][:, None]
+        x, weight, bias = bottoms[0].reshape(self.ncl), params["weight"], params.get("bias")
+
+        def block(a, b):
+            ys = xp.multiply(x[:, a:b], weight[a:b, None], out=y[:, a:b])
+            if bias is not None:
+                ys += bias[a:b, None]
+        parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2], xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp
@@ -241,11 +271,18 @@ class Scale(Layer):
             if bottom_grads[0] is not None:
                 cuda.kernel("scale")(dy, params["weight"], l, c, bottom_grads[0].reshape(self.ncl))
             return
-        _channel_dot(xp, dy, x, ctx.scratch(self.ncl[:2], self.dtype), out=param_grads["weight"])
-        if self.cfg["bias_term"]:
-            xp.sum(dy, axis=(0, 2), out=param_grads["bias"])
-        if bottom_grads[0] is not None:
-            xp.multiply(dy, params["weight"][:, None], out=bottom_grads[0].reshape(self.ncl))
+        room, weight = ctx.scratch((n * c,), self.dtype), params["weight"]
+        dw, db = param_grads["weight"], param_grads.get("bias")
+        dx = None if bottom_grads[0] is None else bottom_grads[0].reshape(self.ncl)
+
+        def block(a, b):  # channels a..b; dy and x read before dx (which may be dy) is written
+            dys = dy[:, a:b]
+            _channel_dot(xp, dys, x[:, a:b], room[a * n:b * n], out=dw[a:b])
+            if db is not None:
+                xp.sum(dys, axis=(0, 2), out=db[a:b])
+            if dx is not None:
+                xp.multiply(dys, weight[a:b, None], out=dx[:, a:b])
+        parallel.run(block, c, n * l, xp)
 
 
 def _box_sum(xp, src, dst, half, axis):

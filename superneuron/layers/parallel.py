@@ -1,0 +1,106 @@
+"""Memory-bound CPU kernels on every core: a range split into chunks run on a thread pool.
+
+NumPy's GEMMs already use every core (OpenBLAS's threads), but its elementwise passes and
+copies run on one. Each chunk here is plain NumPy on a slice, and NumPy releases the GIL for
+the duration of a ufunc or copy on large arrays, so the chunks really run side by side. The
+chunks write disjoint slices of arrays they are given: no temporaries, nothing allocated
+beyond the pool's bookkeeping. On a GPU (or with one thread) a kernel runs whole, inline.
+
+The number of threads is that of the CPUs this process may use, or ``SN_THREADS``, else
+``OMP_NUM_THREADS``, when set; :func:`set_threads` changes it (tools/bench_cpu.py does, with
+OpenBLAS's threads, to compare at one and two threads).
+"""
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+# Below this many elements per chunk a split costs more than it saves (a thread hand-off is
+# some tens of microseconds, a float32 pass over 64 K elements a few times that).
+MIN_CHUNK = 1 << 16
+
+
+def _default_threads():
+    for name in ("SN_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+_threads = _default_threads()
+_pool = None
+_lock = threading.Lock()
+
+
+def threads():
+    """How many threads the memory-bound kernels use."""
+    return _threads
+
+
+def set_threads(n):
+    """Use ``n`` threads (at least one) from now on."""
+    global _threads, _pool
+    with _lock:
+        _threads = max(1, int(n))
+        if _pool is not None:
+            _pool.shutdown(wait=True)
+            _pool = None
+
+
+def _executor():
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_threads - 1, thread_name_prefix="sn-kernel")
+        return _pool
+
+
+def chunks(length, work, parts=None):
+    """``parts`` (default: the thread count, fewer where chunks would be under MIN_CHUNK
+    elements of ``work`` each) ``(start, stop)`` ranges splitting ``range(length)``.
+    ``work``: elements of memory traffic per unit of ``length``."""
+    parts = min(parts or _threads, max(1, length * work // MIN_CHUNK), length) or 1
+    step, extra = divmod(length, parts)
+    out, start = [], 0
+    for k in range(parts):
+        stop = start + step + (k < extra)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def run(kernel, length, work=1, xp=None):
+    """Call ``kernel(start, stop)`` over chunks of ``range(length)``, one per thread, and wait
+    for all; the calling thread takes the first. ``work``: elements per unit of ``length``
+    (to decide whether splitting pays). Inline, whole, where ``xp`` is not NumPy (a GPU)."""
+    if xp is not None and getattr(xp, "__name__", "numpy") != "numpy":
+        kernel(0, length)
+        return
+    spans = chunks(length, work)
+    if len(spans) == 1:
+        kernel(0, length)
+        return
+    futures = [_executor().submit(kernel, a, b) for a, b in spans[1:]]
+    kernel(*spans[0])
+    for f in futures:
+        f.result()
+
+
+def copyto(xp, dst, src):
+    """``xp.copyto(dst, src)`` split along axis 0 of both (arrays of one shape, any strides)."""
+    run(lambda a, b: xp.copyto(dst[a:b], src[a:b]), dst.shape[0], dst[:1].size, xp)
+
+
+def elementwise(kernel, arrays, xp=None):
+    """``kernel(*flat_slices)`` over one slice per thread of the flattened ``arrays`` (one
+    size, each C-contiguous; otherwise one call on the arrays as given)."""
+    if (xp is not None and getattr(xp, "__name__", "numpy") != "numpy") or not all(
+            a.flags.c_contiguous for a in arrays):
+        kernel(*arrays)
+        return
+    flat = [a.reshape(-1) for a in arrays]
+    run(lambda a, b: kernel(*(f[a:b] for f in flat)), flat[0].size)
