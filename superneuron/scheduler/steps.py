@@ -111,41 +111,44 @@ class Step(NamedTuple):
         return text
 
 
+_new = tuple.__new__  # memory and copy steps are made by the hundred thousand per plan: no keywords
+
+
 def Forward(node, algorithm=None, workspace=None):
-    return Step(FORWARD, node, None, algorithm, workspace)
+    return _new(Step, (FORWARD, node, None, algorithm, workspace, False))
 
 
 def Backward(node, algorithm=None, workspace=None):
-    return Step(BACKWARD, node, None, algorithm, workspace)
+    return _new(Step, (BACKWARD, node, None, algorithm, workspace, False))
 
 
 def Recompute(node, algorithm=None, workspace=None):
-    return Step(RECOMPUTE, node, None, algorithm, workspace)
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False))
 
 
 def Update(workspace=None):
-    return Step(UPDATE, None, None, None, workspace)
+    return _new(Step, (UPDATE, None, None, None, workspace, False))
 
 
 def Alloc(tensor):
-    return Step(ALLOC, None, tensor)
+    return _new(Step, (ALLOC, None, tensor, None, None, False))
 
 
 def Free(tensor):
-    return Step(FREE, None, tensor)
+    return _new(Step, (FREE, None, tensor, None, None, False))
 
 
 def Offload(tensor):
-    return Step(OFFLOAD, None, tensor)
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return Step(PREFETCH, None, tensor, None, None, keep)
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep))
 
 
 def Wait(tensor):
-    return Step(WAIT, None, tensor)
+    return _new(Step, (WAIT, None, tensor, None, None, False))
 
 
 def with_algorithm(step, algorithm, workspace):
