@@ -36,11 +36,6 @@ class Backend:
         """One block of ``nbytes`` bytes of host memory for offloaded tensors."""
         return np.empty(max(int(nbytes), 1), dtype=np.uint8)
 
-    def copies(self):
-        """The asynchronous copy queues (runtime/copies.py)."""
-        from .runtime.copies import ThreadCopies
-        return ThreadCopies()
-
     def copy_from_host(self, dst, src):
         """Copy the host array ``src`` into ``dst`` (same shape; dtype converted)."""
         np.copyto(dst, src, casting="same_kind")
@@ -91,10 +86,6 @@ class GPUBackend(Backend):
     def host_bytes(self, nbytes):
         import cupyx  # pinned, so that copies are asynchronous
         return cupyx.empty_pinned(max(int(nbytes), 1), dtype=np.uint8)
-
-    def copies(self):
-        from .runtime.copies import StreamCopies
-        return StreamCopies(self.xp)
 
     def copy_from_host(self, dst, src):
         if isinstance(dst, np.ndarray):  # a host-resident tensor (parameter offload)

@@ -51,16 +51,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import planning
 from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
 from .optim import SolverConfig, make_optimizer
 from .scheduler.cost import CostModel
-from .scheduler.liveness import Roots
-from .scheduler.lower import lower
-from .scheduler.policy import apply_policy
-from .scheduler.schedule import forget_steps
-from .scheduler.simulate import simulate
 from .spec import load_spec
 
 MIN_BLOCKS = 16          # depth 50: stages [3, 8, 2, 3]
@@ -171,7 +167,7 @@ class Planner:
             self._lowered.move_to_end(n)
             return self._lowered[n]
         start = time.perf_counter()
-        schedule = lower(Graph(self.spec(n), kernels=self.kernels), train=True, optimizer=self.optimizer)
+        schedule = planning.lowered(Graph(self.spec(n), kernels=self.kernels), optimizer=self.optimizer)
         self.stats["builds"] += 1
         self.stats["build_seconds"] += time.perf_counter() - start
         self._lowered[n] = schedule
@@ -181,7 +177,7 @@ class Planner:
 
     def fits(self, plan):
         """Whether a simulate.Plan fits the budget and the host memory."""
-        return plan.fits(self.budget) and (self.host_memory is None or plan.host_bytes <= self.host_memory)
+        return planning.fits(plan, self.budget, self.host_memory)
 
     def need(self, plan):
         """What the search weighs against the budget for a simulate.Plan: its arena, or, where
@@ -196,9 +192,8 @@ class Planner:
         """The :class:`Probe` of ``n`` blocks under ``policy``."""
         schedule = self.lowered(n)
         start = time.perf_counter()
-        schedule = apply_policy(schedule, policy, budget=self.budget, costs=self.costs,
-                                host_memory=self.host_memory)
-        plan = simulate(schedule)
+        schedule, plan = planning.plan(schedule, policy, budget=self.budget, host_memory=self.host_memory,
+                                       cost=self.costs)
         fits = self.fits(plan)
         probe = Probe(policy, n, fits, plan.peak_bytes, plan.arena_bytes, plan.resident_bytes,
                       plan.host_bytes, plan.lower_bound_bytes, plan.steps,
@@ -214,8 +209,8 @@ class Planner:
         on the host as the host memory allows, the smallest workspaces. Its arena is the least
         any budget lets the policy reach, near enough; the guess is made from it."""
         start = time.perf_counter()
-        plan = simulate(apply_policy(self.lowered(n), policy, budget=0, costs=self.costs,
-                                     host_memory=self.host_memory))
+        plan = planning.plan(self.lowered(n), policy, budget=0, host_memory=self.host_memory,
+                             cost=self.costs)[1]
         self.stats["floors"] += 1
         self.stats["floor_seconds"] += time.perf_counter() - start
         return plan
@@ -331,15 +326,13 @@ def _crossing(a, b, budget):
 def _planning():
     """The cyclic garbage collector held off: a search makes and drops millions of objects,
     which reference counting frees (plans make no reference cycles), and the collector's full
-    passes over the big graphs and schedules alive cost a fifth of the planning time. When
-    done, the memos the passes share between plans are dropped."""
+    passes over the big graphs and schedules alive cost a fifth of the planning time. (The
+    passes' memos live with the schedules, so nothing is left to drop when done.)"""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        Roots.forget()
-        forget_steps()
         if was:
             gc.enable()
 

@@ -38,7 +38,20 @@ from .layers.base import Layer
 from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
 from .rules import PHASES
 
-KINDS = ("data", "grad", "param", "param_grad", "state", "workspace")
+# Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
+# step will make; liveness.SCHEDULED lists those whose storage the steps manage.
+KINDS = ("data", "grad", "param", "param_grad", "state", "workspace", "encoded")
+
+
+def storage_root(tensors, name):
+    """The tensor whose memory ``name`` uses in ``tensors`` (the graph's, or a schedule's, which
+    may alias more: see the in-place pass), following aliases; names not in ``tensors`` are
+    their own root."""
+    info = tensors.get(name)
+    while info is not None and info.alias is not None:
+        name = info.alias
+        info = tensors.get(name)
+    return name
 
 
 @dataclass
@@ -115,10 +128,7 @@ class Graph:
 
     def root(self, name):
         """The tensor whose memory ``name`` uses (follows aliases)."""
-        info = self.tensors[name]
-        while info.alias is not None:
-            info = self.tensors[info.alias]
-        return info.name
+        return storage_root(self.tensors, name)
 
     def node(self, name):
         """The node of the layer called ``name``."""

@@ -13,11 +13,12 @@ import numpy as np
 from .backend import get_backend
 from .errors import SNError
 from .graph import Graph
-from .report import human_bytes
+from .planning import min_memory, plan
+from .report import overflow_line
 from .runtime.executor import Runtime
-from .scheduler.lower import lower
-from .scheduler.policy import apply_policy
-from .scheduler.simulate import overflow_at, simulate
+from .scheduler.simulate import compute_step, overflow_at
+from .scheduler.steps import BACKWARD, UPDATE
+from .sizes import human_bytes
 from .spec import load_spec
 
 
@@ -46,19 +47,21 @@ class Net:
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
-        costs = self._cost_model(costs)
-        self.schedules = {
-            k: apply_policy(lower(self.graph, train=k == "train", optimizer=optimizer), policy,
-                            placement, budget=memory, workspace_limit=workspace_limit, costs=costs,
-                            host_memory=host_memory)
-            for k in ("train", "test")
-        }
-        self.plans = {k: simulate(s) for k, s in self.schedules.items()}
+        costs = self.costs = self._cost_model(costs)
+        self.placement, self.workspace_limit, self.host_memory = placement, workspace_limit, host_memory
+        self.schedules, self.plans = {}, {}
+        for k in ("train", "test"):
+            self.schedules[k], self.plans[k] = plan(
+                self.graph, policy, budget=memory, host_memory=host_memory, cost=costs,
+                placement=placement, workspace_limit=workspace_limit, optimizer=optimizer,
+                train=k == "train")
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
-            where, _, need = overflow_at(self.schedules["train"], self.plans["train"], memory)
-            raise SNError(f"needs {human_bytes(max(need, needed))} at {where}; "
-                          f"budget {human_bytes(memory)} (policy {policy})")
+            k = "train" if self.plans["train"].arena_bytes > memory else "test"
+            schedule, over = self.schedules[k], self.plans[k]
+            line = overflow_line(overflow_at(schedule, over, memory), over.peak_bytes,
+                                 compute_step(schedule, over.peak_step), memory)
+            raise SNError(f"{line} (policy {policy})")
         host = max(p.host_bytes for p in self.plans.values())
         if host_memory is not None and host > host_memory:
             raise SNError(f"needs {human_bytes(host)} of host memory for offloaded tensors; "
@@ -86,7 +89,8 @@ class Net:
                           + ": not enough memory") from None
 
     def _cost_model(self, costs):
-        from .scheduler.cost import CostModel, cached_table, load_or_measure
+        from .runtime.profile import load_or_measure
+        from .scheduler.cost import CostModel, cached_table
         name = self.backend.name
         if costs == "measure":
             costs = load_or_measure(self.graph, self.backend, name)[0]
@@ -148,19 +152,33 @@ class Net:
     def input_shape(self, name):
         return self.graph.tensors[name].shape
 
+    @property
+    def batch(self):
+        """The batch size: the first dimension of the first input."""
+        return self.input_shape(self.input_names[0])[0]
+
+    @property
+    def classes(self):
+        """The classes its SoftmaxWithLoss scores (the channels of its first bottom), or None
+        without one."""
+        for node in self.graph.nodes:
+            if node.layer.type == "SoftmaxWithLoss":
+                return self.graph.tensors[node.bottoms[0]].shape[1]
+        return None
+
     def forward(self, feed, train=False):
         """Run a forward pass (test mode unless ``train``); returns the scalar outputs (losses,
         accuracies) by layer name."""
         schedule = self.schedules["train" if train else "test"]
         if train:
-            schedule = schedule.replace([s for s in schedule.steps if s.kind not in ("backward", "update")])
+            schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, UPDATE)])
         self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=0)
         return self.outputs
 
     def forward_backward(self, feed, iteration=0):
         """Forward and backward in training mode; returns the total weighted loss."""
         schedule = self.schedules["train"]
-        schedule = schedule.replace([s for s in schedule.steps if s.kind != "update"])
+        schedule = schedule.replace([s for s in schedule.steps if s.kind != UPDATE])
         self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=iteration)
         return self.loss
 
@@ -183,7 +201,7 @@ class Net:
                 found.append(node)
 
         schedule = self.schedules["train"]
-        schedule = schedule.replace([s for s in schedule.steps if s.kind not in ("backward", "update")])
+        schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, UPDATE)])
         self.runtime.run(schedule, self._feed(feed), iteration=iteration, watch=watch)
         return found[0] if found else None
 
@@ -222,6 +240,15 @@ class Net:
     def host_bytes(self):
         """The most host memory offloaded tensors have taken at once so far."""
         return self.runtime.host_peak
+
+    def min_memory(self):
+        """The smallest ``memory`` (bytes) under which this net's plans, the training iteration
+        and the test forward, fit under its policy, placement, workspace limit, host memory and
+        cost model: at that many bytes both fit, at one byte less they do not both fit (see
+        planning.min_memory for what holds beyond that)."""
+        return min_memory(self.graph, self.policy, self.host_memory, phases=(True, False), cost=self.costs,
+                          placement=self.placement, workspace_limit=self.workspace_limit,
+                          optimizer=self.optimizer)
 
     @property
     def arena_bytes(self):

@@ -323,6 +323,13 @@ class Optimizer:
         self.cfg = cfg
         self.grad_norm = None  # the global gradient norm of the last update, when clipping
 
+    def for_epochs(self, samples, batch):
+        """Its SolverConfig with ``epochs`` turned into ``max_iter`` (SolverConfig.with_epochs),
+        which it then follows too (``max_iter`` shapes the poly and cosine learning rates); that
+        SolverConfig. The state layout (its slots) does not change."""
+        self.cfg = self.cfg.with_epochs(samples, batch)
+        return self.cfg
+
     @property
     def type(self):
         return self.cfg.type

@@ -1,36 +1,12 @@
 """Formatting of figures for people: sizes, rates, tables (the CLIs print what this returns)."""
 
 import os
-import re
 
 from .errors import SNError
 from .files import write_bytes
-from .limits import MAX_SIZE_BYTES, TIMELINE_FORMATS, over
-
-_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3,
-          "GB": 1000**3, "T": 1000**4, "TB": 1000**4, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-          "TIB": 2**40}
-
-
-def human_bytes(nbytes):
-    """``1288490188`` → ``'1.2 GiB'``."""
-    nbytes = int(nbytes)
-    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= div:
-            return f"{nbytes / div:.1f} {unit}"
-    return f"{nbytes} B"
-
-
-def parse_size(text):
-    """``'12GiB'``, ``'500MB'``, ``'1.5 GiB'``, ``'4096'`` → bytes; SNError when malformed."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise SNError(f"bad size '{str(text)[:40]}'; use e.g. 12GiB, 500MB or 4096")
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]  # 400 digits: inf, not an error
-    if not value <= MAX_SIZE_BYTES:
-        shown = f"{value:.3g}" if value < float("inf") else "more than 1e308"
-        raise SNError(over(f"size '{str(text)[:40]}' of", shown, MAX_SIZE_BYTES, "MAX_SIZE_BYTES", " bytes"))
-    return int(value)
+from .limits import TIMELINE_FORMATS
+from .scheduler.steps import BACKWARD, FORWARD
+from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
 def table(rows, headers):
@@ -71,11 +47,24 @@ def plan_summary(info):
         lines.append(f"budget        {human_bytes(budget)}: fits, "
                      f"{human_bytes(budget - info['arena_bytes'])} to spare")
     else:
-        over = info["overflow"]
         lines.append(f"budget        {human_bytes(budget)}: does not fit")
-        lines.append(f"needs {human_bytes(over['needs_bytes'])} at {over['step']}; "
-                     f"budget {human_bytes(budget)} ({human_bytes(over['needs_bytes'] - budget)} over)")
+        lines.append(overflow_line(info["overflow"], info["peak_bytes"], info["peak_step"], budget))
     return "\n".join(lines)
+
+
+def overflow_line(over, peak_bytes, peak_step, budget):
+    """The line that says why a plan does not fit ``budget``: what it needs, where the budget
+    is first exceeded, and, apart from it, the peak and its step (simulate.overflow_at's dict)."""
+    return (f"needs {human_bytes(over['needs_bytes'])}: the budget is first exceeded at {over['step']} "
+            f"({human_bytes(over['bytes_at_step'])} there), the peak is {human_bytes(peak_bytes)} at "
+            f"{peak_step}; budget {human_bytes(budget)} ({human_bytes(over['needs_bytes'] - budget)} over)")
+
+
+def min_memory_line(info):
+    """The line of ``sn-plan --min-memory``."""
+    need = info["min_memory_bytes"]
+    return (f"min memory    {human_bytes(need)} ({need} bytes): the smallest --memory under which "
+            f"this policy's plan fits (at {need - 1} bytes it does not)")
 
 
 def time_summary(info):
@@ -104,12 +93,12 @@ def layers_table(schedule, plan):
     from .scheduler.simulate import working_set
     roots, at = Roots(schedule), {}
     for i, step in enumerate(schedule.steps):
-        if step.kind in ("forward", "backward"):
-            at[step.kind, step.target] = (working_set(schedule, step, roots),
+        if step.kind in (FORWARD, BACKWARD):
+            at[step.kind, step.node] = (working_set(schedule, step, roots),
                                           plan.resident_bytes + plan.live[i])
     rows = []
     for node in schedule.graph.nodes:
-        f, b = at.get(("forward", node.index)), at.get(("backward", node.index))
+        f, b = at.get((FORWARD, node.index)), at.get((BACKWARD, node.index))
         cells = [node.name, node.layer.type]
         for k in (0, 1):
             cells += [human_bytes(x[k]) if x else "-" for x in (f, b)]
@@ -148,7 +137,7 @@ def write_timeline(path, schedule, plan, budget=None):
     ax.axhline(plan.arena_bytes / gib, color="tab:orange", lw=1, ls="-.", label="arena")
     if budget is not None:
         ax.axhline(budget / gib, color="tab:red", lw=1.5, label="budget")
-    turn = next((i for i, s in enumerate(schedule.steps) if s.kind == "backward"), None)
+    turn = next((i for i, s in enumerate(schedule.steps) if s.kind == BACKWARD), None)
     if turn is not None:
         ax.axvline(turn, color="black", lw=0.5, alpha=0.4)
     ax.set_xlabel("step")
@@ -175,39 +164,46 @@ def timeline_format(path):
     return ext
 
 
-def trace_events(schedule, plan):
-    """The schedule as Chrome/Perfetto trace events: one span (``ph: X``) per compute step on
-    a compute track, timed by the Simulator's estimates, and a counter (``ph: C``) of the
-    bytes live."""
-    from .scheduler.simulate import step_seconds
-    graph = schedule.graph
+def trace_events(schedule, plan, model):
+    """The schedule as Chrome/Perfetto trace events, timed by ``model`` (the cost.CostModel of
+    the plan's device: its :meth:`timeline`): one track per stream, each step a span
+    (``ph: X``): compute steps on the compute track, Offloads on the device→host track,
+    Prefetches on the host→device track, and a ``stall`` span on the compute track wherever a
+    Wait holds it for a copy; and a counter (``ph: C``) of the device bytes live."""
+    from .scheduler.cost import COMPUTE_STREAM, D2H, H2D, STALL
+    graph, steps = schedule.graph, schedule.steps
+    tids = {COMPUTE_STREAM: 0, STALL: 0, D2H: 1, H2D: 2}
     events = [{"name": "process_name", "ph": "M", "pid": 0,
-               "args": {"name": f"{graph.name} ({schedule.policy})"}},
-              {"name": "thread_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "compute"}}]
-    now, last = 0.0, None
-    for i, step in enumerate(schedule.steps):
-        if step.kind in ("alloc", "free"):
-            continue
-        live = plan.resident_bytes + plan.live[i]  # after the Allocs just before this step
-        if live != last:
-            events.append({"name": "device bytes", "ph": "C", "pid": 0, "ts": round(now, 3),
-                           "args": {"live": live}})
-            last = live
-        dur = max(step_seconds(schedule, step) * 1e6, 0.001)
+               "args": {"name": f"{graph.name} ({schedule.policy}, {model.device.name})"}}]
+    events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": stream}}
+               for stream, tid in tids.items() if stream != STALL]
+    timeline, last = model.timeline(schedule), None
+    for i, stream, start, end in timeline.spans:
+        ts = round(start * 1e6, 3)
+        if stream == COMPUTE_STREAM:
+            live = plan.resident_bytes + plan.live[i]  # after the Allocs just before this step
+            if live != last:
+                events.append({"name": "device bytes", "ph": "C", "pid": 0, "ts": ts, "args": {"live": live}})
+                last = live
+        step = steps[i]
         args = {"step": i}
         if step.workspace:
             args["workspace"] = human_bytes(schedule.tensors[step.workspace].nbytes)
-        events.append({"name": step.describe(graph), "cat": step.kind, "ph": "X", "pid": 0,
-                       "tid": 0, "ts": round(now, 3), "dur": round(dur, 3), "args": args})
-        now += dur
+        if step.tensor:
+            args["bytes"] = human_bytes(schedule.tensors[step.tensor].nbytes)
+        name = step.describe(graph)
+        events.append({"name": f"stall: {name}" if stream == STALL else name,
+                       "cat": STALL if stream == STALL else step.kind, "ph": "X", "pid": 0,
+                       "tid": tids[stream], "ts": ts, "dur": round(max((end - start) * 1e6, 0.001), 3),
+                       "args": args})
     if plan.live:
-        events.append({"name": "device bytes", "ph": "C", "pid": 0, "ts": round(now, 3),
+        events.append({"name": "device bytes", "ph": "C", "pid": 0, "ts": round(timeline.seconds * 1e6, 3),
                        "args": {"live": plan.resident_bytes + plan.live[-1]}})
     return events
 
 
-def write_trace(path, schedule, plan):
+def write_trace(path, schedule, plan, model):
     """Write :func:`trace_events` as a trace file that chrome://tracing and Perfetto open."""
     import json
-    text = json.dumps({"traceEvents": trace_events(schedule, plan), "displayTimeUnit": "ms"})
+    text = json.dumps({"traceEvents": trace_events(schedule, plan, model), "displayTimeUnit": "ms"})
     write_bytes(path, text.encode(), "trace")

@@ -98,5 +98,6 @@ def test_policies_train_identically_and_peaks_match_sn_plan(tmp_path, capsys):
 def test_budget_too_small_names_the_step(capsys):
     assert main([TINY, "--policy", "liveness", "--memory", "20KiB"]) == 2
     err = capsys.readouterr().err
-    assert "needs" in err and " at " in err and "budget 20.0 KiB (policy liveness)" in err
+    assert "needs" in err and "first exceeded at " in err and "the peak is " in err
+    assert "budget 20.0 KiB (" in err and "(policy liveness)" in err
     assert "Forward(" in err or "Backward(" in err or "Update(" in err

@@ -316,7 +316,7 @@ def _offload_variants(path, overrides, batch, params):
     from superneuron.scheduler.liveness import liveness
     from superneuron.scheduler.params import offload_params
     from superneuron.scheduler.recompute import recompute
-    from superneuron.scheduler.schedule import MEMORY
+    from superneuron.scheduler.steps import MEMORY
     schedule = recompute(lower(Graph(load_spec(path, overrides=overrides, batch=batch)), train=True,
                                optimizer=make_optimizer(SolverConfig())))
     if params:
@@ -335,8 +335,8 @@ NETS_SMALL = [("nets/resnet.yaml", {"depth": 50, "size": 64, "classes": 10}, 2),
 def test_the_offload_bisections_see_what_the_steps_would_do(path, overrides, batch, params):
     import itertools
 
-    from superneuron.scheduler.schedule import MEMORY
     from superneuron.scheduler.simulate import replay, resident_arenas
+    from superneuron.scheduler.steps import MEMORY
     v = _offload_variants(path, overrides, batch, params)
     n, hosted = len(v.gaps), set(v.schedule.host_resident)
     assert n > 50
@@ -345,7 +345,7 @@ def test_the_offload_bisections_see_what_the_steps_would_do(path, overrides, bat
         out = []
         for free, run in itertools.groupby(steps, key=lambda s: s.kind == "free"):
             run = list(run)
-            out += sorted(run, key=lambda s: s.target) if free else run
+            out += sorted(run, key=lambda s: s.tensor) if free else run
         return out
 
     arenas, hosts = {}, {}
@@ -359,13 +359,13 @@ def test_the_offload_bisections_see_what_the_steps_would_do(path, overrides, bat
         pending, calls = {}, []
         for s in steps:
             if s.kind == "offload":
-                calls += [] if s.target in hosted else [("alloc", s.target)]
-                pending[s.target] = s.kind
+                calls += [] if s.tensor in hosted else [("alloc", s.tensor)]
+                pending[s.tensor] = s.kind
             elif s.kind == "prefetch":
-                pending[s.target] = s.algo or s.kind
-            elif s.kind == "wait" and pending.pop(s.target) == "prefetch":
-                calls.append(("free", s.target))
-        assert [(s.kind, s.target) for s in v.host_steps(k)] == calls, k
+                pending[s.tensor] = ("keep" if s.keep else s.kind)
+            elif s.kind == "wait" and pending.pop(s.tensor) == "prefetch":
+                calls.append(("free", s.tensor))
+        assert [(s.kind, s.tensor) for s in v.host_steps(k)] == calls, k
         whole = replay(v.with_copies(k))
         arenas[k], hosts[k] = whole.high_water, whole.host.high_water
 
@@ -389,8 +389,8 @@ def _fit_the_long_way(schedule, budget, tries=8):
     """workspace.fit as it was: every try chooses every step's workspace and replays all."""
     from superneuron.runtime.arena import aligned
     from superneuron.scheduler.placement import place
-    from superneuron.scheduler.schedule import MEMORY
     from superneuron.scheduler.simulate import replay
+    from superneuron.scheduler.steps import MEMORY
     from superneuron.scheduler.workspace import choose_workspaces
     caps = {}
     while True:
@@ -400,7 +400,7 @@ def _fit_the_long_way(schedule, budget, tries=8):
         stop = replay(placed, stop=lambda a: a.high_water > budget).stopped_at
         if stop is None or placed.steps[stop].kind != "alloc":
             return placed, caps
-        ws = placed.steps[stop].target
+        ws = placed.steps[stop].tensor
         if placed.tensors[ws].kind != "workspace":
             return placed, caps
         caps[sum(s.kind not in MEMORY for s in placed.steps[:stop])] = aligned(placed.tensors[ws].nbytes) - 1

@@ -176,8 +176,8 @@ def _run_algos(layer, params, bottoms, xp, fwd, bwd):
 def test_net_on_gpu_uses_cudnn_for_its_convolutions(cudnn_kernels):
     from test_net import small_net
     net = small_net("nets/resnet.yaml", device="gpu")
-    algos = {s.algo for s in net.schedules["train"].steps
-             if s.kind in ("forward", "backward") and net.graph.nodes[s.target].layer.type == "Convolution"}
+    algos = {s.algorithm for s in net.schedules["train"].steps
+             if s.kind in ("forward", "backward") and net.graph.nodes[s.node].layer.type == "Convolution"}
     assert algos and all(a.startswith("cudnn") for a in algos), algos
 
 

@@ -428,7 +428,7 @@ def test_flatten_and_reshape_are_views_without_memory():
     assert g.tensors["flat"].alias == "conv" and g.tensors["flat"].shape == (2, 32)
     assert g.tensors["conv.grad"].alias == "flat.grad" and g.tensors["conv.grad"].shape == (2, 2, 4, 4)
     assert g.root("conv.grad") == "flat.grad" and g.node("flat").backward
-    allocated = {s.target for s in lower(g).steps if s.kind == "alloc"}
+    allocated = {s.tensor for s in lower(g).steps if s.kind == "alloc"}
     assert "flat" not in allocated and "conv.grad" not in allocated and "conv" in allocated
     # InnerProduct flattens by itself: the net without the Flatten is the same net, to the byte.
     for policy in ("baseline", "liveness"):

@@ -16,6 +16,7 @@ import pytest
 
 from superneuron.backend import Backend
 from superneuron.graph import Graph
+from superneuron.graph import storage_root as root
 from superneuron.layers.base import fill
 from superneuron.net import Net
 from superneuron.optim import SolverConfig, make_optimizer
@@ -26,8 +27,8 @@ from superneuron.scheduler.liveness import Roots, liveness, uses
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import POLICIES, apply_policy
 from superneuron.scheduler.recompute import recompute
-from superneuron.scheduler.schedule import COPY, MEMORY, Free, Offload, Wait, root
 from superneuron.scheduler.simulate import simulate
+from superneuron.scheduler.steps import COPY, MEMORY, Free, Offload, Wait
 from superneuron.spec import load_spec, loads_spec
 
 TINY = "tests/nets/tiny.yaml"
@@ -157,7 +158,7 @@ def assert_same_results(graph, schedule, iteration=0, exact=True):
 
 
 def names(schedule, kind):
-    return [schedule.graph.nodes[s.target].name for s in schedule.steps if s.kind == kind]
+    return [schedule.graph.nodes[s.node].name for s in schedule.steps if s.kind == kind]
 
 
 def reads_and_writes(schedule, step, roots):
@@ -177,7 +178,7 @@ def check_recompute(schedule):
     for i, step in enumerate(steps):
         if step.kind != "recompute":
             continue
-        layer = graph.nodes[step.target].layer
+        layer = graph.nodes[step.node].layer
         assert layer.type in CHEAP_TYPES and layer.type not in NEVER_RECOMPUTED, layer.type
         assert any(s.kind == "backward" for s in steps[:i]), "a Recompute before the turn"
         _, (r,) = reads_and_writes(schedule, step, roots)
@@ -218,7 +219,7 @@ def test_recompute_keeps_joins_as_checkpoints():
     g = tiny()
     s = recompute(lower(g))
     recomputed = check_recompute(s)
-    types = {g.nodes[s_.target].layer.type for s_ in s.steps if s_.kind == "recompute"}
+    types = {g.nodes[s_.node].layer.type for s_ in s.steps if s_.kind == "recompute"}
     assert types == {"Scale", "ReLU", "Pooling", "Dropout"}
     assert not recomputed & {"sum", "concat", "branch_a", "branch_b", "ip"}
     # BatchNorm runs in place on the convolution's output: that root is a checkpoint too
@@ -304,7 +305,7 @@ def check_copies(schedule):
     contents, written = {}, collections.Counter()   # root → the write its device memory holds
     offloaded = set()
     for step in schedule.steps:
-        kind, t = step.kind, step.target
+        kind, t = step.kind, step.tensor
         label = step.describe(graph)
         if kind == "alloc":
             on_device.add(t)
@@ -319,7 +320,7 @@ def check_copies(schedule):
         elif kind == "prefetch":
             assert t in on_device and t not in pending, label
             assert host.get(t) == written[t], f"{label}: no valid host copy"
-            pending[t] = "keep" if step.algo == "keep" else "prefetch"
+            pending[t] = "keep" if step.keep else "prefetch"
         elif kind == "wait":
             assert t in pending, f"{label} without a copy"
             what = pending.pop(t)
@@ -331,7 +332,7 @@ def check_copies(schedule):
                     del host[t]
         elif kind != "update":
             reads, writes = reads_and_writes(schedule, step, roots)
-            node = graph.nodes[t]
+            node = graph.nodes[step.node]
             if kind == "backward" and node.loss_weight:  # the Runtime fills the loss gradient
                 filled = {roots(g) for g in node.top_grads if g is not None}
                 reads, writes = reads - filled, writes | filled
@@ -350,7 +351,7 @@ def check_copies(schedule):
 def find(steps, kind, target=None, start=0):
     """The index of the first step of ``kind`` (on ``target``, unless None) from ``start``."""
     return next(i for i in range(start, len(steps))
-                if steps[i].kind == kind and target in (None, steps[i].target))
+                if steps[i].kind == kind and target in (None, steps[i].tensor))
 
 
 @pytest.mark.parametrize("graph", [tiny, lambda: graph_of(CHAIN)], ids=["tiny", "chain"])
@@ -381,11 +382,11 @@ def test_superneurons_copies_are_valid_and_reuse_host_copies():
     g = tiny()
     s = apply_policy(lower(g), "superneurons")
     assert check_copies(s)
-    keeps = [x.target for x in s.steps if x.kind == "prefetch" and x.algo == "keep"]
+    keeps = [x.tensor for x in s.steps if x.kind == "prefetch" and x.keep]
     assert keeps
     for t in keeps:  # one Offload, two Prefetches
         assert s.steps.count(Offload(t)) == 1
-        assert sum(x.kind == "prefetch" and x.target == t for x in s.steps) == 2
+        assert sum(x.kind == "prefetch" and x.tensor == t for x in s.steps) == 2
     runtime, plan = assert_same_results(g, s)[:2]
     assert runtime.stalls == 0 and runtime.host_peak == plan.host_bytes > 0
 
@@ -451,8 +452,8 @@ def wait_index(schedule, after):
     started = {}
     for i, step in enumerate(schedule.steps):
         if step.kind in ("offload", "prefetch"):
-            started[step.target] = step.kind
-        elif step.kind == "wait" and started.pop(step.target) == after:
+            started[step.tensor] = step.kind
+        elif step.kind == "wait" and started.pop(step.tensor) == after:
             return i
 
 
@@ -489,7 +490,7 @@ def test_timeline_of_an_offload_schedule():
     live = model.timeline(apply_policy(lower(g), "liveness", costs=model))
     s = apply_policy(lower(g), "offload", costs=model)
     t = model.timeline(s)
-    copied = sum(s.tensors[x.target].nbytes for x in s.steps if x.kind in ("offload", "prefetch"))
+    copied = sum(s.tensors[x.tensor].nbytes for x in s.steps if x.kind in ("offload", "prefetch"))
     assert t.copied == copied > 0
     assert live.copied == 0 and live.stall == 0
     assert t.seconds >= live.seconds - 1e-12
@@ -502,7 +503,7 @@ def test_a_wait_right_after_its_offload_stalls_for_the_whole_copy():
     g = tiny()
     slow = CostModel(DeviceModel("slow", flops=1e11, bandwidth=2e10, copy=1.0))
     s = apply_policy(lower(g), "liveness")
-    i = s.steps.index(next(x for x in s.steps if x.kind == "forward" and g.nodes[x.target].name == "conv1"))
+    i = s.steps.index(next(x for x in s.steps if x.kind == "forward" and g.nodes[x.node].name == "conv1"))
     t = root(s.tensors, "conv1")
     steps = s.steps[:i + 1] + [Offload(t), Wait(t)] + s.steps[i + 1:]
     base, timeline = slow.timeline(s), slow.timeline(s.replace(steps))

@@ -50,20 +50,20 @@ def test_each_parameter_is_prefetched_before_the_step_that_reads_it_and_gradient
     for i, st in enumerate(steps):
         if st.kind not in ("forward", "backward", "recompute"):
             continue
-        for t in g.nodes[st.target].params.values():
+        for t in g.nodes[st.node].params.values():
             if g.tensors[t].kind != "param":
                 continue
             # waited for before this step, after a prefetch that comes before the wait
-            waits = [j for j in range(i) if steps[j].kind == "wait" and steps[j].target == t]
-            fetches = [j for j in range(i) if steps[j].kind == "prefetch" and steps[j].target == t]
+            waits = [j for j in range(i) if steps[j].kind == "wait" and steps[j].tensor == t]
+            fetches = [j for j in range(i) if steps[j].kind == "prefetch" and steps[j].tensor == t]
             assert waits and fetches and fetches[-1] < waits[-1] < i, (labels[i], t)
-            assert steps[fetches[-1]].algo == "keep", labels[fetches[-1]]  # the host master stays
+            assert steps[fetches[-1]].keep, labels[fetches[-1]]  # the host master stays
         if st.kind == "backward":
-            for gname in g.nodes[st.target].param_grads.values():
+            for gname in g.nodes[st.node].param_grads.values():
                 off = [j for j in range(i, len(steps)) if steps[j].kind == "offload"
-                       and steps[j].target == gname]
+                       and steps[j].tensor == gname]
                 wait = [j for j in range(i, len(steps)) if steps[j].kind == "wait"
-                        and steps[j].target == gname]
+                        and steps[j].tensor == gname]
                 # copied back as soon as its backward is done: no compute step in between
                 assert off and all(steps[k].kind in ("free", "offload", "wait", "prefetch")
                                    for k in range(i + 1, off[0])), (labels[i], gname)

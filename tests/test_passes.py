@@ -13,6 +13,7 @@ import pytest
 from superneuron.backend import Backend
 from superneuron.errors import SNError
 from superneuron.graph import Graph
+from superneuron.graph import storage_root as root
 from superneuron.layers.base import fill
 from superneuron.runtime.executor import Runtime
 from superneuron.scheduler.inplace import inplace
@@ -20,8 +21,8 @@ from superneuron.scheduler.liveness import Roots, liveness, step_roots
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.placement import arena_bytes, lifetimes, plan_offsets
 from superneuron.scheduler.policy import POLICIES, apply_policy
-from superneuron.scheduler.schedule import MEMORY, root
 from superneuron.scheduler.simulate import simulate
+from superneuron.scheduler.steps import MEMORY
 from superneuron.spec import load_spec
 
 # paths as the tests load them (from the repository root); found from this file, so that a run
@@ -53,12 +54,12 @@ def blocks(schedule):
     out, pending, last = {}, set(), None
     for step in schedule.steps:
         if step.kind in MEMORY:
-            if step.target.startswith("ws:"):
+            if step.tensor.startswith("ws:"):
                 continue
             if step.kind == "alloc":
-                pending.add(step.target)
+                pending.add(step.tensor)
             else:
-                out[last][1].add(step.target)
+                out[last][1].add(step.tensor)
         else:
             last = step.describe(schedule.graph).split(" [")[0]
             out[last] = (pending, set())
@@ -101,7 +102,7 @@ def test_liveness_at_a_fork_joined_by_eltwise_and_concat(tmp_path):
     assert b["Forward(c1#split)"] == (set(), set())
     assert b["Forward(c1)"][0] == {"c1"}
     assert "c1" in b["Backward(a)"][1]
-    assert not any(s.tensors[st.target].alias for st in s.steps if st.kind in MEMORY)
+    assert not any(s.tensors[st.tensor].alias for st in s.steps if st.kind in MEMORY)
     # an Eltwise SUM and a Concat read nothing in their backward: their bottoms go at once
     assert b["Forward(sum)"] == ({"sum"}, {"a", "b"})
     assert b["Forward(cat)"] == ({"cat"}, {"sum"})
@@ -120,12 +121,12 @@ def _check_tight(schedule):
     compute = 0
     for step in schedule.steps:
         if step.kind == "alloc":
-            assert step.target not in live
-            live.add(step.target)
-            uses[step.target] = [compute]
+            assert step.tensor not in live
+            live.add(step.tensor)
+            uses[step.tensor] = [compute]
         elif step.kind == "free":
-            live.remove(step.target)
-            assert uses[step.target][-1] == compute - 1, step.target  # last use: the step before
+            live.remove(step.tensor)
+            assert uses[step.tensor][-1] == compute - 1, step.tensor  # last use: the step before
         else:
             for r in step_roots(schedule, step, roots):
                 assert r in live, (step.describe(schedule.graph), r)
@@ -153,7 +154,7 @@ def test_inplace_relu_after_a_convolution_shares_memory_and_gradient(tmp_path):
     s = inplace(lower(g))
     assert root(s.tensors, "relu") == "conv" and root(s.tensors, "conv.grad") == "relu.grad"
     assert g.tensors["relu"].alias is None and g.tensors["conv.grad"].alias is None  # graph intact
-    assert not any(st.target in ("relu", "conv.grad") for st in s.steps if st.kind in MEMORY)
+    assert not any(st.tensor in ("relu", "conv.grad") for st in s.steps if st.kind in MEMORY)
     b = blocks(liveness(s))
     assert b["Forward(relu)"] == (set(), set())  # writes over conv
     # writes its bottom gradient over relu.grad; the top it reads, stored in conv, goes after
@@ -205,20 +206,20 @@ def _check_no_overlap(schedule):
     for step in schedule.steps:
         if step.kind not in MEMORY:
             continue
-        k = count.get(step.target, 0)
-        off = offsets[step.target][k - (step.kind == "free")]
+        k = count.get(step.tensor, 0)
+        off = offsets[step.tensor][k - (step.kind == "free")]
         if step.kind == "free":
-            live.remove((off, step.target))
+            live.remove((off, step.tensor))
             continue
-        count[step.target] = k + 1
-        size = -(-schedule.tensors[step.target].nbytes // 256) * 256
-        i = bisect.bisect(live, (off, step.target))
+        count[step.tensor] = k + 1
+        size = -(-schedule.tensors[step.tensor].nbytes // 256) * 256
+        i = bisect.bisect(live, (off, step.tensor))
         if i > 0:
             prev_off, prev = live[i - 1]
-            assert prev_off + -(-schedule.tensors[prev].nbytes // 256) * 256 <= off, (prev, step.target)
+            assert prev_off + -(-schedule.tensors[prev].nbytes // 256) * 256 <= off, (prev, step.tensor)
         if i < len(live):
-            assert off + size <= live[i][0], (step.target, live[i][1])
-        live.insert(i, (off, step.target))
+            assert off + size <= live[i][0], (step.tensor, live[i][1])
+        live.insert(i, (off, step.tensor))
 
 
 def test_planned_placement_never_overlaps_and_mostly_beats_dynamic():

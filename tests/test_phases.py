@@ -15,7 +15,7 @@ TRAIN_VAL = "tests/nets/train_val.yaml"
 
 
 def layer_names(schedule, kind):
-    return [schedule.graph.nodes[s.target].name for s in schedule.steps if s.kind == kind]
+    return [schedule.graph.nodes[s.node].name for s in schedule.steps if s.kind == kind]
 
 
 def test_phases_decide_which_layers_run_in_training_and_testing():

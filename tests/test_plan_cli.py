@@ -107,9 +107,46 @@ def test_trace_is_json_with_spans_and_counters(capsys, tmp_path):
     assert spans and counters
     assert any(e["name"].startswith("Backward(conv1)") for e in spans)
     assert all(e["dur"] > 0 and e["ts"] >= 0 for e in spans)
-    # one compute track: each span starts where the one before ends (times rounded to ns)
+    # the compute track: each span starts where the one before ends (times rounded to ns)
     assert all(abs(a["ts"] + a["dur"] - b["ts"]) < 0.002 for a, b in zip(spans, spans[1:]))
     assert all(c["args"]["live"] > 0 for c in counters)
+
+
+def test_trace_has_a_track_per_stream_timed_by_the_device_and_marks_stalls(capsys, tmp_path):
+    from superneuron.graph import Graph
+    from superneuron.scheduler.cost import CostModel
+    from superneuron.spec import load_spec
+    graph_bytes = {t.name: t.nbytes for t in Graph(load_spec(TINY)).tensors.values()}
+    names = {}
+    for device in ("cpu", "gpu"):
+        path = tmp_path / f"{device}.json"
+        assert run(capsys, TINY, "--policy", "superneurons", "--device", device, "--trace", str(path))[0] == 0
+        events = json.loads(path.read_text())["traceEvents"]
+        names[device] = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+        spans = [e for e in events if e["ph"] == "X"]
+        by_track = {tid: [e for e in spans if e["tid"] == tid] for tid in names[device]}
+        assert [e["cat"] for e in by_track[1]] and {e["cat"] for e in by_track[1]} == {"offload"}
+        assert [e["cat"] for e in by_track[2]] and {e["cat"] for e in by_track[2]} <= {"prefetch"}
+        compute = by_track[0]
+        assert not {e["cat"] for e in compute} & {"offload", "prefetch", "wait", "alloc", "free"}
+        # compute and stall spans tile the compute track
+        assert all(abs(a["ts"] + a["dur"] - b["ts"]) < 0.002 for a, b in zip(compute, compute[1:]))
+        # the track ends at the estimated iteration time of --device's cost model, stalls and all
+        _, out, _ = run(capsys, TINY, "--policy", "superneurons", "--device", device, "--json")
+        info = json.loads(out)
+        end = compute[-1]["ts"] + compute[-1]["dur"]
+        assert abs(end - info["est_seconds"] * 1e6) < 0.01 + 1e-6 * end
+        stalls = [e for e in compute if e["cat"] == "stall"]
+        assert (len(stalls) > 0) == (info["est_stall_seconds"] > 0)
+        assert stalls or device == "cpu"  # on the H100 model the copies do not hide: stalls
+        assert abs(sum(e["dur"] for e in stalls) - info["est_stall_seconds"] * 1e6) < 0.002 * (1 + len(stalls))
+        # a copy span lasts what the device's copy bandwidth says of its bytes
+        model = CostModel(device)
+        for e in by_track[1]:
+            tensor = e["name"][len("Offload("):-1]
+            if tensor in graph_bytes:
+                assert abs(e["dur"] - model.copy_seconds(graph_bytes[tensor]) * 1e6) < 0.002
+    assert names["cpu"] == names["gpu"] == {0: "compute", 1: "device→host", 2: "host→device"}
 
 
 def test_unwritable_output_is_a_clean_error(capsys, tmp_path):

@@ -9,13 +9,14 @@ import textwrap
 import numpy as np
 import pytest
 
+from superneuron.allocator import aligned
 from superneuron.cli.plan import main
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.layers.base import Algo
 from superneuron.net import Net
-from superneuron.runtime.arena import aligned
-from superneuron.scheduler.cost import CostModel, entry_key, measure_costs
+from superneuron.runtime.profile import measure_costs
+from superneuron.scheduler.cost import CostModel, entry_key
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import POLICIES, apply_policy
 from superneuron.scheduler.simulate import simulate
@@ -51,7 +52,7 @@ def choices(schedule):
     for i, step in enumerate(schedule.steps):
         if step.kind in ("forward", "backward"):
             phase = step.kind
-            algos = schedule.graph.nodes[step.target].layer.algorithms(phase)
+            algos = schedule.graph.nodes[step.node].layer.algorithms(phase)
             if len(algos) > 1:
                 out.append((i, step, algos))
     return out
@@ -67,7 +68,7 @@ def test_without_a_budget_every_step_gets_its_fastest_algorithm(net_file):
     assert len(steps) == 6  # three convolutions, forward and backward
     for _, step, algos in steps:
         fastest = max(algos, key=lambda a: a.speed)
-        assert step.algo == fastest.name == "im2col" and ws_bytes(s, step) == fastest.workspace
+        assert step.algorithm == fastest.name == "im2col" and ws_bytes(s, step) == fastest.workspace
 
 
 def test_a_measured_table_overrides_the_speeds(net_file):
@@ -75,7 +76,7 @@ def test_a_measured_table_overrides_the_speeds(net_file):
     conv2 = g.nodes[[n.name for n in g.nodes].index("conv2")].layer
     table = {entry_key(conv2, "direct", "forward"): 1e-9}  # pretend direct is instant there
     s = apply_policy(lower(g), "liveness", costs=table)
-    picked = {(s.graph.nodes[st.target].name, st.kind): st.algo for _, st, _ in choices(s)}
+    picked = {(s.graph.nodes[st.node].name, st.kind): st.algorithm for _, st, _ in choices(s)}
     assert picked.pop(("conv2", "forward")) == "direct"
     assert set(picked.values()) == {"im2col"}
 
@@ -97,9 +98,9 @@ def test_a_tight_budget_shrinks_workspaces_exactly_where_the_fastest_does_not_fi
         # the room the step's tensors leave: the Simulator's bytes live there less its workspace
         room = budget - plan.resident_bytes - (plan.live[i] - aligned(ws_bytes(s, step)))
         fitting = [a for a in algos if aligned(a.workspace) <= room]
-        assert step.algo == max(fitting, key=lambda a: a.speed).name, step.describe(g)
-        assert ws_bytes(s, step) == [a for a in algos if a.name == step.algo][0].workspace
-        slower += step.algo != "im2col"
+        assert step.algorithm == max(fitting, key=lambda a: a.speed).name, step.describe(g)
+        assert ws_bytes(s, step) == [a for a in algos if a.name == step.algorithm][0].workspace
+        slower += step.algorithm != "im2col"
     assert 0 < slower < 6  # some steps had to give up im2col, not all
 
 
@@ -111,7 +112,7 @@ def test_workspace_limit_caps_every_choice_and_an_impossible_one_is_an_error(net
         s = apply_policy(lower(g), policy, workspace_limit=limit)
         steps = choices(s)
         assert all(ws_bytes(s, st) <= limit for _, st, _ in steps)
-        assert {st.algo for _, st, _ in steps} == {"im2col", "im2col_chunked"}
+        assert {st.algorithm for _, st, _ in steps} == {"im2col", "im2col_chunked"}
     with pytest.raises(SNError, match=r"Forward\(conv1\): no algorithm fits the workspace limit"):
         apply_policy(lower(g), "liveness", workspace_limit=0)
 
@@ -149,7 +150,7 @@ def test_same_results_as_baseline_and_plan_equals_run_under_a_budget(net_file, p
     free = simulate(apply_policy(lower(g), policy, placement))
     budget = free.arena_bytes - 1
     net, loss, grads = _train(net_file, memory=budget, policy=policy, placement=placement)
-    assert {st.algo for _, st, _ in choices(net.schedules["train"])} > {"im2col"}
+    assert {st.algorithm for _, st, _ in choices(net.schedules["train"])} > {"im2col"}
     assert net.runtime.peak_bytes == net.plans["train"].peak_bytes <= budget
     assert net.runtime.arena_bytes == net.plans["train"].arena_bytes <= budget
     np.testing.assert_allclose(loss, base_loss, rtol=1e-5)

@@ -7,7 +7,7 @@ First runs ``sn-depth --memory 12GiB --batch 16 --policies baseline,...,superneu
 --host-memory 128GiB --json`` as a user would (a fresh process, timed from start to exit) and
 records its answers; then, in this process, builds ResNet-``--depth`` once and plans it under
 each policy at the same budget, as the search does (the cyclic garbage collector off, the
-passes' shared memos dropped after each plan), timing the build and each plan.
+each plan's memos going with its schedules), timing the build and each plan.
 """
 
 import argparse
@@ -22,8 +22,6 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from superneuron.depth import Planner, blocks_of  # noqa: E402
 from superneuron.report import human_bytes, parse_size  # noqa: E402
-from superneuron.scheduler.liveness import Roots  # noqa: E402
-from superneuron.scheduler.schedule import forget_steps  # noqa: E402
 
 POLICIES = ("baseline", "liveness", "recompute", "offload", "superneurons", "superneurons+params")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,8 +56,6 @@ def plans(args):
             rows.append({"policy": policy, "seconds": probe.seconds, "steps": probe.steps, "fits": probe.fits,
                          "peak_bytes": probe.peak_bytes, "arena_bytes": probe.arena_bytes,
                          "host_bytes": probe.host_bytes})
-            Roots.forget()
-            forget_steps()
     finally:
         gc.enable()
     return build, rows

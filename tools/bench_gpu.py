@@ -74,7 +74,7 @@ def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
     setup = time.perf_counter() - t0
     seconds = time_ours(net, device_batch(batch, size), iters, warmup)
     plan = net.plans["train"]
-    algos = sorted({s.algo for s in net.schedules["train"].steps if s.algo and s.kind != "prefetch"})
+    algos = sorted({s.algorithm for s in net.schedules["train"].steps if s.algorithm})
     return {"policy": policy, "seconds": seconds, "images_per_second": batch / seconds,
             "peak_bytes": net.peak_bytes, "planned_peak_bytes": plan.peak_bytes,
             "arena_bytes": net.runtime.arena.capacity, "host_bytes": net.host_bytes,
@@ -155,15 +155,12 @@ def torch_fits(make, batch, budget):
 
 def plan_fits(name, batch, policy, budget, kernels, overrides=None):
     from superneuron.graph import Graph
-    from superneuron.scheduler.lower import lower
-    from superneuron.scheduler.policy import apply_policy
-    from superneuron.scheduler.simulate import simulate
+    from superneuron.planning import plan
     from superneuron.spec import load_spec
     path, base, _ = NETS[name]
     graph = Graph(load_spec(path, overrides=dict(overrides or base, size=224), batch=batch),
                   kernels=kernels)
-    schedule = apply_policy(lower(graph, optimizer=solver()), policy, budget=budget)
-    return simulate(schedule).arena_bytes <= budget
+    return plan(graph, policy, budget, device="gpu", optimizer=solver())[1].arena_bytes <= budget
 
 
 def max_batch(policies, budget, kernels):

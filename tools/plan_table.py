@@ -17,6 +17,7 @@ import sys
 import time
 
 from superneuron.graph import Graph
+from superneuron.planning import lowered, plan
 from superneuron.report import human_bytes
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
@@ -43,9 +44,8 @@ def placement_figures(name, path, overrides, batch):
     """Baseline and liveness peaks, liveness's lower bound and both allocators' arenas (the
     default cost model, as the first README table has always been measured)."""
     graph = graph_of(path, overrides, batch)
-    base = simulate(apply_policy(lower(graph), "baseline"))
-    schedule = apply_policy(lower(graph), "liveness")
-    live = simulate(schedule)
+    base = plan(graph, "baseline", device="gpu")[1]
+    schedule, live = plan(graph, "liveness", device="gpu")
     return {"baseline_peak_bytes": base.peak_bytes, "liveness_peak_bytes": live.peak_bytes,
             "liveness_lower_bound_bytes": live.lower_bound_bytes,
             "arena_dynamic_bytes": arena_bytes(schedule, "dynamic"),
@@ -55,16 +55,16 @@ def placement_figures(name, path, overrides, batch):
 def policy_figures(name, path, overrides, batch, model):
     """Every policy's (and superneurons+params') peak, lower bound, host bytes and estimated
     time on ``model``."""
-    base = lower(graph_of(path, overrides, batch))
+    base = lowered(graph_of(path, overrides, batch))
     out = {}
     for policy in (*POLICY_COLUMNS, PARAMS_POLICY):
-        schedule = apply_policy(base, policy, costs=model)
-        plan, timeline = simulate(schedule), model.timeline(schedule)
-        out[policy] = {"steps": plan.steps, "peak_bytes": plan.peak_bytes,
-                       "resident_bytes": plan.resident_bytes,
-                       "lower_bound_bytes": plan.lower_bound_bytes,
-                       "peak_over_lower_bound": plan.peak_bytes / plan.lower_bound_bytes,
-                       "arena_bytes": plan.arena_bytes, "host_bytes": plan.host_bytes,
+        schedule, planned = plan(base, policy, cost=model)
+        timeline = model.timeline(schedule)
+        out[policy] = {"steps": planned.steps, "peak_bytes": planned.peak_bytes,
+                       "resident_bytes": planned.resident_bytes,
+                       "lower_bound_bytes": planned.lower_bound_bytes,
+                       "peak_over_lower_bound": planned.peak_bytes / planned.lower_bound_bytes,
+                       "arena_bytes": planned.arena_bytes, "host_bytes": planned.host_bytes,
                        "est_seconds": timeline.seconds, "est_stall_seconds": timeline.stall,
                        "est_recompute_seconds": timeline.recompute,
                        "copied_bytes": timeline.copied}

@@ -47,7 +47,7 @@ def policy_from_args(args):
 
 def sizes_from_args(args):
     """``(memory, host_memory, workspace_limit)`` in bytes from ``args`` (None where not given)."""
-    from ..report import parse_size
+    from ..sizes import parse_size
     return tuple(parse_size(v) if v else None
                  for v in (args.memory, getattr(args, "host_memory", None), args.workspace_limit))
 

@@ -91,7 +91,7 @@ def planner_from_args(args):
     """The depth.Planner for the net, budget, host memory, batch, size, overrides and device
     of ``args`` (``args.net`` is filled in when not given)."""
     from ..depth import Planner
-    from ..report import parse_size
+    from ..sizes import parse_size
     from ..spec import parse_overrides
     budget = parse_size(args.memory)
     if budget <= 0:
@@ -150,7 +150,7 @@ def run(args):
 
 
 def _progress(probe):
-    from ..report import human_bytes
+    from ..sizes import human_bytes
     verdict = "fits" if probe.fits else "over"
     print(f"  {probe.policy:<20} depth {probe.depth:>6}  arena {human_bytes(probe.arena_bytes):>10}  "
           f"{verdict}  ({probe.seconds:.2f} s)", file=sys.stderr)
@@ -162,7 +162,7 @@ def _seconds(t):
 
 def _over_by(planner, probe):
     """What a plan that does not fit is over by: the budget, else the host memory."""
-    from ..report import human_bytes
+    from ..sizes import human_bytes
     if probe.arena_bytes > planner.budget:
         return f"+{human_bytes(probe.arena_bytes - planner.budget)}"
     return f"host +{human_bytes(probe.host_bytes - planner.host_memory)}"

@@ -41,6 +41,9 @@ def build_parser():
     p.add_argument("--layers", action="store_true", help="print a per-layer table of working sets")
     p.add_argument("--timeline", metavar="FILE.png", help="plot the bytes live over the steps")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of the steps")
+    p.add_argument("--min-memory", action="store_true",
+                   help="also find the smallest --memory under which the policy's plan fits (plans "
+                        "at that budget fit, one byte less does not; a bisection over budgets)")
     p.add_argument("--profile", action="store_true",
                    help="time each layer's algorithms on the CPU backend (cached) and plan with "
                         "those times instead of estimates")
@@ -52,13 +55,12 @@ def main(argv=None):
 
 
 def plan_from_args(args):
-    """``(schedule, plan, figures)`` for the network, policy, placement, budget and workspace
-    limit in ``args``; with ``args.profile``, algorithms are ranked and timed by measurement."""
+    """``(schedule, plan, figures, cost model)`` for the network, policy, placement, budget and
+    workspace limit in ``args``; with ``args.profile``, algorithms are ranked and timed by
+    measurement (the cost model is then the measured one, else the estimates of --device)."""
     from ..graph import Graph
+    from ..planning import lowered, min_memory, plan
     from ..scheduler.cost import CostModel
-    from ..scheduler.lower import lower
-    from ..scheduler.policy import apply_policy
-    from ..scheduler.simulate import simulate
     budget, host_memory, limit = sizes_from_args(args)
     if getattr(args, "data", None) and not str(args.net).lower().endswith(".prototxt"):
         raise SNError("--data applies to Caffe .prototxt nets (a YAML net plans with its own Data layers)")
@@ -69,28 +71,30 @@ def plan_from_args(args):
     graph = Graph(spec, kernels=planning_kernels(args.device))
     model, profile = CostModel(args.device), None
     if getattr(args, "profile", False):
-        from ..scheduler.cost import load_or_measure
+        from ..runtime.profile import load_or_measure
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
         table, path, measured = load_or_measure(graph, backend)
         model = CostModel(backend.name, table)
         profile = {"cache": path, "measured": measured, "entries": len(table)}
-    base = lower(graph, train=True, optimizer=optimizer)
+    base = lowered(graph, optimizer=optimizer)
     policy = policy_from_args(args)
-    schedule = apply_policy(base, policy, args.placement, budget=budget, workspace_limit=limit,
-                            costs=model, host_memory=host_memory)
-    plan = simulate(schedule)
-    info = figures(schedule, plan, budget)
+    schedule, the_plan = plan(base, policy, budget, host_memory, cost=model, placement=args.placement,
+                              workspace_limit=limit)
+    info = figures(schedule, the_plan, budget)
     timeline = model.timeline(schedule)
     reference = timeline if policy == "liveness" else model.timeline(
-        apply_policy(base, "liveness", args.placement, workspace_limit=limit, costs=model))
+        plan(base, "liveness", cost=model, placement=args.placement, workspace_limit=limit)[0])
     info.update(est_seconds=timeline.seconds, est_stall_seconds=timeline.stall,
                 est_recompute_seconds=timeline.recompute, copied_bytes=timeline.copied,
                 est_liveness_seconds=reference.seconds,
-                host_memory_bytes=host_memory, host_fits=host_memory is None or plan.host_bytes <= host_memory)
+                host_memory_bytes=host_memory, host_fits=host_memory is None or the_plan.host_bytes <= host_memory)
     info["cost_model"] = "measured" if profile else f"estimate ({model.device.name})"
+    if getattr(args, "min_memory", False):
+        info["min_memory_bytes"] = min_memory(base, policy, host_memory, cost=model,
+                                              placement=args.placement, workspace_limit=limit)
     info["profile"] = profile
-    return schedule, plan, info
+    return schedule, the_plan, info, model
 
 
 def figures(schedule, plan, budget):
@@ -103,8 +107,7 @@ def figures(schedule, plan, budget):
     fits = plan.fits(budget)
     overflow = None
     if not fits:
-        where, step, need = overflow_at(schedule, plan, budget)
-        overflow = {"step": where, "step_index": step, "needs_bytes": need}
+        overflow = overflow_at(schedule, plan, budget)
     data = graph.inputs[0].tops[0] if graph.inputs else None
     return {
         "net": graph.name, "batch": graph.tensors[data].shape[0] if data else None,
@@ -131,12 +134,14 @@ def run(args):
         check_output_path(args.timeline, "timeline")
     if args.trace:
         check_output_path(args.trace, "trace")
-    schedule, plan, info = plan_from_args(args)
+    schedule, plan, info, model = plan_from_args(args)
     if args.json:
         print(json.dumps(info, indent=1))
     else:
         print(report.plan_summary(info))
         print(report.time_summary(info))
+        if "min_memory_bytes" in info:
+            print(report.min_memory_line(info))
         if info["profile"]:
             verb = "measured and wrote" if info["profile"]["measured"] else "read"
             print(f"profile       {verb} {info['profile']['cache']}")
@@ -149,7 +154,7 @@ def run(args):
     if args.timeline:
         _write(args, args.timeline, report.write_timeline, schedule, plan, info["budget_bytes"])
     if args.trace:
-        _write(args, args.trace, report.write_trace, schedule, plan)
+        _write(args, args.trace, report.write_trace, schedule, plan, model)
     return 0 if info["fits"] and info["host_fits"] else 3
 
 

@@ -12,7 +12,7 @@ import time
 from .. import __version__
 from ..errors import SNError
 from ..limits import MAX_SEED
-from ..report import human_bytes
+from ..sizes import human_bytes
 from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
 
 
@@ -70,7 +70,7 @@ def run(args):
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
               host_memory=host_memory,
               costs="measure" if args.profile else None)
-    classes = _classes(net)
+    classes = net.classes
     if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         data_cfg = _synthetic_like(net, classes, source_config)
     train_set, test_set = open_source(data_cfg)
@@ -78,9 +78,8 @@ def run(args):
         check_labels(train_set, classes, data_cfg["source"])
         check_labels(test_set, classes, data_cfg["source"])
     _check_sample_shape(net, train_set, data_cfg["source"])
-    solver = solver.with_epochs(len(train_set), _batch(spec))
-    optimizer.cfg = solver  # max_iter shapes poly and cosine learning rates
-    batch = _batch(spec)
+    batch = net.batch
+    solver = optimizer.for_epochs(len(train_set), batch)
     train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
     if source_kind(data_cfg["source"]) in ("lmdb", "imagelist"):  # decoded per batch: read ahead on a thread
         from ..readahead import ReadAhead
@@ -167,13 +166,6 @@ def _say_skipped(event):
         print(f"resume: skipped {event['error']}")
 
 
-def _batch(spec):
-    first = spec.layers[0]
-    if first.type == "Data":
-        return first.cfg["batch_size"]
-    return first.cfg["shape"][0][0]
-
-
 def _data_config(spec, args, source_config):
     """The Data layer's configuration with ``--data`` replacing its source, or for an Input net
     the ``--data`` source (None when there is none: see :func:`_synthetic_like`)."""
@@ -196,13 +188,6 @@ def _synthetic_like(net, classes, source_config):
     cfg = source_config("synthetic", {"batch_size": shape[0]})
     cfg.update(channels=shape[1], size=shape[2], classes=classes or 10)
     return cfg
-
-
-def _classes(net):
-    for node in net.graph.nodes:
-        if node.layer.type == "SoftmaxWithLoss":
-            return net.graph.tensors[node.bottoms[0]].shape[1]
-    return None
 
 
 def _check_sample_shape(net, dataset, source):

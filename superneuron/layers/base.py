@@ -322,6 +322,15 @@ class Layer:
         """``(bottom indices, top indices)`` whose data the backward reads."""
         return tuple(range(len(self.bottoms))), ()
 
+    def backward_operands(self, bottoms, tops, get=None):
+        """``(bottoms, tops)`` as :meth:`backward` is given them: ``get(x)`` of those that
+        :meth:`backward_reads` names (``x`` itself without ``get``), None for the others (the
+        calling convention the Runtime and kernel timing share)."""
+        reads_b, reads_t = self.backward_reads()
+        get = get or (lambda x: x)
+        return ([get(b) if i in reads_b else None for i, b in enumerate(bottoms)],
+                [get(t) if i in reads_t else None for i, t in enumerate(tops)])
+
     def algorithms(self, phase):
         """Ways to run ``phase`` (``'forward'`` or ``'backward'``), fastest first."""
         return [Algo("default", 0)]

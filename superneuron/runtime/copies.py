@@ -63,3 +63,11 @@ class StreamCopies:
     def close(self):
         for s in self.streams.values():
             s.synchronize()
+
+
+def copies_for(backend):
+    """The asynchronous copy queues of ``backend``: CUDA streams on a GPU, threads on the CPU
+    (chosen here, so that the backend, a floor below the runtime, never imports it)."""
+    if backend.name == "gpu":
+        return StreamCopies(backend.xp)
+    return ThreadCopies()

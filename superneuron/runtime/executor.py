@@ -1,11 +1,13 @@
 """The Runtime: executes a Schedule's steps with every tensor a view into one Arena.
 
-It makes the same allocator calls as the Simulator, in the same order, so the arena's peak
-is the plan's. Resident tensors (parameters, their gradients, optimiser state) are placed once
-at start-up; scheduled ones are placed as the steps allocate them, each iteration anew.
+Its memory and copy steps go through the interpreter the Simulator drives too
+(scheduler/interpret.py), with real copies behind it, so it makes the same allocator calls as
+the Simulator, in the same order, and the arena's peak is the plan's. Resident tensors
+(parameters, their gradients, optimiser state) are placed once at start-up; scheduled ones
+are placed as the steps allocate them, each iteration anew.
 
 Offloaded tensors go to a second arena in host memory (pinned on a GPU), through the
-backend's copy queues (runtime/copies.py): an Offload or a Prefetch starts a copy, a Wait
+copy queues (runtime/copies.py): an Offload or a Prefetch starts a copy, a Wait
 blocks until it is done. A step that touches a tensor whose copy is still running without a
 Wait before it is a *stall*: the Runtime waits for the copy (results stay right) and counts
 it in ``stalls``; a correct plan has none. ``blocked`` counts the Waits that really had to wait.
@@ -15,9 +17,12 @@ import math
 
 import numpy as np
 
+from ..graph import storage_root
 from ..layers.base import Context
+from ..scheduler.interpret import PREFETCHING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
-from ..scheduler.schedule import root
+from ..scheduler.steps import ALLOC, BACKWARD, COPY, FORWARD, FREE, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from .copies import copies_for
 
 
 def step_seed(seed, iteration, node_index):
@@ -54,7 +59,7 @@ class Runtime:
         for name in host_resident:
             self.host.place_resident(name, self.tensors[name].nbytes)
         self.copies = None             # the copy queues, made on the first copy
-        self.pending = {}              # tensor → (Copy, 'offload' | 'prefetch')
+        self.memory = None             # the Interpreter of the memory and copy steps of the run
         self.stalls = self.blocked = 0
         self.outside = None            # backend.Allocations of the last run
         self.host_peak = 0
@@ -80,7 +85,7 @@ class Runtime:
             return self.resident[name]  # (a host-resident parameter's device copy is placed)
         tensors = self.schedule.tensors if name in self.schedule.tensors else self.tensors
         info = tensors[name]
-        return self.arena.view(root(tensors, name), info.shape, info.dtype, freed_ok)
+        return self.arena.view(storage_root(tensors, name), info.shape, info.dtype, freed_ok)
 
     def run(self, schedule, feed, iteration=0, optimizer=None, watch=None):
         """Execute one iteration of ``schedule``; ``feed`` maps input tops to host arrays.
@@ -103,9 +108,11 @@ class Runtime:
         return outputs
 
     def _run_steps(self, schedule, feed, iteration, optimizer, watch):
-        arena, graph, pending = self.arena, self.graph, self.pending
+        graph = self.graph
+        self.memory = memory = Interpreter(schedule.tensors, self.arena, self.host, _Copies(self))
+        pending = memory.pending
         roots = Roots(schedule)
-        update = next((s for s in schedule.steps if s.kind == "update"), None)
+        update = next((s for s in schedule.steps if s.kind == UPDATE), None)
         if self.host_update and update is not None:
             if self.updater is None:
                 from .host_update import HostUpdater
@@ -116,31 +123,25 @@ class Runtime:
         outputs = {}
         for step in schedule.steps:
             kind = step.kind
-            if pending and kind not in ("alloc", "wait"):
+            if pending and kind not in (ALLOC, WAIT):
                 self._stall_on(schedule, step, roots)
-            if kind == "alloc":
-                arena.alloc(step.target, schedule.tensors[step.target].nbytes)
-            elif kind == "free":
-                arena.free(step.target)
-            elif kind == "offload" or kind == "prefetch":
-                self._start_copy(schedule, step.target, kind, step.algo == "keep")
-            elif kind == "wait":
-                self._wait(step.target, planned=True)
-            elif kind == "forward" or kind == "recompute":
-                node = graph.nodes[step.target]
-                ctx = self._context(step, node, iteration, schedule.train, kind == "recompute", feed)
+            if kind in MEMORY or kind in COPY:
+                memory.run(step)
+            elif kind == FORWARD or kind == RECOMPUTE:
+                node = graph.nodes[step.node]
+                ctx = self._context(step, node, iteration, schedule.train, kind == RECOMPUTE, feed)
                 if not node.layer.ALIAS_TOPS:
                     params = {k: self.view(t) for k, t in node.params.items()}
                     node.layer.forward(ctx, [self.view(b) for b in node.bottoms],
                                        [self.view(t) for t in node.tops], params)
-                if kind == "forward" and node.layer.top_shapes == [()]:
+                if kind == FORWARD and node.layer.top_shapes == [()]:
                     outputs[node.name] = float(self.view(node.tops[0]))
-                if watch is not None and kind == "forward":
+                if watch is not None and kind == FORWARD:
                     watch(node, [self.view(t) for t in node.tops])
-            elif kind == "backward":
-                node = graph.nodes[step.target]
+            elif kind == BACKWARD:
+                node = graph.nodes[step.node]
                 self._backward(step, node, iteration)
-            elif kind == "update":
+            elif kind == UPDATE:
                 if self.host_update:  # the gradients' copies must have landed on the host
                     self.backend.synchronize()
                     self.updater.finish()
@@ -154,60 +155,28 @@ class Runtime:
         assert not pending, f"copies never waited for: {sorted(pending)}"
         return outputs
 
-    def _start_copy(self, schedule, name, kind, keep=False):
-        """Start offloading ``name`` to a new place in the host arena, or prefetching it back
-        (``keep``: the host copy stays for a later Prefetch)."""
-        nbytes = schedule.tensors[name].nbytes
-        if kind == "offload" and name not in self.host.resident:
-            self.host.alloc(name, nbytes)
-        device = self.arena.view(name, (nbytes,), "uint8")
-        host = self.host.view(name, (nbytes,), "uint8")
-        if self.copies is None:
-            self.copies = self.backend.copies()
-        if kind == "offload":
-            copy = self.copies.start(host, device, "d2h")
-        else:
-            copy = self.copies.start(device, host, "h2d")
-        self.pending[name] = (copy, "keep" if kind == "prefetch" and keep else kind)
-
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
         have put a Wait before it)."""
-        if step.kind == "update":  # it reads every parameter and gradient
-            touched = list(self.pending)
-        elif step.kind == "free" or step.kind in ("offload", "prefetch"):
-            touched = [step.target]
+        if step.kind == UPDATE:  # it reads every parameter and gradient
+            touched = list(self.memory.pending)
+        elif step.kind == FREE or step.kind in (OFFLOAD, PREFETCH):
+            touched = [step.tensor]
         else:
             touched = step_roots(schedule, step, roots)
         for name in touched:
-            if name in self.pending:
+            if name in self.memory.pending:
                 self.stalls += 1
-                self._wait(name, planned=False)
-
-    def _wait(self, name, planned):
-        """Wait for ``name``'s copy; after a prefetch that keeps no host copy, free it. (A
-        stall may have waited for it already.)"""
-        if name not in self.pending:
-            return
-        copy, what = self.pending.pop(name)
-        if planned and not copy.done():
-            self.blocked += 1
-        copy.wait()
-        if what == "prefetch":
-            self.host.free(name)
-        elif self.updater is not None and self.updater.active:
-            self.updater.landed(name, copy)  # a parameter's gradient: its update can start
+                self.memory.wait(name, planned=False)
 
     def _context(self, step, node, iteration, train, recompute, feed):
         ws = self.view(step.workspace) if step.workspace else None
-        return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algo,
+        return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
                        seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
                        feed=feed, backend=self.backend)
 
     def _backward(self, step, node, iteration):
-        reads_b, reads_t = node.layer.backward_reads()
-        bottoms = [self.view(b) if i in reads_b else None for i, b in enumerate(node.bottoms)]
-        tops = [self.view(t) if i in reads_t else None for i, t in enumerate(node.tops)]
+        bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
         top_grads = [None if g is None else self.view(g) for g in node.top_grads]
         if node.loss_weight:
             top_grads[0][...] = node.loss_weight
@@ -234,3 +203,30 @@ class Runtime:
     def to_host(self, name):
         """A NumPy copy of tensor ``name`` (after a run, where it was last placed)."""
         return np.asarray(self.backend.to_host(self.view(name, freed_ok=True)))
+
+
+class _Copies(Copies):
+    """The copies of a Runtime's run, for the Interpreter: each starts on the backend's copy
+    queues between the arena and the host arena, and a Wait that really has to wait counts in
+    ``runtime.blocked``; a gradient's copy landing lets the host optimiser update it."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def start(self, name, nbytes, kind):
+        runtime = self.runtime
+        device = runtime.arena.view(name, (nbytes,), "uint8")
+        host = runtime.host.view(name, (nbytes,), "uint8")
+        if runtime.copies is None:
+            runtime.copies = copies_for(runtime.backend)
+        if kind == OFFLOAD:
+            return runtime.copies.start(host, device, "d2h")
+        return runtime.copies.start(device, host, "h2d")
+
+    def wait(self, name, copy, what, planned):
+        runtime = self.runtime
+        if planned and not copy.done():
+            runtime.blocked += 1
+        copy.wait()
+        if what != PREFETCHING and runtime.updater is not None and runtime.updater.active:
+            runtime.updater.landed(name, copy)  # a parameter's gradient: its update can start

@@ -2,22 +2,22 @@
 
 Without measurements a step's time is estimated from its layer's ``cost()`` (flops and bytes
 moved) at a device's assumed rates (:class:`DeviceModel`), whichever takes longer, divided by
-the chosen algorithm's relative ``speed``. :func:`measure_costs` times each distinct
-(layer type, shapes, configuration, algorithm, phase) once on a backend instead; its table is
-cached as JSON under ``~/.cache/superneuron/`` (``$SN_CACHE_DIR`` overrides the folder), keyed
-by device and the network's shape signature, and :class:`CostModel` prefers it where it has
-an entry. The workspace pass ranks algorithms with this model; sn-plan sums it into an
-estimated iteration time; the trace times its spans with it.
+the chosen algorithm's relative ``speed``. runtime/profile.py times each distinct (layer type,
+shapes, configuration, algorithm, phase) once on a backend instead (kernels run there, never
+here); its table is cached as JSON under ``~/.cache/superneuron/`` (``$SN_CACHE_DIR``
+overrides the folder), keyed by device and the network's shape signature, and
+:class:`CostModel` prefers it where it has an entry. The workspace pass ranks algorithms with
+this model; sn-plan sums it into an estimated iteration time; the trace times its spans with
+it.
 """
 
 import hashlib
 import json
 import os
-import time
 import weakref
 from dataclasses import dataclass
 
-import numpy as np
+from .steps import BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def algorithms(layer, phase):
 
 def phase_of(step):
     """The layer phase a compute step runs: a recompute is a forward."""
-    return "backward" if step.kind == "backward" else "forward"
+    return "backward" if step.kind == BACKWARD else "forward"
 
 
 def estimate(layer, phase, algo, device):
@@ -89,7 +89,7 @@ def entry_key(layer, algo_name, phase):
 
 class CostModel:
     """Step times on ``device`` (a DeviceModel or a name in :data:`DEVICES`), from the measured
-    ``table`` (:func:`measure_costs`) where it has the entry, else estimated."""
+    ``table`` (runtime/profile.py's ``measure_costs``) where it has the entry, else estimated."""
 
     def __init__(self, device="gpu", table=None):
         self.device = DEVICES[device] if isinstance(device, str) else device
@@ -120,13 +120,13 @@ class CostModel:
     def step_seconds(self, schedule, step):
         """Seconds of one step on the compute stream; memory and copy steps take none there
         (copies run on their own streams: see :meth:`timeline`)."""
-        if step.kind in ("forward", "recompute", "backward"):
-            layer = schedule.graph.nodes[step.target].layer
+        if step.kind in LAYER_STEPS:
+            layer = schedule.graph.nodes[step.node].layer
             phase = phase_of(step)
             algos = algorithms(layer, phase)
-            algo = next((a for a in algos if a.name == step.algo), algos[0])
+            algo = next((a for a in algos if a.name == step.algorithm), algos[0])
             return self.algo_seconds(layer, phase, algo)
-        if step.kind == "update":  # reads params, grads and state, writes params and state
+        if step.kind == UPDATE:  # reads params, grads and state, writes params and state
             nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
             return 3 * nbytes / self.device.bandwidth
         return 0.0
@@ -135,29 +135,35 @@ class CostModel:
         """The estimated :class:`Timeline` of one iteration: compute steps one after another
         on the compute stream, Offloads queued on a device→host stream and Prefetches on a
         host→device stream, each starting when issued or when its stream is free, and a Wait
-        holding the compute stream until its tensor's copy is done."""
+        holding the compute stream until its tensor's copy is done. ``spans`` says when each
+        step ran on which stream (what sn-plan's trace draws)."""
         now = d2h = h2d = stall = recompute = copied = 0.0
-        done, starts = {}, []
+        done, starts, spans = {}, [], []
         for step in schedule.steps:
             starts.append(now)
             kind = step.kind
-            if kind == "offload" or kind == "prefetch":
-                seconds = self.copy_seconds(schedule.tensors[step.target].nbytes)
-                copied += schedule.tensors[step.target].nbytes
-                if kind == "offload":
-                    d2h = done[step.target] = max(d2h, now) + seconds
+            if kind == OFFLOAD or kind == PREFETCH:
+                seconds = self.copy_seconds(schedule.tensors[step.tensor].nbytes)
+                copied += schedule.tensors[step.tensor].nbytes
+                if kind == OFFLOAD:
+                    d2h = done[step.tensor] = max(d2h, now) + seconds
+                    spans.append((len(starts) - 1, D2H, d2h - seconds, d2h))
                 else:
-                    h2d = done[step.target] = max(h2d, now) + seconds
-            elif kind == "wait":
-                if done[step.target] > now:
-                    stall += done[step.target] - now
-                    now = done[step.target]
+                    h2d = done[step.tensor] = max(h2d, now) + seconds
+                    spans.append((len(starts) - 1, H2D, h2d - seconds, h2d))
+            elif kind == WAIT:
+                if done[step.tensor] > now:
+                    stall += done[step.tensor] - now
+                    spans.append((len(starts) - 1, STALL, now, done[step.tensor]))
+                    now = done[step.tensor]
             else:
                 seconds = self.step_seconds(schedule, step)
+                if kind not in MEMORY:
+                    spans.append((len(starts) - 1, COMPUTE_STREAM, now, now + seconds))
                 now += seconds
-                if kind == "recompute":
+                if kind == RECOMPUTE:
                     recompute += seconds
-        return Timeline(now, stall, recompute, copied, starts)
+        return Timeline(now, stall, recompute, copied, starts, spans)
 
     def iteration_seconds(self, schedule):
         """Estimated seconds of one iteration (see :meth:`timeline`)."""
@@ -168,13 +174,20 @@ class CostModel:
 class Timeline:
     """An iteration's estimated time: ``seconds`` in all, of which ``stall`` waiting for
     copies and ``recompute`` re-running forwards; ``copied`` bytes moved; ``starts``: each
-    step's start time on the compute stream."""
+    step's start time on the compute stream; ``spans``: ``(step index, stream, start, end)``
+    of every compute step (on :data:`COMPUTE_STREAM`), copy (:data:`D2H`, :data:`H2D`) and
+    stall (a Wait holding the compute stream: :data:`STALL`)."""
 
     seconds: float
     stall: float
     recompute: float
     copied: float
     starts: list
+    spans: list = None
+
+
+# The streams of a timeline's spans (a stall is on the compute stream, marked apart).
+COMPUTE_STREAM, D2H, H2D, STALL = "compute", "device→host", "host→device", "stall"
 
 
 def as_model(costs):
@@ -189,9 +202,9 @@ def step_seconds(schedule, step, model=None):
     return (model or CostModel()).step_seconds(schedule, step)
 
 
-# -- measuring -----------------------------------------------------------------------------
+# -- measured tables -----------------------------------------------------------------------------
 
-def _entries(graph, train=True):
+def entries(graph, train=True):
     """``{key: (layer, phase, algo)}`` for every distinct measurable kernel of ``graph``."""
     out = {}
     for node in graph.nodes:
@@ -205,81 +218,6 @@ def _entries(graph, train=True):
     return out
 
 
-def measure_costs(graph, backend, repeats=2, train=True):
-    """``{key: seconds}``: each distinct (layer type, shapes, algorithm, phase) of ``graph``
-    timed on ``backend`` (the best of ``repeats`` runs after one to warm up), on arrays of
-    its own (measuring is done once, before any arena exists)."""
-    rng = np.random.default_rng(0)
-    table = {}
-    for key, (layer, phase, algo) in _entries(graph, train).items():
-        run = _kernel(layer, phase, algo, backend, rng, train)
-        best = float("inf")
-        for k in range(repeats + 1):
-            backend.synchronize()
-            start = time.perf_counter()
-            run()
-            backend.synchronize()
-            if k:  # the first run warms caches and compiles kernels
-                best = min(best, time.perf_counter() - start)
-        table[key] = best
-    if train:
-        table["copy"] = measure_copy_bandwidth(backend)
-    return table
-
-
-def measure_copy_bandwidth(backend, nbytes=32 << 20, repeats=3):
-    """Bytes per second of a host→device copy of ``nbytes`` on ``backend`` (the best of
-    ``repeats``); on the CPU, a copy between two blocks of memory, as the copy thread makes."""
-    host = backend.host_bytes(nbytes)  # pinned on a GPU, as the offload's host arena
-    host[...] = 1
-    device = backend.xp.empty(nbytes, np.uint8)
-    best = float("inf")
-    for _ in range(repeats):
-        backend.synchronize()
-        start = time.perf_counter()
-        backend.copy_from_host(device, host)
-        backend.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return nbytes / max(best, 1e-9)
-
-
-def _kernel(layer, phase, algo, backend, rng, train):
-    """A function running ``layer``'s ``phase`` with ``algo`` on arrays made for it (labels
-    are zeros, a valid class; the backward's inputs come from one forward)."""
-    from ..layers.base import Context, fill
-    xp = backend.xp
-
-    def array(shape, label=False):
-        host = np.zeros(shape, layer.dtype) if label else rng.standard_normal(shape).astype(layer.dtype)
-        dev = xp.empty(shape, layer.dtype)
-        backend.copy_from_host(dev, host)
-        return dev
-
-    def ctx(a):
-        """A fresh Context per run (its scratch carving starts over) on one workspace."""
-        ws = xp.empty(max(a.workspace, 1), np.uint8)
-        return lambda: Context(xp, train=train, workspace=ws, algo=a.name, backend=backend)
-
-    specs = layer.param_specs()
-    bottoms = [array(s, i in layer.LABEL_BOTTOMS) for i, s in enumerate(layer.bottom_shapes)]
-    tops = [array(s) for s in layer.top_shapes]
-    params = {p.name: array(p.shape) for p in specs}
-    for p in specs:  # fillers give state buffers (variances) sane values
-        backend.copy_from_host(params[p.name], fill(rng, p.shape, p.filler, p.fan_in, p.fan_out, layer.dtype))
-    if phase == "forward":
-        fctx = ctx(algo)
-        return lambda: layer.forward(fctx(), bottoms, tops, params)
-    layer.forward(ctx(layer.algorithms("forward")[0])(), bottoms, tops, params)
-    reads_b, reads_t = layer.backward_reads()
-    b_in = [b if i in reads_b else None for i, b in enumerate(bottoms)]
-    t_in = [t if i in reads_t else None for i, t in enumerate(tops)]
-    top_grads = [array(s) for s in layer.top_shapes]
-    bottom_grads = [None if i in layer.LABEL_BOTTOMS else array(s) for i, s in enumerate(layer.bottom_shapes)]
-    param_grads = {p.name: array(p.shape) for p in specs if p.learnable}
-    bctx = ctx(algo)
-    return lambda: layer.backward(bctx(), b_in, t_in, top_grads, bottom_grads, params, param_grads)
-
-
 def cache_dir():
     """Where measured tables are kept: ``$SN_CACHE_DIR``, else ``~/.cache/superneuron``."""
     return os.environ.get("SN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "superneuron")
@@ -287,7 +225,7 @@ def cache_dir():
 
 def cache_path(graph, device_name, train=True):
     """The cache file of ``graph``'s table on ``device_name``: named by a hash of its keys."""
-    sig = hashlib.sha1("\n".join(sorted(_entries(graph, train))).encode()).hexdigest()[:16]
+    sig = hashlib.sha1("\n".join(sorted(entries(graph, train))).encode()).hexdigest()[:16]
     return os.path.join(cache_dir(), f"costs-{device_name}-{sig}.json")
 
 
@@ -298,20 +236,3 @@ def cached_table(graph, device_name, train=True):
         return None
     with open(path) as f:
         return json.load(f)["costs"]
-
-
-def load_or_measure(graph, backend, device_name=None, train=True):
-    """``(table, path, measured)``: the cached table of ``graph`` on this device, measuring
-    and writing it (to a temporary file, then renamed) when there is none."""
-    device_name = device_name or backend.name
-    path = cache_path(graph, device_name, train)
-    table = cached_table(graph, device_name, train)
-    if table is not None:
-        return table, path, False
-    table = measure_costs(graph, backend, train=train)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"device": device_name, "costs": table}, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return table, path, True

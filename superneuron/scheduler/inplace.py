@@ -18,7 +18,7 @@ schedule whose tensors dict holds copies of the TensorInfos it aliased.
 from dataclasses import replace
 
 from .liveness import SCHEDULED, not_scheduled, uses
-from .schedule import MEMORY
+from .steps import BACKWARD, FORWARD, MEMORY
 
 
 class _Forest:
@@ -82,13 +82,13 @@ def inplace(schedule):
 
     merged = set()
     for i, step in enumerate(steps):
-        if step.kind not in ("forward", "backward"):
+        if step.kind not in (FORWARD, BACKWARD):
             continue
-        node = graph.nodes[step.target]
+        node = graph.nodes[step.node]
         layer = node.layer
         if not layer.INPLACE or layer.ALIAS_TOPS or not node.bottoms or not node.tops:
             continue
-        if step.kind == "forward":
+        if step.kind == FORWARD:
             bottom, top = node.bottoms[0], node.tops[0]
             others = {forest.find(b) for b in node.bottoms[1:]}
             if forest.find(bottom) not in others and merge(i, bottom, top):
@@ -98,5 +98,5 @@ def inplace(schedule):
             if dx is not None and dy is not None and merge(i, dy, dx):
                 merged.add(dx)
     # Tensors that now alias another take no storage of their own.
-    kept = [s for s in steps if not (s.kind in MEMORY and s.target in merged)]
+    kept = [s for s in steps if not (s.kind in MEMORY and s.tensor in merged)]
     return schedule.replace(kept, tensors=tensors)

@@ -21,37 +21,22 @@ before that backward. Resident tensors (parameters, their gradients, optimiser s
 never scheduled.
 """
 
-import collections
-
-from ..runtime.arena import aligned
-from .schedule import MEMORY, Alloc, Free, root
+from ..allocator import aligned
+from ..graph import KINDS, storage_root
+from .steps import KINDS as STEP_KINDS
+from .steps import MEMORY, Alloc, Free
 
 # Kinds whose storage the steps manage; parameters and their gradients only when not resident
 # (parameter offload keeps them on the host and copies them to the device for their steps).
 SCHEDULED = ("data", "grad", "workspace", "encoded", "param", "param_grad")
+assert set(SCHEDULED) <= set(KINDS), "scheduled kinds are tensor kinds (graph.KINDS)"
 
 
 def uses(graph, step):
-    """``(reads, writes)``: the tensor names a compute step reads and writes (its workspace
-    aside). Memory steps and the update (resident tensors only) use none."""
-    kind = step.kind
-    if kind in ("offload", "wait"):
-        return (step.target,), ()
-    if kind == "prefetch":
-        return (), (step.target,)
-    if kind in ("forward", "recompute"):
-        node = graph.nodes[step.target]
-        if node.layer.ALIAS_TOPS:
-            return (), ()
-        return list(node.bottoms) + list(node.params.values()), node.tops
-    if kind == "backward":
-        node = graph.nodes[step.target]
-        reads_b, reads_t = node.layer.backward_reads()
-        reads = [node.bottoms[i] for i in reads_b] + [node.tops[i] for i in reads_t]
-        reads += [g for g in node.top_grads if g is not None] + list(node.params.values())
-        writes = [g for g in node.bottom_grads if g is not None] + list(node.param_grads.values())
-        return reads, writes
-    return (), ()
+    """``(reads, writes)``: the tensor names a step reads and writes (its workspace aside), as
+    its kind declares them (steps.KINDS). Memory steps and the update (resident tensors only)
+    use none."""
+    return STEP_KINDS[step.kind].uses(graph, step)
 
 
 def not_scheduled(schedule):
@@ -63,21 +48,6 @@ def not_scheduled(schedule):
 
 
 _UNSEEN = object()
-_SHARED = collections.OrderedDict()  # Roots.of: the last few Roots made, by what they are of
-
-
-def _what(schedule):
-    """What a schedule's Roots depend on: its graph, tensors and resident lists (the objects)."""
-    return schedule.graph, schedule.tensors, schedule.resident, schedule.host_resident
-
-
-def _remember(schedule, roots):
-    """Keep ``roots`` for :meth:`Roots.of` (holding what it is of, whose ids stay unique so)."""
-    of = _what(schedule)
-    _SHARED[tuple(map(id, of))] = (of, roots)
-    _SHARED.move_to_end(tuple(map(id, of)))
-    while len(_SHARED) > 8:
-        _SHARED.popitem(last=False)
 
 
 class Roots:
@@ -90,6 +60,7 @@ class Roots:
         self.graph = schedule.graph
         self.tensors = schedule.tensors
         self.resident = not_scheduled(schedule)
+        self.of_lists = (schedule.resident, schedule.host_resident)
         self.memo = {}
         self._scheduled = {}
         self._uses = {}
@@ -97,10 +68,11 @@ class Roots:
         if like is not None and like.graph is self.graph and like.resident == self.resident:
             self._uses = like._uses  # the same answers: see :meth:`derive`
 
-    @staticmethod
-    def forget():
-        """Drop the Roots that :meth:`of` keeps (and the graphs and tensors they hold)."""
-        _SHARED.clear()
+    def serves(self, schedule):
+        """Whether this Roots answers for ``schedule``: the same graph, tensors and resident
+        lists (the same objects: passes that change them make new ones)."""
+        return (self.graph is schedule.graph and self.tensors is schedule.tensors
+                and self.of_lists[0] is schedule.resident and self.of_lists[1] is schedule.host_resident)
 
     @classmethod
     def derive(cls, schedule, parent):
@@ -108,28 +80,24 @@ class Roots:
         ``parent`` (a schedule) with workspaces added, such as the workspace pass makes: what
         steps read and write (never a workspace) has the same roots in both, so that memo is
         shared rather than made again."""
-        roots = cls(schedule, like=cls.of(parent))
-        _remember(schedule, roots)
+        schedule.roots = roots = cls(schedule, like=cls.of(parent))
         return roots
 
     @classmethod
     def of(cls, schedule):
-        """A Roots of ``schedule``, shared with the schedules planned just before it that have
-        the same graph, tensors and resident lists (the same objects: passes that change them
-        make new ones), so their memos are made once per plan rather than once per pass."""
-        of = _what(schedule)
-        hit = _SHARED.get(tuple(map(id, of)))
-        if hit is not None and all(a is b for a, b in zip(hit[0], of)):  # the objects, not lookalikes
-            _SHARED.move_to_end(tuple(map(id, of)))
-            return hit[1]
-        roots = cls(schedule)
-        _remember(schedule, roots)
+        """The Roots of ``schedule``, kept with it (``schedule.roots``) and handed on by
+        Schedule.replace to the schedules the passes make from it, so that its memos are made
+        once per plan rather than once per pass; made anew where one of them changed what it
+        is of (:meth:`serves`). No module keeps it: it goes when the schedules go."""
+        roots = schedule.roots
+        if roots is None or not roots.serves(schedule):
+            roots = schedule.roots = cls(schedule)
         return roots
 
     def __call__(self, name):
         r = self.memo.get(name)
         if r is None:
-            r = self.memo[name] = root(self.tensors, name)
+            r = self.memo[name] = storage_root(self.tensors, name)
         return r
 
     def scheduled(self, name):
@@ -146,7 +114,7 @@ class Roots:
         """``(read roots, written roots)`` of a step: the scheduled roots of what :func:`uses`
         names, in its order (repeats kept), the others left out. Memoised per step kind and
         target: the steps of a layer use the same tensors whichever schedule they are in."""
-        key = (step.kind, step.target)
+        key = (step.kind, step.node, step.tensor)
         found = self._uses.get(key)
         if found is None:
             reads, writes = uses(self.graph, step)

@@ -7,7 +7,8 @@ in-place gradients) take no storage of their own.
 
 from ..graph import TensorInfo
 from .cost import algorithms
-from .schedule import Alloc, Backward, Forward, Free, Schedule, Update
+from .schedule import Schedule, add_workspace
+from .steps import Alloc, Backward, Forward, Free, Update
 
 
 def resident_tensors(graph, optimizer=None):
@@ -34,8 +35,7 @@ def _step(graph, tensors, node, phase):
     algo = algorithms(node.layer, phase)[0]
     ws = None
     if algo.workspace > 0:
-        ws = f"ws:{node.name}:{phase}"
-        tensors[ws] = TensorInfo(ws, (algo.workspace,), "uint8", "workspace")
+        ws = add_workspace(tensors, f"ws:{node.name}:{phase}", algo.workspace)
     make = Forward if phase == "forward" else Backward
     return make(node.index, algo.name, ws)
 
@@ -58,10 +58,7 @@ def lower(graph, train=True, optimizer=None):
         if optimizer is not None:
             shapes = [tensors[t].shape for t in resident if tensors[t].kind == "param"]
             nbytes = optimizer.workspace_bytes(shapes, graph.dtype)
-            ws = None
-            if nbytes > 0:
-                ws = "ws:update"
-                tensors[ws] = TensorInfo(ws, (nbytes,), "uint8", "workspace")
+            ws = add_workspace(tensors, "ws:update", nbytes) if nbytes > 0 else None
             steps += _with_workspace(Update(ws))
     steps += [Free(t) for t in reversed(roots)]
     return Schedule(graph, tensors, resident, steps, train=train, policy="baseline")

@@ -33,8 +33,9 @@ import copy
 import math
 
 from .cost import as_model
+from .interpret import Interpreter
 from .liveness import Roots, intervals, liveness
-from .schedule import COPY, MEMORY, Alloc, Free, Offload, Prefetch, Wait
+from .steps import ALLOC, BACKWARD, COPY, MEMORY, Alloc, Free, Offload, Prefetch, Wait
 
 # How many steps a copy may run ahead of the compute: an offloaded tensor's device memory is
 # freed at most this many steps after its offload started, a prefetch is issued at most this
@@ -45,12 +46,30 @@ from .schedule import COPY, MEMORY, Alloc, Free, Offload, Prefetch, Wait
 LOOKAHEAD = 1
 
 
+def least_recently_used(gaps):
+    """The eviction order of the tensor cache: ``gaps`` (``(a, b, root)``) least recently used
+    first, that is in the order they start (the first forward outputs, needed last in the
+    backward). The bisections over "the first k gaps" rely on this order: every k >= m has the
+    same steps before the start of gap m (see :meth:`_Variants.fewest_within`), which
+    :func:`_check_order` asserts."""
+    return sorted(gaps)
+
+
+EVICTION_ORDER = least_recently_used  # a strategy: any order that starts gaps in order of ``a``
+
+
+def _check_order(gaps):
+    """Assert what the bisections assume of the eviction order: gaps come in the order of
+    their earlier use."""
+    assert all(g[1] <= h[1] for g, h in zip(gaps, gaps[1:])), "offload gaps must come in the order they start"
+
+
 def _gaps(schedule, steps, model):
     """``([(root, a, w, p, b)], writes)``: the gaps worth offloading, in the order they start
     (indices into ``steps``: the earlier use, the step before which its offload is waited
     for, the one before which it is prefetched, the later use), and each root's write indices."""
     roots = Roots.of(schedule)
-    turn = next((i for i, s in enumerate(steps) if s.kind == "backward"), None)
+    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
     if turn is None:
         return [], {}
     last, writes, gaps = {}, {}, []
@@ -70,7 +89,7 @@ def _gaps(schedule, steps, model):
     for step in steps:
         starts.append(starts[-1] + model.step_seconds(schedule, step))
     out, d2h = [], 0.0
-    for a, b, r in sorted(gaps):
+    for a, b, r in EVICTION_ORDER(gaps):
         seconds = model.copy_seconds(schedule.tensors[r].nbytes)
         d2h = max(d2h, starts[a + 1]) + seconds
         w = min(bisect.bisect_left(starts, d2h, lo=a + 1), a + LOOKAHEAD)  # after the copy
@@ -115,6 +134,7 @@ class _Variants:
 
     def __init__(self, schedule, steps, gaps, writes, roots=None):
         self.schedule, self.steps, self.gaps = schedule, steps, gaps
+        _check_order(gaps)
         self.roots = roots or Roots.of(schedule)
         self.reuse, self.reused_by = _flags(gaps, writes)
         self._base = self._host_copies = None
@@ -201,7 +221,7 @@ class _Variants:
         (parameter offload's, of host-resident tensors, never do)."""
         if self._host_copies is None:
             host = set(self.schedule.host_resident)
-            self._host_copies = any(s.kind in COPY and s.target not in host for s in self.steps)
+            self._host_copies = any(s.kind in COPY and s.tensor not in host for s in self.steps)
         if self._host_copies:
             return None
         events = []
@@ -225,12 +245,9 @@ class _Variants:
             return over.stopped_at is None
         host = _fork(residents[1])
         host.reset()
-        tensors = self.schedule.tensors
+        run = Interpreter(self.schedule.tensors, host).run  # these Allocs and Frees are the host's
         for step in steps:
-            if step.kind == "alloc":
-                host.alloc(step.target, tensors[step.target].nbytes)
-            else:
-                host.free(step.target)
+            run(step)
         return host.high_water <= host_memory
 
     def fewest_within(self, lo, hi, budget, residents):
@@ -247,13 +264,11 @@ class _Variants:
         def advance(arena, steps):
             """Replay ``steps`` (Allocs and Frees) on ``arena``; False once it is over budget
             (its high-water mark only grows, so it would end over too)."""
+            run = Interpreter(tensors, arena).run
             for step in steps:
-                if step.kind == "alloc":
-                    arena.alloc(step.target, tensors[step.target].nbytes)
-                    if arena.high_water > budget:
-                        return False
-                else:
-                    arena.free(step.target)
+                run(step)
+                if step.kind == ALLOC and arena.high_water > budget:
+                    return False
             return True
 
         arena = _fork(residents[0])

@@ -19,7 +19,7 @@ schedules get the same prefetches (they share the runtime's resident layout).
 """
 
 from .liveness import liveness
-from .schedule import LAYER_STEPS, MEMORY, Offload, Prefetch, Wait
+from .steps import BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, UPDATE, WAIT, Offload, Prefetch, Wait
 
 
 def offload_params(schedule):
@@ -33,31 +33,31 @@ def offload_params(schedule):
     # what lower() adds beyond the graph's tensors: the optimiser's state
     state = [t for t in schedule.resident if t not in graph.tensors]
     host = set(learnable) | set(grads) | set(state)
-    update_ws = [s.workspace for s in schedule.steps if s.kind == "update" and s.workspace]
+    update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    compute = [i for i, s in enumerate(steps) if s.kind not in ("offload", "prefetch", "wait")]
+    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT)]
     ahead = {i: compute[k - 1] if k else i for k, i in enumerate(compute)}   # the compute step before
     after = {i: compute[k + 1] if k + 1 < len(compute) else None for k, i in enumerate(compute)}
     before, behind, last_use = {}, {}, {}
     for i, step in enumerate(steps):
         if step.kind not in LAYER_STEPS:
             continue
-        node = graph.nodes[step.target]
+        node = graph.nodes[step.node]
         for t in node.params.values():
             if t in host and last_use.get(t) not in (i, ahead[i]):  # else it is still there
                 before.setdefault(ahead[i], []).append(Prefetch(t, keep=True))
                 before.setdefault(i, []).append(Wait(t))
             last_use[t] = i
-        if step.kind == "backward":
+        if step.kind == BACKWARD:
             for g in node.param_grads.values():
                 behind.setdefault(i, []).append(Offload(g))
                 j = after[i]  # the update reads the gradients: their copies end before it
-                done = i if j is None or steps[j].kind == "update" else j
+                done = i if j is None or steps[j].kind == UPDATE else j
                 behind.setdefault(done, []).append(Wait(g))
     out = []
     for i, step in enumerate(steps):
-        prefetches = [s for s in before.get(i, ()) if s.kind == "prefetch"]
-        waits = [s for s in before.get(i, ()) if s.kind == "wait"]
+        prefetches = [s for s in before.get(i, ()) if s.kind == PREFETCH]
+        waits = [s for s in before.get(i, ()) if s.kind == WAIT]
         out += prefetches + waits
         out.append(step)
         out += behind.get(i, ())

@@ -3,7 +3,7 @@
 Two allocators behind one interface (a schedule's ``offsets``):
 
 - ``dynamic``: no plan (``offsets=None``); the arena places each Alloc as it comes, best fit
-  with coalescing (runtime/arena.py), as a caching allocator would.
+  with coalescing (superneuron/allocator.py), as a caching allocator would.
 - ``planned``: offsets computed ahead from the lifetimes the steps give (Zhang et al. 2019's
   lifetime-aware pool, also TFLite's greedy-by-size): tensors are taken largest first and each
   goes in the smallest gap that is free for its whole lifetime, else above the tensors it
@@ -20,8 +20,9 @@ short (a tight packing has few holes), so placing n tensors costs about n log n.
 import bisect
 import dataclasses
 
+from ..allocator import aligned
 from ..errors import SNError
-from ..runtime.arena import aligned
+from .steps import ALLOC, FREE
 
 PLACEMENTS = ("dynamic", "planned")
 
@@ -31,12 +32,12 @@ def lifetimes(schedule):
     ends it (the last step when none does), the tensor and its aligned size."""
     open_, out = {}, []
     for i, step in enumerate(schedule.steps):
-        if step.kind == "alloc":
-            open_[step.target] = len(out)
-            out.append([i, len(schedule.steps) - 1, step.target,
-                        aligned(schedule.tensors[step.target].nbytes)])
-        elif step.kind == "free":
-            out[open_.pop(step.target)][1] = i
+        if step.kind == ALLOC:
+            open_[step.tensor] = len(out)
+            out.append([i, len(schedule.steps) - 1, step.tensor,
+                        aligned(schedule.tensors[step.tensor].nbytes)])
+        elif step.kind == FREE:
+            out[open_.pop(step.tensor)][1] = i
     return [tuple(x) for x in out]
 
 

@@ -1,9 +1,10 @@
 """Memory policies: named presets of passes, chosen with ``--policy``.
 
 A policy is the list of passes applied, in order, to the baseline schedule of ``lower()``;
-then every policy, ``baseline`` included, chooses each step's algorithm and workspace under
-the budget (workspace.py); placement (dynamic or planned) comes last, since it depends on
-every Alloc and Free.
+every pass has one shape, ``(schedule, Context) → schedule``, and every list, ``baseline``'s
+included, ends with the choice of each step's algorithm and workspace under the budget and
+the placement (dynamic or planned), which depends on every Alloc and Free
+(:func:`workspaces_and_placement`).
 
 - ``baseline``: no pass; every activation and gradient lives all iteration (as in Caffe).
 - ``liveness``: in-place reuse, then liveness (SuperNeurons' liveness analysis with Layrub's
@@ -19,10 +20,10 @@ every Alloc and Free.
   them; the optimiser updates on the host (params.py).
 
 Still to come: ``gist``, ``optimal`` and ``auto`` (the fastest policy that fits the budget);
-each is one more entry here.
+each is one more entry in :data:`PRESETS`.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import SNError
 from .cost import as_model
@@ -36,68 +37,102 @@ from .workspace import fit
 
 
 @dataclass(frozen=True)
-class Options:
+class Context:
     """What a pass may need besides the schedule: the budget and host memory (bytes, None:
-    unbounded) and the cost model."""
+    unbounded), the cost model, the largest workspace of any choice and the placement."""
 
     budget: int = None
     host_memory: int = None
     model: object = None
+    workspace_limit: int = None
+    placement: str = "dynamic"
+    memo: dict = field(default_factory=dict, compare=False)  # what passes leave for later ones
 
 
-def _recompute(schedule, options):
+# Every pass has one shape, (schedule, context) → schedule; these name the passes so.
+def in_place(schedule, context):
+    """Layrub's in-place reuse (inplace.py)."""
+    return inplace(schedule)
+
+
+def live_intervals(schedule, context):
+    """SuperNeurons' liveness analysis (liveness.py)."""
+    return liveness(schedule)
+
+
+def recomputation(schedule, context):
+    """Cost-aware recomputation of cheap layers (recompute.py)."""
     return recompute(schedule)
 
 
-def _offload(schedule, options):
-    return offload(schedule, options.model, options.budget, options.host_memory)
+def offloading(schedule, context):
+    """Offload and prefetch of long-lived activations, under the budget (offload.py)."""
+    return offload(schedule, context.model, context.budget, context.host_memory)
 
 
-def _plain(apply):
-    return lambda schedule, options: apply(schedule)
+def parameter_offloading(schedule, context):
+    """Parameters, gradients and optimiser state on the host (params.py)."""
+    return offload_params(schedule)
 
 
-POLICIES = {
-    "baseline": (),
-    "liveness": (_plain(inplace), _plain(liveness)),
-    "recompute": (_recompute, _plain(inplace), _plain(liveness)),
-    "offload": (_plain(inplace), _plain(liveness), _offload),
-    "superneurons": (_recompute, _plain(inplace), _plain(liveness), _offload),
-    "superneurons+params": None,  # superneurons with --offload-params (see passes_of)
+def workspaces_and_placement(schedule, context):
+    """Each step's algorithm and workspace within the budget, then placement (workspace.fit):
+    one entry, since a placement whose holes overflow the budget sends it back to give the
+    step that crossed a smaller workspace."""
+    return fit(schedule, context.placement, context.budget, context.workspace_limit, context.model,
+               memo=context.memo)
+
+
+LIVENESS = (in_place, live_intervals)
+LAST = (workspaces_and_placement,)  # every policy, baseline included, ends so
+PRESETS = {
+    "baseline": LAST,
+    "liveness": LIVENESS + LAST,
+    "recompute": (recomputation,) + LIVENESS + LAST,
+    "offload": LIVENESS + (offloading,) + LAST,
+    "superneurons": (recomputation,) + LIVENESS + (offloading,) + LAST,
 }
 PARAMS = "+params"  # a policy name ending so keeps its parameters on the host (params.py)
+# With parameter offload: it runs after recomputation (whose Recompute steps read parameters
+# too) and before liveness, which then frees each parameter's device copy after its last use.
+WITH_PARAMS = {
+    "liveness" + PARAMS: (parameter_offloading,) + LIVENESS + LAST,
+    "recompute" + PARAMS: (recomputation, parameter_offloading) + LIVENESS + LAST,
+    "offload" + PARAMS: (parameter_offloading,) + LIVENESS + (offloading,) + LAST,
+    "superneurons" + PARAMS: (recomputation, parameter_offloading) + LIVENESS + (offloading,) + LAST,
+}
+# The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
+# with parameter offload; any preset but baseline takes "+params".
+POLICIES = {**PRESETS, "superneurons" + PARAMS: WITH_PARAMS["superneurons" + PARAMS]}
 
 
 def passes_of(name):
-    """The passes of policy ``name``: a preset, or a preset + ``'+params'``, which runs the
-    parameter offload pass after recomputation (whose Recompute steps read parameters too)."""
+    """The passes of policy ``name``, in order: a preset, or a preset + ``'+params'``."""
     base = name[:-len(PARAMS)] if name.endswith(PARAMS) else name
-    if base not in POLICIES or base.endswith(PARAMS):
+    if base not in PRESETS:
         raise SNError(f"unknown policy '{name}'; known: {', '.join(POLICIES)} "
                       f"(any of them but baseline + '{PARAMS}' offloads the parameters)")
-    passes = list(POLICIES[base])
-    if name.endswith(PARAMS):
-        if base == "baseline":
-            raise SNError(f"policy '{name}': parameter offload frees a parameter's device copy "
-                          f"after its step, which needs liveness; use liveness{PARAMS} or another")
-        at = 1 if passes[0] is _recompute else 0
-        passes.insert(at, _plain(offload_params))
-    return passes
+    if name.endswith(PARAMS) and name not in WITH_PARAMS:
+        raise SNError(f"policy '{name}': parameter offload frees a parameter's device copy "
+                      f"after its step, which needs liveness; use liveness{PARAMS} or another")
+    return list(WITH_PARAMS[name] if name.endswith(PARAMS) else PRESETS[name])
 
 
 def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
-                 host_memory=None):
+                 host_memory=None, memo=None):
     """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
     workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
     ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
     a measured table, or None: estimates), then placed (``placement``: ``'dynamic'`` or
-    ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. SNError
-    for an unknown policy or placement."""
+    ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. ``memo``
+    (a dict): the Context's memo, to read what the passes left there (``'replayed'``: see
+    workspace.fit). SNError for an unknown policy or placement."""
     passes = passes_of(name)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
-    model = as_model(costs)
-    options = Options(budget, host_memory, model)
+    context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
+                      {} if memo is None else memo)
+    schedule = schedule.replace(policy=name)
     for apply in passes:
-        schedule = apply(schedule, options)
-    return fit(schedule.replace(policy=name), placement, budget, workspace_limit, model)
+        schedule = apply(schedule, context)
+    return schedule

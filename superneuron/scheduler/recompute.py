@@ -29,10 +29,10 @@ reading, so it starts a new live interval). A Recompute runs the layer's forward
 statistics alone, so results are bit-identical.
 """
 
-from ..graph import TensorInfo
 from .cost import algorithms
 from .liveness import Roots, uses
-from .schedule import Alloc, Free, Recompute
+from .schedule import add_workspace
+from .steps import BACKWARD, Alloc, Free, Recompute
 
 
 def _recomputable(graph, roots):
@@ -110,7 +110,7 @@ def recompute(schedule, largest=None):
     kept = set()       # recomputed speed-centric: valid until their last read
     previous = set()   # recomputed for the previous backward step (memory-centric)
     for step in schedule.steps:
-        if step.kind != "backward":
+        if step.kind != BACKWARD:
             out.append(step)
             continue
         reads = {roots.scheduled(t) for t in uses(graph, step)[0]}
@@ -136,7 +136,6 @@ def _recompute_step(graph, tensors, index):
     algo = algorithms(node.layer, "forward")[0]
     if algo.workspace <= 0:
         return [Recompute(index, algo.name)]
-    ws = f"ws:{node.name}:recompute"
-    tensors[ws] = TensorInfo(ws, (algo.workspace,), "uint8", "workspace")
+    ws = add_workspace(tensors, f"ws:{node.name}:recompute", algo.workspace)
     return [Alloc(ws), Recompute(index, algo.name, ws), Free(ws)]
 

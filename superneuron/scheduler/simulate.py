@@ -1,16 +1,21 @@
 """The Simulator: runs a schedule's memory steps on a planning Arena (no kernels), giving the
 bytes live after every step, the peak, the arena size after placement, and the lower bound.
 
-It makes exactly the allocator calls the Runtime makes, in the same order, so its figures are
-the run's figures to the byte (plan equals run)."""
+Its memory and copy steps go through the one interpreter (interpret.py) that the Runtime
+drives too, on allocators alone (allocator.py), so it makes exactly the allocator calls the
+Runtime makes, in the same order, and its figures are the run's to the byte (plan equals
+run)."""
 
 import copy
 from dataclasses import dataclass, field
 
-from ..runtime.arena import Arena, aligned
+from ..allocator import Allocator, aligned
 from .cost import step_seconds  # noqa: F401  (step times: the cost model; the trace imports it here)
+from .interpret import Interpreter
 from .liveness import Roots, step_roots
-from .schedule import MEMORY
+from .steps import ALLOC, COPY, FREE, MEMORY
+
+MEMORY_OR_COPY = frozenset(MEMORY + COPY)
 
 
 @dataclass
@@ -49,7 +54,7 @@ def resident_arenas(schedule):
     nothing else, for :func:`replay` to start from (placing tens of thousands of resident
     tensors costs as much as a short replay; variants of a schedule with the same resident
     tensors can share them)."""
-    arena, host = Arena(None), Arena(None)
+    arena, host = Allocator(None), Allocator(None)
     for name in schedule.host_resident:
         host.place_resident(name, schedule.tensors[name].nbytes)
     for name in schedule.resident:
@@ -73,32 +78,27 @@ class Replayer:
         arena.reset(schedule.offsets)
         arena.live_trace = []
         arena.stopped_at = None
-        self.arena, self.pending = arena, {}
+        self.arena = arena
+        self.memory = Interpreter(schedule.tensors, arena, host)
         self._before = None  # the arena's marks, and where the tensor was last, before the last Alloc
 
     def run(self, schedule, start=0, stop=None):
         """Make the calls of ``schedule``'s steps from ``start`` on (after those before it, of
         this schedule or one whose steps up to there are the same), ending after the first
         step where ``stop(arena)``; that step's index, or None when none stopped it."""
-        arena, host, pending = self.arena, self.arena.host, self.pending
-        steps, tensors = schedule.steps, schedule.tensors
+        arena, memory = self.arena, self.memory
+        memory.tensors = schedule.tensors
+        run = memory.run
+        steps = schedule.steps
         trace = arena.live_trace
         for i in range(start, len(steps)):
             step = steps[i]
             kind = step.kind
-            if kind == "alloc":
-                self._before = (arena.high_water, arena.peak_live, arena.last.get(step.target))
-                arena.alloc(step.target, tensors[step.target].nbytes)
-            elif kind == "free":
-                arena.free(step.target)
-            elif kind == "offload":
-                if step.target not in host.resident:
-                    host.alloc(step.target, tensors[step.target].nbytes)
-                pending[step.target] = "offload"
-            elif kind == "prefetch":
-                pending[step.target] = "keep" if step.algo == "keep" else "prefetch"
-            elif kind == "wait" and pending.pop(step.target) == "prefetch":
-                host.free(step.target)
+            if kind == ALLOC:
+                self._before = (arena.high_water, arena.peak_live, arena.last.get(step.tensor))
+                run(step)
+            elif kind in MEMORY_OR_COPY:
+                run(step)
             trace.append(arena.live)
             if stop is not None and stop(arena):
                 arena.stopped_at = i
@@ -110,13 +110,13 @@ class Replayer:
         """Undo the Alloc ``step`` at ``index``, the last step run: the arena is as it was
         before it (freeing the block just placed merges the free blocks back as they were)."""
         arena = self.arena
-        assert step.kind == "alloc" and len(arena.live_trace) == index + 1
-        arena.free(step.target)
+        assert step.kind == ALLOC and len(arena.live_trace) == index + 1
+        arena.free(step.tensor)
         arena.high_water, arena.peak_live, last = self._before
         if last is None:
-            del arena.last[step.target]
+            del arena.last[step.tensor]
         else:
-            arena.last[step.target] = last
+            arena.last[step.tensor] = last
         del arena.live_trace[index:]
         arena.stopped_at = None
 
@@ -149,9 +149,10 @@ def replay(schedule, stop=None, residents=None):
     return replayer.arena
 
 
-def simulate(schedule):
-    """The Plan of ``schedule``."""
-    arena = schedule.replayed or replay(schedule)
+def simulate(schedule, replayed=None):
+    """The Plan of ``schedule``; ``replayed``: the planning Arena of a whole :func:`replay` of
+    it already made (the workspace pass makes one: policy.Context.memo), else it is made."""
+    arena = replayed or replay(schedule)
     live = arena.live_trace
     peak_step = live.index(max(live)) if live else 0
     largest = largest_working_set(schedule)
@@ -167,7 +168,7 @@ def compute_step(schedule, index):
     steps = schedule.steps
     if not steps:
         return "-"
-    if steps[index].kind == "free":
+    if steps[index].kind == FREE:
         while index > 0 and steps[index].kind in MEMORY:
             index -= 1
     else:
@@ -177,13 +178,22 @@ def compute_step(schedule, index):
 
 
 def overflow_at(schedule, plan, budget):
-    """Where a plan first overflows ``budget``: ``(compute step, step index, bytes needed)``.
+    """Where a plan that does not fit ``budget`` first exceeds it, as a dict: ``step`` (the
+    compute step, as ``Forward(conv1)``, or ``'the resident tensors'`` when they alone exceed
+    it), ``step_index`` (None for the resident tensors), ``bytes_at_step`` (the device bytes
+    there) and ``needs_bytes`` (the arena the plan needs: what the budget would have to be).
 
-    That is where the bytes live first exceed the budget (no placement could fit them), or,
-    when only the placement's holes overflow it, where the arena first grows past it."""
+    The budget is first exceeded where the bytes live first pass it (no placement could fit
+    them), or, when only the placement's holes lift the arena over it, where the arena first
+    grows past it. The peak may come later: it is the Plan's ``peak_step``."""
+    needs = max(plan.peak_bytes, plan.arena_bytes)
+    if plan.resident_bytes > budget:
+        return {"step": "the resident tensors", "step_index": None, "bytes_at_step": plan.resident_bytes,
+                "needs_bytes": needs}
     step = next((i for i, x in enumerate(plan.live) if plan.resident_bytes + x > budget), None)
-    need = plan.peak_bytes
-    if step is None:
-        step, need = plan.overflow(schedule, budget)
-    where = compute_step(schedule, step) if step is not None else "start-up"
-    return where, step, max(need, plan.arena_bytes)
+    if step is not None:
+        there = plan.resident_bytes + plan.live[step]
+    else:
+        step, there = plan.overflow(schedule, budget)
+    return {"step": compute_step(schedule, step) if step is not None else "start-up", "step_index": step,
+            "bytes_at_step": there, "needs_bytes": needs}

@@ -17,25 +17,25 @@ One sweep over the steps: linear in their number.
 
 import functools
 
+from ..allocator import aligned
 from ..errors import SNError
-from ..graph import TensorInfo
-from ..report import human_bytes
-from ..runtime.arena import aligned
+from ..sizes import human_bytes
 from .cost import algorithms, as_model, phase_of
 from .liveness import Roots
-from .schedule import MEMORY, Alloc, Free, Step
+from .schedule import add_workspace
+from .steps import ALLOC, FREE, LAYER_STEPS, MEMORY, Alloc, Free, with_algorithm
 
-CHOOSING = ("forward", "backward", "recompute")  # compute steps whose layer has algorithms
+CHOOSING = LAYER_STEPS  # compute steps whose layer has algorithms
 
 
 def _live_at_steps(schedule):
     """``{step index: scheduled bytes live at that compute step, workspaces aside}``."""
     tensors, live, out = schedule.tensors, 0, {}
     for i, step in enumerate(schedule.steps):
-        if step.kind == "alloc" and tensors[step.target].kind != "workspace":
-            live += aligned(tensors[step.target].nbytes)
-        elif step.kind == "free" and tensors[step.target].kind != "workspace":
-            live -= aligned(tensors[step.target].nbytes)
+        if step.kind == ALLOC and tensors[step.tensor].kind != "workspace":
+            live += aligned(tensors[step.tensor].nbytes)
+        elif step.kind == FREE and tensors[step.tensor].kind != "workspace":
+            live -= aligned(tensors[step.tensor].nbytes)
         elif step.kind in CHOOSING:
             out[i] = live
     return out
@@ -83,7 +83,7 @@ class _Chooser:
             k += 1
             if step.kind not in CHOOSING:
                 continue
-            layer = graph.nodes[step.target].layer
+            layer = graph.nodes[step.node].layer
             phase = phase_of(step)
             algos = algorithms(layer, phase)
             if len(algos) < 2:
@@ -106,13 +106,12 @@ class _Chooser:
                 room = caps[k] if room is None else min(room, caps[k])
                 algo = choose(algos, functools.partial(self.model.algo_seconds, layer, phase), room, self.limit)
             ws = step.workspace
-            if algo.name == step.algo and (tensors[ws].nbytes if ws else 0) == algo.workspace:
+            if algo.name == step.algorithm and (tensors[ws].nbytes if ws else 0) == algo.workspace:
                 continue
             name = None
             if algo.workspace > 0:
-                name = f"ws:{layer.name}:{step.kind}:{algo.name}"
-                tensors[name] = TensorInfo(name, (algo.workspace,), "uint8", "workspace")
-            changed[i] = (Step(step.kind, step.target, algo.name, name), ws)
+                name = add_workspace(tensors, f"ws:{layer.name}:{step.kind}:{algo.name}", algo.workspace)
+            changed[i] = (with_algorithm(step, algo.name, name), ws)
         if not changed:
             return schedule
         out = schedule.replace(_rewrite(list(schedule.steps), changed), tensors=tensors)
@@ -126,13 +125,14 @@ def smallest_workspaces(schedule):
     return choose_workspaces(schedule, budget=schedule.resident_bytes)
 
 
-def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8):
+def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8, memo=None):
     """:func:`choose_workspaces`, then placement (placement.place). The workspaces fit the
     bytes live under ``budget``, but the dynamic allocator's holes may still lift the arena
     over it: then the workspace whose Alloc crossed the budget gets a smaller algorithm, and
     again, ``tries`` times at most. With the dynamic allocator each try replays on from the
-    Alloc that crossed (what comes before it is the same), and the schedule returned carries
-    its whole replay for simulate()."""
+    Alloc that crossed (what comes before it is the same); ``memo`` (a dict), when given,
+    gets ``memo['replayed'] = (schedule returned, its whole replay)`` for simulate() where one
+    was made."""
     from .placement import place
     from .simulate import Replayer
     chooser, caps = _Chooser(schedule, budget, limit, costs), {}
@@ -143,13 +143,14 @@ def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8):
     while True:
         stop = replayer.run(placed, start, stop=lambda a: a.high_water > budget)
         if stop is None:
-            placed.replayed = replayer.arena  # a whole replay: simulate() need not make it again
+            if memo is not None:  # a whole replay: simulate() need not make it again
+                memo["replayed"] = (placed, replayer.arena)
             return placed
         step = placed.steps[stop]
-        if step.kind != "alloc" or placed.tensors[step.target].kind != "workspace":
+        if step.kind != ALLOC or placed.tensors[step.tensor].kind != "workspace":
             return placed  # a tensor overflowed: no workspace to blame
         k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
-        caps[k] = aligned(placed.tensors[step.target].nbytes) - 1
+        caps[k] = aligned(placed.tensors[step.tensor].nbytes) - 1
         tries -= 1
         placed = place(chooser.choose(caps), placement)
         if placement == "dynamic":  # the steps before ``stop`` are the same: go on from there
@@ -159,7 +160,8 @@ def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8):
             replayer, start = Replayer(placed), 0
         if tries == 0:
             replayer.run(placed, start)
-            placed.replayed = replayer.arena
+            if memo is not None:
+                memo["replayed"] = (placed, replayer.arena)
             return placed
 
 

@@ -1,0 +1,77 @@
+"""The one interpreter of memory and copy steps (scheduler/interpret.py): the allocator calls
+each kind makes, as steps.KINDS declares them, and the copies it starts and waits for."""
+
+import pytest
+
+from superneuron.allocator import Allocator
+from superneuron.graph import TensorInfo
+from superneuron.scheduler.interpret import KEEPING, OFFLOADING, PREFETCHING, Copies, Interpreter
+from superneuron.scheduler.steps import KINDS, Alloc, Free, Offload, Prefetch, Step, Wait
+
+
+class Recording(Allocator):
+    """An Allocator that also records its calls."""
+
+    def __init__(self):
+        self.calls = []
+        super().__init__(None)
+
+    def alloc(self, name, nbytes):
+        self.calls.append(("alloc", name, nbytes))
+        return super().alloc(name, nbytes)
+
+    def free(self, name):
+        self.calls.append(("free", name))
+        return super().free(name)
+
+
+class Log(Copies):
+    def __init__(self):
+        self.log = []
+
+    def start(self, name, nbytes, kind):
+        self.log.append(("start", name, nbytes, kind))
+        return len(self.log)
+
+    def wait(self, name, handle, what, planned):
+        self.log.append(("wait", name, handle, what, planned))
+
+
+TENSORS = {n: TensorInfo(n, (s,), "uint8", "data") for n, s in (("a", 1000), ("b", 300), ("p", 64))}
+
+
+def test_each_kind_makes_the_calls_its_entry_declares():
+    device, host, copies = Recording(), Recording(), Log()
+    host.place_resident("p", 64)  # a host-resident parameter: its Offload takes no host copy
+    run = Interpreter(TENSORS, device, host, copies).run
+    for step in (Alloc("a"), Offload("a"), Wait("a"), Free("a"),                 # a goes to the host
+                 Alloc("a"), Prefetch("a", keep=True), Wait("a"),               # back, the copy kept
+                 Alloc("b"), Prefetch("a"), Wait("a"), Free("b"),               # ... and given back
+                 Alloc("p"), Offload("p"), Wait("p"), Free("p"), Free("a")):
+        run(step)
+    assert device.calls == [("alloc", "a", 1000), ("free", "a"), ("alloc", "a", 1000), ("alloc", "b", 300),
+                            ("free", "b"), ("alloc", "p", 64), ("free", "p"), ("free", "a")]
+    # the host: one copy of a, taken by its Offload, given back by the Wait of the Prefetch
+    # that does not keep it; none for the host-resident p
+    assert host.calls == [("alloc", "a", 1000), ("free", "a")]
+    assert [(e[0], e[1], e[3]) for e in copies.log] == [
+        ("start", "a", "offload"), ("wait", "a", OFFLOADING), ("start", "a", "prefetch"), ("wait", "a", KEEPING),
+        ("start", "a", "prefetch"), ("wait", "a", PREFETCHING), ("start", "p", "offload"), ("wait", "p", OFFLOADING)]
+    assert all(e[4] is True for e in copies.log if e[0] == "wait")  # Wait steps are planned waits
+
+
+def test_a_stall_waits_once_and_the_later_wait_step_finds_nothing():
+    device, host, copies = Recording(), Recording(), Log()
+    memory = Interpreter(TENSORS, device, host, copies)
+    memory.run(Alloc("a"))
+    memory.run(Offload("a"))
+    memory.wait("a", planned=False)  # the Runtime's stall: a step touched a while its copy ran
+    memory.run(Wait("a"))
+    assert [e[0] for e in copies.log] == ["start", "wait"] and copies.log[1][4] is False
+    assert not memory.pending
+
+
+@pytest.mark.parametrize("kind", sorted(set(KINDS) - {"alloc", "free", "offload", "prefetch", "wait"}))
+def test_compute_kinds_are_not_the_interpreters(kind):
+    with pytest.raises(AssertionError):
+        Interpreter(TENSORS, Recording(), Recording()).run(Step(kind, 0))
