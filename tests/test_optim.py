@@ -244,7 +244,7 @@ def write(tmp_path, name, text):
 
 
 def problems_of(path):
-    with raises_one_line(SpecError) as e:
+    with pytest.raises(SpecError) as e:
         load_solver(path)
     assert str(e.value).splitlines() == e.value.problems
     return e.value.problems
@@ -309,7 +309,7 @@ def test_a_net_files_solver_section_names_its_line():
 def test_overrides_and_epochs():
     cfg = SolverConfig().with_overrides(lr=0.5, iters=20, stepvalue=[5, 9], display=5)
     assert (cfg.base_lr, cfg.max_iter, cfg.stepvalue, cfg.display) == (0.5, 20, (5, 9), 5)
-    with raises_one_line(SpecError) as e:
+    with pytest.raises(SpecError) as e:
         cfg.with_overrides(lr="x", max_itr=3)
     assert e.value.problems == ["'base_lr': expected a number, got 'x'",
                                 "unknown solver key 'max_itr'; did you mean 'max_iter'?"]

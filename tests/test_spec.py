@@ -54,7 +54,7 @@ def write(tmp_path, text, name="net.yaml"):
 def problems(tmp_path, text, name="net.yaml", **kw):
     """The problems reported for ``text`` (the test fails if it loads)."""
     path = write(tmp_path, text, name)
-    with raises_one_line(SpecError) as info:
+    with pytest.raises(SpecError) as info:
         load_spec(path, **kw)
     return info.value.problems
 
@@ -147,7 +147,7 @@ def test_params_in_order_and_overrides(fake, tmp_path):
 def test_parse_overrides():
     assert parse_overrides(["depth=152", "blocks=[6,32,788,6]", "lr=0.1", "ok=true", "s=abc"]) == {
         "depth": 152, "blocks": [6, 32, 788, 6], "lr": 0.1, "ok": True, "s": "abc"}
-    with raises_one_line(SpecError) as info:
+    with pytest.raises(SpecError) as info:
         parse_overrides(["depth", "=3", "x=[1,", "good=1", "2a=1"])
     assert len(info.value.problems) == 4
     assert "'depth'" in info.value.problems[0] and "NAME=VALUE" in info.value.problems[0]
@@ -362,7 +362,7 @@ def test_many_errors_reported_at_once(fake, tmp_path):
     assert len(found) == 7
     for i in range(7):
         assert one(found, f"'bad{i}'").startswith(f"{path}:{line_of(path, f'bad{i}')}:")
-    with raises_one_line(SpecError) as info:
+    with pytest.raises(SpecError) as info:
         load_spec(path)
     assert str(info.value).count("\n") == 6  # one line per problem
 
