@@ -8,6 +8,9 @@ from superneuron.backend import gpu_available
 
 
 def pytest_collection_modifyitems(config, items):
+    # the long tests (marked slow) start first: with pytest-xdist the others then fill the
+    # workers around them, instead of one long test left running alone at the end
+    items.sort(key=lambda item: "slow" not in item.keywords)
     ok, why = gpu_available()
     if ok:
         return
