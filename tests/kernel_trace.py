@@ -7,16 +7,19 @@ executor must call) and records, for each call, each operand's graph name, role,
 from the one block all of them are views of, size, and a digest of its bytes. From those alone
 it derives what a run really used:
 
-- ``base``: the one NumPy block every operand is a view of (the arena, if the design holds);
+- ``locate()``: the one NumPy block every operand is a view of (the arena, if the design
+  holds), and each operand's offset in it;
 - ``high_water``: the highest byte any kernel touched (offset + size), to compare with the
   plan's arena;
-- ``instances``: each stored value (graph storage root at one offset) from its first kernel
-  touch to its last; two instances of different roots may share bytes only if their lifetimes
-  are disjoint, or meet at one call of a layer allowed to run in place (``INPLACE``) that
-  reads one and writes the other at exactly the same place (Layrub's intra-layer reuse);
-- ``live_peak``: the resident bytes plus the most bytes of instances alive at one call, each
-  rounded up to the arena's documented 256-byte alignment: a lower bound on any correct
-  schedule's peak, to compare with the plan's;
+- ``instances()``: each stored value (graph storage root at one offset; an in-place pair is
+  one value) from its first kernel touch to its last, ended early where a kernel touches
+  another root in its bytes;
+- ``live_peak()``: the resident bytes plus the most bytes of values alive at one call, each
+  rounded up to the arena's documented 256-byte alignment; without copies (which no kernel
+  makes, so the witness cannot see them) this is the run's liveness, to compare with the
+  plan's peak;
+- ``clashes()``: operands of one call that share bytes without being one value or an
+  in-place pair (an ``INPLACE`` layer's top over its bottom, at exactly the same place);
 - ``violations``: every read that does not see the bytes last written under that name (freed
   early and overwritten, a copy not waited for, a kept value destroyed), every recompute that
   writes bytes other than the forward wrote (a Dropout mask drawn anew), and every recompute
