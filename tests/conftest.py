@@ -1,11 +1,16 @@
-"""Test configuration: GPU tests are skipped unless CuPy sees a CUDA device."""
+"""Test configuration: GPU tests are skipped unless CuPy sees a CUDA device; each test that
+draws random numbers gets a generator of its own (``rng``)."""
 
+import numpy as np
 import pytest
 
 from superneuron.backend import gpu_available
 
 
 def pytest_collection_modifyitems(config, items):
+    # the long tests (marked slow) start first: with pytest-xdist the others then fill the
+    # workers around them, instead of one long test left running alone at the end
+    items.sort(key=lambda item: "slow" not in item.keywords)
     ok, why = gpu_available()
     if ok:
         return
@@ -13,3 +18,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator for this test, seeded by its module's ``RNG_SEED`` (default 0): what a
+    test draws never depends on which tests ran before it, in this process or this worker."""
+    return np.random.default_rng(getattr(request.module, "RNG_SEED", 0))

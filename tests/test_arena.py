@@ -1,7 +1,7 @@
 """The arena's allocator: best fit, coalescing, the top, the budget, views."""
 
 import numpy as np
-import pytest
+from one_line import raises_one_line
 
 from superneuron.backend import Backend
 from superneuron.runtime.arena import ALIGN, Arena, OutOfMemory, aligned
@@ -50,7 +50,7 @@ def test_resident_region_comes_first_and_survives_reset():
 def test_budget_overflow_names_the_tensor():
     a = Arena(capacity=4 * ALIGN)
     a.alloc("a", 3 * ALIGN)
-    with pytest.raises(OutOfMemory, match="'b' needs"):
+    with raises_one_line(OutOfMemory, match="'b' needs"):
         a.alloc("b", 2 * ALIGN)
 
 

@@ -6,6 +6,7 @@ import pickle
 
 import numpy as np
 import pytest
+from one_line import raises_one_line
 
 from superneuron import data
 from superneuron.errors import SNError
@@ -44,7 +45,7 @@ def test_cifar_pickle_naming_anything_else_is_refused_before_importing_it(tmp_pa
         return real_import(mod, *args, **kw)
 
     monkeypatch.setattr(builtins, "__import__", spy)
-    with pytest.raises(SNError) as e:
+    with raises_one_line(SNError) as e:
         data.open_source(cifar_dir(tmp_path, crafted(module, name, arg.format(m=str(marker)))))
     monkeypatch.undo()
     assert str(e.value) == (f"{tmp_path / 'data_batch_1'}: not a CIFAR-10 python batch (UnpicklingError: "

@@ -6,7 +6,7 @@ import os
 import pickle
 
 import numpy as np
-import pytest
+from one_line import raises_one_line
 from PIL import Image
 
 from superneuron import data
@@ -140,7 +140,7 @@ def test_cifar_pickle_cannot_run_code(tmp_path):
     with open(tmp_path / "data_batch_1", "wb") as f:
         pickle.dump({b"data": _Sneaky(), b"labels": []}, f)
     cifar_batch(tmp_path / "test_batch", 2, 0)
-    with pytest.raises(SNError, match="refusing") as e:
+    with raises_one_line(SNError, match="refusing") as e:
         data.open_source(str(tmp_path))
     assert str(tmp_path / "data_batch_1") in str(e.value)
 
@@ -189,11 +189,11 @@ def test_image_folder_train_test_subfolders_and_lazy_errors(tmp_path):
     bad.write_bytes(b"\x89PNG\r\n\x1a\n broken")  # damaged after opening: found when its batch loads
     batches = data.Loader(test, 2, train=False).epoch()
     next(batches)
-    with pytest.raises(SNError) as e:
+    with raises_one_line(SNError) as e:
         next(batches)
     assert str(bad) in str(e.value) and "\n" not in str(e.value)
     write_image(str(tmp_path / "val" / "bird" / "0.png"), solid(4, 4, (0, 0, 0)))
-    with pytest.raises(SNError, match="class not in") as e:
+    with raises_one_line(SNError, match="class not in") as e:
         data.open_source(cfg(tmp_path, size=8))
     assert "bird" in str(e.value)
 
@@ -283,7 +283,7 @@ def test_resume_gives_the_same_batches(tmp_path):
         np.testing.assert_array_equal(y1, y2)
         np.testing.assert_array_equal(x1, x2)  # same crops and flips too
     small = data.open_source(cfg(write_npz(tmp_path, "s.npz", x=np.zeros((3, 2, 2)), y=np.zeros(3))))[0]
-    with pytest.raises(SNError, match="snapshot"):
+    with raises_one_line(SNError, match="snapshot"):
         data.Loader(small, 4).restore(state)
 
 
@@ -291,7 +291,7 @@ def test_check_labels(tmp_path):
     path = write_npz(tmp_path, x=np.zeros((4, 2, 2)), y=np.array([0, 1, 5, 2]))
     train, _ = data.open_source(cfg(path, test_fraction=0.0))
     data.check_labels(train, 6, path)
-    with pytest.raises(SNError, match=r"label 5 is outside \[0, 4\)") as e:
+    with raises_one_line(SNError, match=r"label 5 is outside \[0, 4\)") as e:
         data.check_labels(train, 4, path)
     assert path in str(e.value)
 
@@ -367,7 +367,7 @@ def _bad_sources(tmp_path):
 
 def test_every_error_names_its_file(tmp_path):
     for what, path, extra in _bad_sources(tmp_path):
-        with pytest.raises(SNError) as e:
+        with raises_one_line(SNError) as e:
             c = cfg(path, **(extra or {}))
             data.describe(c)
             train, test = data.open_source(c)
@@ -378,10 +378,10 @@ def test_every_error_names_its_file(tmp_path):
 
 def test_bad_options():
     for bad in ({"size": -1}, {"crop": -2}, {"test_fraction": 1.0}, {"classes": 0}, {"std": [1.0, 0.0, 1.0]}):
-        with pytest.raises(SNError, match=next(iter(bad))):
+        with raises_one_line(SNError, match=next(iter(bad))):
             data.describe(cfg("synthetic", **bad))
     train, _ = data.open_source(cfg("synthetic", size=4, samples=20))
-    with pytest.raises(SNError, match="batch size"):
+    with raises_one_line(SNError, match="batch size"):
         data.Loader(train, 0)
 
 
@@ -395,11 +395,11 @@ def test_input_layer_copies_the_feed():
     tops = forward(layer, [], params, feed=feed)
     np.testing.assert_array_equal(tops[0], feed["t0"])
     np.testing.assert_array_equal(tops[1], feed["t1"])
-    with pytest.raises(LayerError, match="nothing fed for top 't1'"):
+    with raises_one_line(LayerError, match="nothing fed for top 't1'"):
         forward(layer, [], params, feed={"t0": feed["t0"]})
-    with pytest.raises(LayerError, match=r"has shape \(3, 2\)"):
+    with raises_one_line(LayerError, match=r"has shape \(3, 2\)"):
         forward(layer, [], params, feed=dict(feed, t0=np.zeros((3, 2))))
-    with pytest.raises(LayerError, match="2 shape"):
+    with raises_one_line(LayerError, match="2 shape"):
         build("Input", [], n_tops=1, shape=[[2, 3], [4]])
 
 
@@ -417,5 +417,5 @@ def test_data_layer_shapes_and_forward(tmp_path):
     for bad, match in ((dict(source=str(tmp_path / "gone.npz")), "gone.npz"),
                        (dict(source=str(tmp_path)), "size or crop"),  # an empty folder read as images
                        (dict(source="digits", batch_size=0), "batch_size")):
-        with pytest.raises(LayerError, match=match):
+        with raises_one_line(LayerError, match=match):
             build("Data", [], **dict(dict(batch_size=2), **bad))

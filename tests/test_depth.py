@@ -8,6 +8,7 @@ import math
 import os
 
 import pytest
+from one_line import cli_error, raises_one_line
 
 from superneuron.cli.depth import main
 from superneuron.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of, search
@@ -137,7 +138,7 @@ def test_depth_means_blocks_in_the_third_stage():
 
 
 def test_the_planner_refuses_to_be_told_the_depth():
-    with pytest.raises(SNError, match="sn-depth chooses the depth itself"):
+    with raises_one_line(SNError, match="sn-depth chooses the depth itself"):
         Planner(NET, 2**30, overrides={"depth": 101})
 
 
@@ -252,10 +253,8 @@ def test_not_even_depth_50_fits(capsys):
     (["--memory", "1GiB", "--batch", "2", "--host-memory", "0"], "--host-memory must be positive"),
 ])
 def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):
-    status, out, err = run(capsys, *argv)
-    assert status == 2 and out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    line = cli_error(capsys, main, argv, quiet=True)
+    assert line.startswith("error: ") and message in line, line
 
 
 def test_verify_runs_with_the_planned_peak(capsys):
@@ -302,8 +301,7 @@ def test_the_default_network_is_found_from_anywhere(capsys, tmp_path, monkeypatc
     assert info["results"][0]["depth"] == depth_of(20)
     import superneuron.cli.depth as cli
     monkeypatch.setattr(cli, "__file__", str(tmp_path / "superneuron" / "cli" / "depth.py"))
-    status, out, err = run(capsys, "--memory", str(budget), *SMALL_ARGS)
-    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1
+    err = cli_error(capsys, main, ["--memory", budget, *SMALL_ARGS], quiet=True)
     assert "the default network is not at" in err and "give the path of nets/resnet.yaml" in err
 
 

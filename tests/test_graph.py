@@ -5,6 +5,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from one_line import one_line
 
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
@@ -18,6 +19,7 @@ def graph_of(tmp_path, text, name="net.yaml"):
 
 
 def errors_of(tmp_path, text):
+    """The error text of ``text`` (all its problems, one per line)."""
     with pytest.raises(SpecError) as e:
         graph_of(tmp_path, text)
     return str(e.value)
@@ -99,7 +101,7 @@ def test_fan_out_gets_a_split_whose_tops_alias_the_tensor(tmp_path):
     """, "layer 'c1' (Convolution):", 4),
 ])
 def test_graph_errors_name_file_line_and_layer(tmp_path, layers, message, line):
-    text = errors_of(tmp_path, HEAD + layers)
+    text = one_line(errors_of(tmp_path, HEAD + layers))
     assert f"net.yaml:{line}:" in text and message in text, text
 
 

@@ -14,6 +14,7 @@ from layer_harness import (
     peak_allocation,
     torch_grads,
 )
+from one_line import raises_one_line
 
 from superneuron.errors import LayerError
 from superneuron.layers import im2col as im2col_module
@@ -201,7 +202,7 @@ def test_conv_declarations_and_cost():
     ((2, 3, 8), dict(num_output=4, kernel_size=3), r"expects a 4-D bottom"),
 ])
 def test_conv_errors(shape, cfg, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         build("Convolution", [shape], **cfg)
 
 
@@ -310,7 +311,7 @@ def test_pool_allocates_nothing_big(pool):
     ((1, 1, 8, 8), dict(global_pooling=True, stride=2), "global_pooling needs stride 1 and pad 0"),
 ])
 def test_pool_errors(shape, cfg, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         build("Pooling", [shape], **cfg)
 
 
@@ -356,5 +357,5 @@ def test_inner_product_declarations_and_memory():
 
 
 def test_inner_product_bad_axis():
-    with pytest.raises(LayerError, match=r"axis 3 is out of range for the 3-D bottom \(2, 3, 4\)"):
+    with raises_one_line(LayerError, match=r"axis 3 is out of range for the 3-D bottom \(2, 3, 4\)"):
         build("InnerProduct", [(2, 3, 4)], num_output=2, axis=3)

@@ -14,6 +14,7 @@ from layer_harness import (
     peak_allocation,
     torch_grads,
 )
+from one_line import raises_one_line
 
 from superneuron.errors import LayerError
 
@@ -110,5 +111,5 @@ def test_deconv_allocates_nothing_big():
     ((1, 4, 4), dict(num_output=3, kernel_size=3), "expects a 4-D bottom"),
 ])
 def test_deconv_errors(shape, cfg, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         build("Deconvolution", [shape], **cfg)

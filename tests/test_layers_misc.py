@@ -7,15 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from layer_harness import backward, build, forward, gradcheck, peak_allocation
+from one_line import raises_one_line
 
 from superneuron.errors import LayerError
 from superneuron.layers.base import Context
 
 KIB = 1024
-RNG = np.random.default_rng(11)
+RNG_SEED = 11  # the seed of each test's own generator (the rng fixture, conftest.py)
 
 
-def randn(*shape, rng=RNG):
+def randn(rng, *shape):
     return rng.standard_normal(shape)
 
 
@@ -83,31 +84,31 @@ def grad_cases(seed=5):
 
 
 @pytest.mark.parametrize("type_name, shapes, cfg", grad_cases())
-def test_gradcheck(type_name, shapes, cfg):
+def test_gradcheck(rng, type_name, shapes, cfg):
     layer, params = build(type_name, shapes, **cfg)
     if type_name == "BatchNorm":  # running statistics away from 0 and 1
-        set_running_stats(params, randn(*params["mean"].shape),
-                          RNG.uniform(0.5, 2.0, params["variance"].shape))
-    gradcheck(layer, [randn(*s) for s in shapes], params)
+        set_running_stats(params, randn(rng, *params["mean"].shape),
+                          rng.uniform(0.5, 2.0, params["variance"].shape))
+    gradcheck(layer, [randn(rng, *s) for s in shapes], params)
 
 
-def test_gradcheck_test_mode():
+def test_gradcheck_test_mode(rng):
     """Outside training BatchNorm uses its running statistics and Dropout passes x through."""
     layer, params = build("BatchNorm", [(3, 4, 2, 2)])
-    set_running_stats(params, randn(4), RNG.uniform(0.5, 2.0, 4))
-    gradcheck(layer, [randn(3, 4, 2, 2)], params, train=False)
+    set_running_stats(params, randn(rng, 4), rng.uniform(0.5, 2.0, 4))
+    gradcheck(layer, [randn(rng, 3, 4, 2, 2)], params, train=False)
     layer, params = build("Dropout", [(3, 4)])
-    gradcheck(layer, [randn(3, 4)], params, train=False)
+    gradcheck(layer, [randn(rng, 3, 4)], params, train=False)
 
 
-def test_split_gradcheck_and_sum():
+def test_split_gradcheck_and_sum(rng):
     layer, params = build("Split", [(2, 3, 4)], n_tops=3)
     assert layer.top_shapes == [(2, 3, 4)] * 3 and layer.ALIAS_TOPS and not layer.INTERNAL
-    x = randn(2, 3, 4)
+    x = randn(rng, 2, 3, 4)
     gradcheck(layer, [x], params)
     tops = forward(layer, [x], params)
     assert all(np.array_equal(t, x) for t in tops)
-    g = [randn(2, 3, 4) for _ in range(3)]
+    g = [randn(rng, 2, 3, 4) for _ in range(3)]
     (dx,), _ = backward(layer, [x], tops, [g[0], None, g[2]], params)
     np.testing.assert_array_equal(dx, g[0] + g[2])
     (dx,), _ = backward(layer, [x], tops, [None, g[1], None], params)
@@ -127,16 +128,16 @@ def test_softmax_loss_gradcheck(shape, cfg):
     lab_shape = shape[:1] + shape[2:]
     layer, params = build("SoftmaxWithLoss", [shape, lab_shape], **cfg)
     assert layer.top_shapes == [()] and layer.LOSS and layer.LABEL_BOTTOMS == (1,)
-    _, bgrads, _ = gradcheck(layer, [randn(*shape), labels_for(rng, lab_shape, shape[1])], params)
+    _, bgrads, _ = gradcheck(layer, [randn(rng, *shape), labels_for(rng, lab_shape, shape[1])], params)
     assert bgrads[1] is None
 
 
 # -- against PyTorch ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("slope", [0.0, 0.2])
-def test_relu_vs_torch(slope):
+def test_relu_vs_torch(rng, slope):
     layer, params = build("ReLU", [(4, 3, 5, 5)], negative_slope=slope)
-    x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
+    x, dy = randn(rng, 4, 3, 5, 5), randn(rng, 4, 3, 5, 5)
     y, (dx,), _ = run_both(layer, [x], params, dy)
     ty, (tdx,) = torch_run(lambda t: F.leaky_relu(t, slope) if slope else F.relu(t), [x], dy)
     np.testing.assert_allclose(y, ty, rtol=1e-12)
@@ -149,13 +150,13 @@ def set_running_stats(params, mean, variance):
 
 
 @pytest.mark.parametrize("shape", [(6, 5), (4, 3, 5, 6)])
-def test_batchnorm_training_vs_torch(shape):
+def test_batchnorm_training_vs_torch(rng, shape):
     f, eps = 0.9, 1e-4
     layer, params = build("BatchNorm", [shape], moving_average_fraction=f, eps=eps)
     c = shape[1]
-    set_running_stats(params, randn(c), RNG.uniform(0.5, 2.0, c))
+    set_running_stats(params, randn(rng, c), rng.uniform(0.5, 2.0, c))
     mean, var = torch.tensor(params["mean"]), torch.tensor(params["variance"])
-    x, dy = randn(*shape) * 3 + 1, randn(*shape)
+    x, dy = randn(rng, *shape) * 3 + 1, randn(rng, *shape)
     ty, (tdx,) = torch_run(lambda t: F.batch_norm(t, mean, var, training=True, momentum=1 - f, eps=eps),
                            [x], dy)
     y, (dx,), _ = run_both(layer, [x], params, dy)
@@ -164,7 +165,7 @@ def test_batchnorm_training_vs_torch(shape):
 
 
 @pytest.mark.parametrize("f", [0.999, 0.9, 0.0])
-def test_batchnorm_running_statistics_are_caffes_unbiased_average(f):
+def test_batchnorm_running_statistics_are_caffes_unbiased_average(rng, f):
     """Caffe's three blobs: after batches 1..T the statistics used at test time are
     sum_t f^(T-t) stat_t / sum_t f^(T-t), stat_t being the batch mean and the unbiased batch
     variance (torch's), so one iteration already gives that batch's statistics (and not
@@ -172,7 +173,7 @@ def test_batchnorm_running_statistics_are_caffes_unbiased_average(f):
     shape = (5, 3, 2, 2)
     layer, params = build("BatchNorm", [shape], moving_average_fraction=f)
     np.testing.assert_array_equal(params["scale_factor"], 0)  # Caffe's blobs start at zero
-    batches = [randn(*shape) * (t + 1) + t for t in range(4)]
+    batches = [randn(rng, *shape) * (t + 1) + t for t in range(4)]
     weights, means, variances = [], [], []
     for t, x in enumerate(batches):
         forward(layer, [x], params)
@@ -186,19 +187,19 @@ def test_batchnorm_running_statistics_are_caffes_unbiased_average(f):
         np.testing.assert_allclose(got_mean, want_mean, rtol=1e-12)
         np.testing.assert_allclose(got_var, want_var, rtol=1e-12)
     # and test mode normalises with exactly those
-    x = randn(*shape)
+    x = randn(rng, *shape)
     y = forward(layer, [x], params, train=False)[0]
     ty = F.batch_norm(torch.tensor(x), torch.tensor(got_mean), torch.tensor(got_var), training=False, eps=1e-5)
     np.testing.assert_allclose(y, ty.numpy(), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("cfg, train", [({}, False), (dict(use_global_stats=True), True)])
-def test_batchnorm_global_stats_vs_torch(cfg, train):
+def test_batchnorm_global_stats_vs_torch(rng, cfg, train):
     layer, params = build("BatchNorm", [(4, 3, 5, 5)], **cfg)
-    set_running_stats(params, randn(3), RNG.uniform(0.5, 2.0, 3))
+    set_running_stats(params, randn(rng, 3), rng.uniform(0.5, 2.0, 3))
     before = {k: v.copy() for k, v in params.items()}
     mean, var = torch.tensor(params["mean"]), torch.tensor(params["variance"])
-    x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
+    x, dy = randn(rng, 4, 3, 5, 5), randn(rng, 4, 3, 5, 5)
     ty, (tdx,) = torch_run(lambda t: F.batch_norm(t, mean, var, training=False, eps=1e-5), [x], dy)
     y, (dx,), _ = run_both(layer, [x], params, dy, train=train)
     np.testing.assert_allclose(y, ty, rtol=1e-12, atol=1e-12)
@@ -207,9 +208,9 @@ def test_batchnorm_global_stats_vs_torch(cfg, train):
         np.testing.assert_array_equal(params[k], before[k])
 
 
-def test_batchnorm_recompute_leaves_running_stats():
+def test_batchnorm_recompute_leaves_running_stats(rng):
     layer, params = build("BatchNorm", [(4, 3, 2, 2)])
-    x = randn(4, 3, 2, 2)
+    x = randn(rng, 4, 3, 2, 2)
     ws = np.zeros(layer.algorithms("forward")[0].workspace, np.uint8)
     y1, y2 = np.zeros_like(x), np.zeros_like(x)
     layer.forward(Context(np, workspace=ws), [x], [y1], params)
@@ -232,9 +233,9 @@ def test_batchnorm_state_buffers():
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_scale_vs_torch(bias):
+def test_scale_vs_torch(rng, bias):
     layer, params = build("Scale", [(3, 4, 2, 5)], bias_term=bias)
-    x, dy = randn(3, 4, 2, 5), randn(3, 4, 2, 5)
+    x, dy = randn(rng, 3, 4, 2, 5), randn(rng, 3, 4, 2, 5)
     names = ["weight"] + (["bias"] if bias else [])
     y, (dx,), pg = run_both(layer, [x], params, dy)
 
@@ -260,10 +261,10 @@ def test_scale_default_parameters_follow_caffe():
 
 @pytest.mark.parametrize("size, alpha, beta, k",
                          [(3, 0.7, 0.75, 1.0), (5, 2.0, 0.6, 2.0), (5, 1e-4, 0.75, 1.0)])
-def test_lrn_vs_torch(size, alpha, beta, k):
+def test_lrn_vs_torch(rng, size, alpha, beta, k):
     # torch divides the window's sum of squares by size, as Caffe's alpha/n does
     layer, params = build("LRN", [(2, 7, 4, 3)], local_size=size, alpha=alpha, beta=beta, k=k)
-    x, dy = randn(2, 7, 4, 3), randn(2, 7, 4, 3)
+    x, dy = randn(rng, 2, 7, 4, 3), randn(rng, 2, 7, 4, 3)
     y, (dx,), _ = run_both(layer, [x], params, dy)
     ty, (tdx,) = torch_run(lambda t: F.local_response_norm(t, size, alpha, beta, k), [x], dy)
     np.testing.assert_allclose(y, ty, rtol=1e-10)
@@ -279,11 +280,11 @@ def test_lrn_by_hand():
 
 
 @pytest.mark.parametrize("op, n", [("SUM", 2), ("SUM", 3), ("PROD", 3), ("MAX", 2), ("MAX", 3)])
-def test_eltwise_vs_torch(op, n):
+def test_eltwise_vs_torch(rng, op, n):
     shape = (2, 3, 4, 3)
     coeff = [0.5, -1.5, 2.0][:n] if op == "SUM" and n == 3 else []
     layer, params = build("Eltwise", [shape] * n, operation=op, coeff=coeff)
-    xs, dy = [randn(*shape) for _ in range(n)], randn(*shape)
+    xs, dy = [randn(rng, *shape) for _ in range(n)], randn(rng, *shape)
     y, dxs, _ = run_both(layer, xs, params, dy)
 
     def fn(*ts):
@@ -312,7 +313,7 @@ def test_eltwise_max_tie_goes_to_first_bottom():
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
-def test_concat_vs_torch(axis):
+def test_concat_vs_torch(rng, axis):
     base = [3, 2, 4, 2]
     shapes = []
     for extra in (1, 3, 2):
@@ -320,8 +321,8 @@ def test_concat_vs_torch(axis):
         s[axis] = extra
         shapes.append(tuple(s))
     layer, params = build("Concat", shapes, axis=axis)
-    xs = [randn(*s) for s in shapes]
-    dy = randn(*layer.top_shapes[0])
+    xs = [randn(rng, *s) for s in shapes]
+    dy = randn(rng, *layer.top_shapes[0])
     y, dxs, _ = run_both(layer, xs, params, dy)
     ty, tgrads = torch_run(lambda *ts: torch.cat(ts, axis), xs, dy, grad=(0, 1, 2))
     np.testing.assert_array_equal(y, ty)
@@ -330,9 +331,9 @@ def test_concat_vs_torch(axis):
 
 
 @pytest.mark.parametrize("shape, axis", [((5, 7), 1), ((2, 4, 3, 3), 1), ((2, 4, 3, 5), -1), ((3, 4, 2), 0)])
-def test_softmax_vs_torch(shape, axis):
+def test_softmax_vs_torch(rng, shape, axis):
     layer, params = build("Softmax", [shape], axis=axis)
-    x, dy = randn(*shape) * 5, randn(*shape)
+    x, dy = randn(rng, *shape) * 5, randn(rng, *shape)
     y, (dx,), _ = run_both(layer, [x], params, dy)
     ty, (tdx,) = torch_run(lambda t: F.softmax(t, axis), [x], dy)
     np.testing.assert_allclose(y, ty, rtol=1e-12, atol=1e-15)
@@ -357,7 +358,7 @@ def test_softmax_loss_vs_torch(shape, cfg):
     ignore = cfg.get("ignore_label", -1)
     lab = labels_for(rng, lab_shape, shape[1], ignored=ignore == -1)
     layer, params = build("SoftmaxWithLoss", [shape, lab_shape], **cfg)
-    x, weight = randn(*shape) * 4, 1.7
+    x, weight = randn(rng, *shape) * 4, 1.7
     reduction = "mean" if cfg.get("normalize", True) else "sum"
     scale = 1.0 if reduction == "mean" else 1.0 / shape[0]  # normalize: false divides by N
     ty, (tdx,) = torch_run(lambda t, lb: scale * F.cross_entropy(t, lb.long(), ignore_index=ignore,
@@ -412,8 +413,8 @@ def dropout_run(p, seed, x, train=True, inplace=False):
     return forward(layer, [x], params, seed=seed, train=train, inplace=inplace)[0], layer, params
 
 
-def test_dropout_mask_statistics_and_reproducibility():
-    p, x = 0.3, RNG.uniform(1.0, 2.0, (64, 32, 16)).astype(np.float32)
+def test_dropout_mask_statistics_and_reproducibility(rng):
+    p, x = 0.3, rng.uniform(1.0, 2.0, (64, 32, 16)).astype(np.float32)
     y1, layer, params = dropout_run(p, 7, x)
     y2, _, _ = dropout_run(p, 7, x)
     y3, _, _ = dropout_run(p, 8, x)
@@ -434,8 +435,8 @@ def test_dropout_mask_statistics_and_reproducibility():
     np.testing.assert_array_equal(yi, y1)
 
 
-def test_dropout_test_mode_is_identity():
-    x = randn(4, 5)
+def test_dropout_test_mode_is_identity(rng):
+    x = randn(rng, 4, 5)
     y, layer, params = dropout_run(0.5, 3, x, train=False)
     np.testing.assert_array_equal(y, x)
     y, _, _ = dropout_run(0.5, 3, x, train=False, inplace=True)
@@ -478,7 +479,7 @@ def test_flags():
     ("Softmax", [(2, 3)], dict(axis=-3), "axis -3 is out of range"),
 ])
 def test_errors(type_name, shapes, cfg, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         build(type_name, shapes, **cfg)
 
 
@@ -489,7 +490,7 @@ def test_labels_are_matched_by_count_as_caffe(scores, labels):
     """Caffe checks only that there is one label per sample (and position): the loss and
     accuracy of any label layout of the right count equal those of the (N, ...) layout."""
     rng = np.random.default_rng(4)
-    x = randn(*scores, rng=rng)
+    x = randn(rng, *scores)
     lab = rng.integers(0, scores[1], labels).astype(np.float64)
     flat_shape = scores[:1] + scores[2:]
     for name in ("SoftmaxWithLoss", "Accuracy"):
@@ -500,10 +501,10 @@ def test_labels_are_matched_by_count_as_caffe(scores, labels):
         assert got == want and np.isfinite(got)
 
 
-def test_label_out_of_range_fails():
+def test_label_out_of_range_fails(rng):
     layer, params = build("SoftmaxWithLoss", [(2, 3), (2,)])
-    with pytest.raises(LayerError, match="label 3 is out of range for 3 classes"):
-        forward(layer, [randn(2, 3), np.array([0.0, 3.0])], params)
+    with raises_one_line(LayerError, match="label 3 is out of range for 3 classes"):
+        forward(layer, [randn(rng, 2, 3), np.array([0.0, 3.0])], params)
 
 
 MEMORY_CASES = [

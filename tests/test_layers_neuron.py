@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from layer_harness import backward, build, forward, gradcheck, peak_allocation
+from one_line import raises_one_line
 from test_layers_misc import KIB, run_phase, torch_run
 from test_memory_passes import names
 from test_net import feed_for
@@ -20,7 +21,7 @@ from superneuron.net import Net, load_net
 from superneuron.spec import loads_spec
 
 NET = "tests/nets/neuron.yaml"
-RNG = np.random.default_rng(23)
+RNG_SEED = 23  # the seed of each test's own generator (the rng fixture, conftest.py)
 
 
 def run(layer, x, params, dy):
@@ -56,9 +57,9 @@ GRAD_CASES = [
 
 
 @pytest.mark.parametrize("type_name, shape, cfg", GRAD_CASES)
-def test_gradcheck(type_name, shape, cfg):
+def test_gradcheck(rng, type_name, shape, cfg):
     layer, params = build(type_name, [shape], **cfg)
-    x = RNG.uniform(-2, 2, shape)
+    x = rng.uniform(-2, 2, shape)
     gradcheck(layer, [x], params)  # and check_inplace where layer.INPLACE
 
 
@@ -121,13 +122,13 @@ TOLERANCE = {np.float64: dict(rtol=1e-12, atol=1e-15), np.float32: dict(rtol=2e-
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("type_name, cfg, fn, inputs", TORCH_CASES)
-def test_vs_torch(type_name, cfg, fn, inputs, dtype):
+def test_vs_torch(rng, type_name, cfg, fn, inputs, dtype):
     """Values and gradients against PyTorch's in float64, for our float64 and float32 runs."""
     shape = (4, 3, 5, 2)
-    x = RNG.uniform(-2, 2, shape) if inputs == "normal" else RNG.standard_normal(shape) * 5
+    x = rng.uniform(-2, 2, shape) if inputs == "normal" else rng.standard_normal(shape) * 5
     if inputs == "extremes":
         x.flat[:len(EXTREMES)] = EXTREMES
-    dy = RNG.standard_normal(shape)
+    dy = rng.standard_normal(shape)
     layer, params = build(type_name, [shape], dtype, **cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow or invalid value on the way
@@ -141,10 +142,10 @@ def test_vs_torch(type_name, cfg, fn, inputs, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape, shared", [((4, 3, 5, 2), False), ((6, 5), False), ((4, 3, 5, 2), True)])
-def test_prelu_vs_torch(shape, shared, dtype):
+def test_prelu_vs_torch(rng, shape, shared, dtype):
     layer, params = build("PReLU", [shape], dtype, channel_shared=shared)
     assert params["weight"].shape == ((1,) if shared else (shape[1],))
-    x, dy = RNG.standard_normal(shape), RNG.standard_normal(shape)
+    x, dy = rng.standard_normal(shape), rng.standard_normal(shape)
     y, dx, pg = run(layer, x.astype(dtype), params, dy.astype(dtype))
     ty, (tdx, tdw) = torch_run(F.prelu, [x, params["weight"].astype(np.float64)], dy, grad=(0, 1))
     tol = TOLERANCE[dtype]
@@ -166,12 +167,12 @@ def test_prelu_default_weight_is_caffes_quarter():
 @pytest.mark.parametrize("cfg, value", [(dict(power=0, scale=2, shift=-3), 1.0),
                                         (dict(power=3, scale=0, shift=-2), -8.0),
                                         (dict(power=0.5, scale=0, shift=4), 2.0)])
-def test_power_constant_output_has_zero_gradient(cfg, value):
+def test_power_constant_output_has_zero_gradient(rng, cfg, value):
     """Caffe: power 0 gives 1 and scale 0 gives shift^power everywhere (NaN, inf and 0 inputs
     included), with a zero gradient."""
     layer, params = build("Power", [(2, 5)], **cfg)
     x = np.array([[0.0, -1.0, np.inf, np.nan, 3.0]] * 2)
-    y, dx, _ = run(layer, x, params, RNG.standard_normal((2, 5)))
+    y, dx, _ = run(layer, x, params, rng.standard_normal((2, 5)))
     np.testing.assert_array_equal(y, value)
     np.testing.assert_array_equal(dx, 0.0)
 
@@ -244,7 +245,7 @@ def test_huge_inputs_stay_finite_without_warnings(type_name):
     ("Power", [(2, 3)], dict(scale=0, shift=0, power=-1), "not a finite real number"),
 ])
 def test_errors(type_name, shapes, cfg, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         build(type_name, shapes, **cfg)
 
 
@@ -288,19 +289,19 @@ MEMORY_CASES = [("Sigmoid", {}), ("TanH", {}), ("ELU", {}), ("ELU", dict(alpha=-
 
 
 @pytest.mark.parametrize("type_name, cfg", MEMORY_CASES)
-def test_peak_allocation(type_name, cfg):
+def test_peak_allocation(rng, type_name, cfg):
     """Kernels on 2 MiB tensors allocate nothing of their size outside their workspace."""
     shape = (8, 16, 64, 64)
     layer, params = build(type_name, [shape], np.float32, **cfg)
-    x = RNG.standard_normal(shape).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
     assert peak_allocation(layer, [x], params) < 256 * KIB
 
 
 @pytest.mark.parametrize("type_name, cfg", MEMORY_CASES)
-def test_workspace_is_exact(type_name, cfg):
+def test_workspace_is_exact(rng, type_name, cfg):
     """Each phase runs in the workspace it declares and fails with one byte less."""
     layer, params = build(type_name, [(4, 3, 5)], np.float32, **cfg)
-    xs = [RNG.standard_normal((4, 3, 5)).astype(np.float32)]
+    xs = [rng.standard_normal((4, 3, 5)).astype(np.float32)]
     tops = [np.zeros((4, 3, 5), np.float32)]
     for phase in ("forward", "backward"):
         need = layer.algorithms(phase)[0].workspace

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from layer_harness import backward, build, forward, gradcheck, peak_allocation
+from one_line import raises_one_line
 from test_memory_passes import check_copies
 
 from superneuron.errors import LayerError, SpecError
@@ -24,12 +25,12 @@ from superneuron.scheduler.lower import lower
 from superneuron.spec import loads_spec
 
 KIB = 1024
-RNG = np.random.default_rng(23)
+RNG_SEED = 23  # the seed of each test's own generator (the rng fixture, conftest.py)
 NET = pathlib.Path(__file__).parent / "nets" / "shape.yaml"
 
 
-def randn(*shape):
-    return RNG.standard_normal(shape)
+def randn(rng, *shape):
+    return rng.standard_normal(shape)
 
 
 def torch_grads(fn, inputs, dys, grad):
@@ -71,20 +72,20 @@ GRAD_CASES = [
 ]
 
 
-def grad_inputs(type_name, shapes):
-    xs = [randn(*s) for s in shapes]
+def grad_inputs(rng, type_name, shapes):
+    xs = [randn(rng, *s) for s in shapes]
     if type_name == "SigmoidCrossEntropyLoss":
         xs[0] *= 3
-        xs[1] = RNG.integers(-1, 3, shapes[1]).astype(np.float64)  # some ignored when asked
-        xs[1][xs[1] >= 0] = RNG.uniform(0, 1, int(np.sum(xs[1] >= 0)))  # soft targets too
+        xs[1] = rng.integers(-1, 3, shapes[1]).astype(np.float64)  # some ignored when asked
+        xs[1][xs[1] >= 0] = rng.uniform(0, 1, int(np.sum(xs[1] >= 0)))  # soft targets too
         xs[1].flat[:2] = 2.0
     return xs
 
 
 @pytest.mark.parametrize("type_name, shapes, n_tops, cfg", GRAD_CASES)
-def test_gradcheck(type_name, shapes, n_tops, cfg):
+def test_gradcheck(rng, type_name, shapes, n_tops, cfg):
     layer, params = build(type_name, shapes, n_tops=n_tops, **cfg)
-    tops, bgrads, _ = gradcheck(layer, grad_inputs(type_name, shapes), params)
+    tops, bgrads, _ = gradcheck(layer, grad_inputs(rng, type_name, shapes), params)
     for i, g in enumerate(bgrads):
         if i not in layer.LABEL_BOTTOMS:
             assert np.all(np.isfinite(g)), "every bottom gradient written"
@@ -98,9 +99,9 @@ def test_gradcheck(type_name, shapes, n_tops, cfg):
     ((2, 3, 4, 5), dict(axis=-2), -2, -1),
     ((6, 7), dict(axis=1), 1, -1),
 ])
-def test_flatten_matches_torch(shape, cfg, start, end):
+def test_flatten_matches_torch(rng, shape, cfg, start, end):
     layer, params = build("Flatten", [shape], **cfg)
-    x, dy = randn(*shape), randn(*layer.top_shapes[0])
+    x, dy = randn(rng, *shape), randn(rng, *layer.top_shapes[0])
     (want,), (dx_want,) = torch_grads(lambda t: torch.flatten(t, start, end), [x], [dy], (0,))
     (y,) = forward(layer, [x], params)
     (dx,), _ = backward(layer, [x], [y], [dy], params)
@@ -124,10 +125,10 @@ def test_flatten_end_before_axis_inserts_a_dim_of_one_as_caffe():
     ((2, 3, 4), dict(shape=[1, -1], axis=0, num_axes=1), (1, 2, 3, 4)),
     ((2, 3, 4), dict(shape=[3, 1], axis=1, num_axes=1), (2, 3, 1, 4)),
 ])
-def test_reshape_shapes_values_and_gradients_match_torch(shape, cfg, want):
+def test_reshape_shapes_values_and_gradients_match_torch(rng, shape, cfg, want):
     layer, params = build("Reshape", [shape], **cfg)
     assert layer.top_shapes == [want]
-    x, dy = randn(*shape), randn(*want)
+    x, dy = randn(rng, *shape), randn(rng, *want)
     (y_want,), (dx_want,) = torch_grads(lambda t: t.reshape(want), [x], [dy], (0,))
     (y,) = forward(layer, [x], params)
     (dx,), _ = backward(layer, [x], [y], [dy], params)
@@ -135,15 +136,15 @@ def test_reshape_shapes_values_and_gradients_match_torch(shape, cfg, want):
     np.testing.assert_array_equal(dx, dx_want)
 
 
-def test_views_skip_their_copies_when_the_arrays_are_one():
+def test_views_skip_their_copies_when_the_arrays_are_one(rng):
     """In the runtime top and bottom (and the gradients) share memory: nothing is copied."""
     layer, params = build("Flatten", [(2, 3, 4)])
-    x = randn(2, 3, 4)
+    x = randn(rng, 2, 3, 4)
     y = x.reshape(2, 12)
     sentinel = x.copy()
     layer.forward(Context(np), [x], [y], params)
     np.testing.assert_array_equal(x, sentinel)
-    dy = randn(2, 12)
+    dy = randn(rng, 2, 12)
     dx = dy.reshape(2, 3, 4)
     layer.backward(Context(np), [None], [None], [dy], [dx], params, {})
     np.testing.assert_array_equal(dx, dy.reshape(2, 3, 4))
@@ -159,10 +160,10 @@ def test_views_skip_their_copies_when_the_arrays_are_one():
     ((5, 3), 2, dict(slice_dim=0, axis=1, slice_point=[2]), [2, 3], 0),  # slice_dim wins
     ((2, 3, 8), 4, dict(axis=-1), [2, 2, 2, 2], -1),
 ])
-def test_slice_matches_torch_split(shape, n_tops, cfg, sizes, dim):
+def test_slice_matches_torch_split(rng, shape, n_tops, cfg, sizes, dim):
     layer, params = build("Slice", [shape], n_tops=n_tops, **cfg)
-    x = randn(*shape)
-    dys = [randn(*s) for s in layer.top_shapes]
+    x = randn(rng, *shape)
+    dys = [randn(rng, *s) for s in layer.top_shapes]
     dys[1] = None  # a part nothing reads: zeros in the bottom's gradient
     want, (dx_want,) = torch_grads(lambda t: torch.split(t, sizes, dim), [x], dys, (0,))
     tops = forward(layer, [x], params)
@@ -176,10 +177,10 @@ def test_slice_matches_torch_split(shape, n_tops, cfg, sizes, dim):
 
 # -- Silence --------------------------------------------------------------------------------------
 
-def test_silence_has_no_tops_and_its_backward_writes_zeros():
+def test_silence_has_no_tops_and_its_backward_writes_zeros(rng):
     layer, params = build("Silence", [(2, 3), (4, 5, 6)])
     assert layer.top_shapes == [] and layer.TOPS == (0, 0)
-    xs = [randn(2, 3), randn(4, 5, 6)]
+    xs = [randn(rng, 2, 3), randn(rng, 4, 5, 6)]
     assert forward(layer, xs, params) == []
     bgrads, _ = backward(layer, xs, [], [], params)  # the harness fills them with NaN first
     assert all(np.array_equal(g, np.zeros_like(g)) for g in bgrads)
@@ -196,10 +197,10 @@ def test_silence_has_no_tops_and_its_backward_writes_zeros():
     ((3, 5, 4), dict(axis=2, top_k=3, out_max_val=True)),
     ((6,), dict(axis=0, top_k=6)),
 ])
-def test_argmax_matches_torch_topk(shape, cfg):
+def test_argmax_matches_torch_topk(rng, shape, cfg):
     layer, params = build("ArgMax", [shape], **cfg)
     assert not layer.BACKWARD
-    x, k = randn(*shape), cfg.get("top_k", 1)
+    x, k = randn(rng, *shape), cfg.get("top_k", 1)
     t = torch.tensor(x)
     (y,) = forward(layer, [x], params)
     if "axis" in cfg:
@@ -228,8 +229,8 @@ def test_argmax_ties_go_to_the_higher_index_as_caffe_and_never_repeat():
 # -- the losses against PyTorch --------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_euclidean_loss_matches_torch_mse(dtype):
-    a, b = randn(4, 3, 2).astype(dtype), randn(4, 6).astype(dtype)
+def test_euclidean_loss_matches_torch_mse(rng, dtype):
+    a, b = randn(rng, 4, 3, 2).astype(dtype), randn(rng, 4, 6).astype(dtype)
     layer, params = build("EuclideanLoss", [a.shape, b.shape], dtype)
     assert layer.top_shapes == [()] and layer.LOSS and layer.LABEL_BOTTOMS == ()
     w = np.asarray(1.7, dtype)  # the loss weight, as the runtime hands it
@@ -261,11 +262,11 @@ SIGMOID_CASES = [
 
 
 @pytest.mark.parametrize("cfg, reduce", SIGMOID_CASES)
-def test_sigmoid_cross_entropy_matches_torch(cfg, reduce):
+def test_sigmoid_cross_entropy_matches_torch(rng, cfg, reduce):
     n, c = 5, 7
-    x = 4 * randn(n, c)
-    t = RNG.uniform(0, 1, (n, c))
-    t[RNG.uniform(size=(n, c)) < 0.3] = -1.0  # ignored where ignore_label is -1
+    x = 4 * randn(rng, n, c)
+    t = rng.uniform(0, 1, (n, c))
+    t[rng.uniform(size=(n, c)) < 0.3] = -1.0  # ignored where ignore_label is -1
     layer, params = build("SigmoidCrossEntropyLoss", [(n, c), (n * c,)], **cfg)
     assert layer.LOSS and layer.LABEL_BOTTOMS == (1,)
     keep = (t != -1) if "ignore_label" in cfg else np.ones_like(t, dtype=bool)
@@ -373,7 +374,7 @@ ERROR_CASES = [
 
 @pytest.mark.parametrize("type_name, shapes, n_tops, cfg, message", ERROR_CASES)
 def test_bad_configurations_fail_clearly(type_name, shapes, n_tops, cfg, message):
-    with pytest.raises(LayerError, match=re.escape(message)):
+    with raises_one_line(LayerError, match=re.escape(message)):
         build(type_name, shapes, n_tops=n_tops, **cfg)
 
 
@@ -384,7 +385,7 @@ def test_bad_configurations_fail_clearly(type_name, shapes, n_tops, cfg, message
     ("Flatten", {"end_axes": 2}, "unknown key 'end_axes'; did you mean 'end_axis'"),
 ])
 def test_bad_keys_fail_clearly(type_name, raw, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         layer_class(type_name).config(raw)
 
 
@@ -408,7 +409,7 @@ def graph(text):
 
 
 def errors(text):
-    with pytest.raises(SpecError) as e:
+    with raises_one_line(SpecError) as e:
         graph(text)
     return str(e.value)
 
@@ -423,7 +424,7 @@ DIRECT = FLAT.replace("  - {name: flat, type: Flatten, bottom: conv, top: flat}\
     "bottom: flat", "bottom: conv")
 
 
-def test_flatten_and_reshape_are_views_without_memory():
+def test_flatten_and_reshape_are_views_without_memory(rng):
     g = graph(FLAT)
     assert g.tensors["flat"].alias == "conv" and g.tensors["flat"].shape == (2, 32)
     assert g.tensors["conv.grad"].alias == "flat.grad" and g.tensors["conv.grad"].shape == (2, 2, 4, 4)
@@ -432,7 +433,7 @@ def test_flatten_and_reshape_are_views_without_memory():
     assert "flat" not in allocated and "conv.grad" not in allocated and "conv" in allocated
     # InnerProduct flattens by itself: the net without the Flatten is the same net, to the byte.
     for policy in ("baseline", "liveness"):
-        feed = {"data": randn(2, 3, 4, 4).astype(np.float32), "label": randn(2, 5).astype(np.float32)}
+        feed = {"data": randn(rng, 2, 3, 4, 4).astype(np.float32), "label": randn(rng, 2, 5).astype(np.float32)}
         nets = [Net(loads_spec(HEAD + text), policy=policy) for text in (FLAT, DIRECT)]
         losses = [net.forward_backward(feed) for net in nets]
         assert losses[0] == losses[1]
@@ -452,14 +453,14 @@ VIEW_THEN_RELU = """\
 """
 
 
-def test_in_place_after_a_view_keeps_what_the_view_still_reads():
+def test_in_place_after_a_view_keeps_what_the_view_still_reads(rng):
     """An in-place write is checked through views of the same memory: where it would change a
     view still read (by a later forward, or a backward), the layer gets memory of its own, and
     the net computes what it computes with a top of its own."""
     g = graph(VIEW_THEN_RELU.replace("RELU_TOP", "conv"))
     assert not g.node("relu").inplace
     assert g.node("relu").kept == "keeps 'flat', read by the backward of 'fc' and read later by 'fc'"
-    feed = {"data": randn(2, 3, 4, 4).astype(np.float32), "label": randn(2, 5).astype(np.float32)}
+    feed = {"data": randn(rng, 2, 3, 4, 4).astype(np.float32), "label": randn(rng, 2, 5).astype(np.float32)}
     nets = [Net(loads_spec(HEAD + VIEW_THEN_RELU.replace("RELU_TOP", top)), policy="liveness")
             for top in ("conv", "r")]
     assert nets[0].forward_backward(feed) == nets[1].forward_backward(feed)
@@ -497,7 +498,7 @@ WRITTEN_SPLIT = """\
 """
 
 
-def test_a_written_split_and_the_graphs_own_splits_keep_apart():
+def test_a_written_split_and_the_graphs_own_splits_keep_apart(rng):
     """The file writes a Split and names it and its tops as the graph would name its Split of
     ``h``, which h's two readers need: the graph's takes other names, and the sums stay right."""
     g = graph(WRITTEN_SPLIT)
@@ -508,7 +509,7 @@ def test_a_written_split_and_the_graphs_own_splits_keep_apart():
     for t in ("h_split_0", "h_split_1", "h#0"):
         assert g.root(t) == "h"
     net = Net(loads_spec(HEAD + WRITTEN_SPLIT), dtype="float64", policy="liveness")
-    x, label = randn(2, 3, 4, 4), randn(2, 5)
+    x, label = randn(rng, 2, 3, 4, 4), randn(rng, 2, 5)
     loss = net.forward_backward({"data": x, "label": label})
     w0, b0, w1, b1 = (torch.tensor(net.param(n), requires_grad=True)
                       for n in ("ip0/weight", "ip0/bias", "ip1/weight", "ip1/bias"))

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from layer_harness import backward, build, forward, gradcheck, peak_allocation, torch_grads
+from one_line import raises_one_line
 from torch_ref import lrn_within_channel, run_torch
 
 from superneuron import load_net
@@ -102,7 +103,7 @@ def test_pooling_ceil_mode_false_rounds_down(pool):
      r"pad \[0, 2\] must be smaller than kernel_size \[3, 2\]"),
 ])
 def test_window_key_errors(type_name, cfg, message):
-    with pytest.raises(LayerError, match=message):
+    with raises_one_line(LayerError, match=message):
         build(type_name, [(1, 2, 8, 8)], **cfg)
 
 
@@ -140,9 +141,9 @@ def test_lrn_within_channel_by_hand_and_k_ignored():
 
 
 def test_lrn_within_channel_errors_and_memory():
-    with pytest.raises(LayerError, match=r"needs a 4-D bottom \(N, C, H, W\) within a channel"):
+    with raises_one_line(LayerError, match=r"needs a 4-D bottom \(N, C, H, W\) within a channel"):
         build("LRN", [(2, 3, 4)], norm_region="WITHIN_CHANNEL")
-    with pytest.raises(LayerError, match="expected one of ACROSS_CHANNELS, WITHIN_CHANNEL"):
+    with raises_one_line(LayerError, match="expected one of ACROSS_CHANNELS, WITHIN_CHANNEL"):
         build("LRN", [(2, 3, 4, 4)], norm_region="SPATIAL")
     shape = (8, 16, 64, 64)  # 2 MiB of float32: the kernels work in their declared workspace
     layer, params = build("LRN", [shape], np.float32, norm_region="WITHIN_CHANNEL", local_size=5)
@@ -192,6 +193,6 @@ def test_zoo_net_matches_pytorch(tmp_path):
 def test_window_key_error_in_a_file_names_the_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(ZOO_NET.replace("kernel_h: 3, kernel_w: 1,", "kernel_h: 3,"))
-    with pytest.raises(SpecError) as e:
+    with raises_one_line(SpecError) as e:
         load_net(str(path))
     assert f"{path}:4:" in str(e.value) and "layer 'conv1' (Convolution): kernel_h needs kernel_w too" in str(e.value)

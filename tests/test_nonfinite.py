@@ -3,6 +3,7 @@ a loss that goes non-finite, each is a one-line error that says where."""
 
 import numpy as np
 import pytest
+from one_line import cli_error, one_line, raises_one_line
 
 from superneuron import data
 from superneuron.cli.train import main
@@ -30,7 +31,7 @@ layers:
     ("{name: l, type: SoftmaxWithLoss, bottom: [data, label], top: l, loss_weight: .inf}", "'loss_weight'"),
 ])
 def test_non_finite_numbers_in_a_net_file_are_refused_at_their_line(layer, key):
-    with pytest.raises(SpecError) as e:
+    with raises_one_line(SpecError) as e:
         loads_spec(HEAD + "  - " + layer + "\n", "net.yaml")
     assert len(e.value.problems) == 1
     message = e.value.problems[0]
@@ -38,16 +39,15 @@ def test_non_finite_numbers_in_a_net_file_are_refused_at_their_line(layer, key):
 
 
 def test_non_finite_solver_values_are_refused(tmp_path, capsys):
-    with pytest.raises(SpecError, match="base_lr must be a finite number, got nan"):
+    with raises_one_line(SpecError, match="base_lr must be a finite number, got nan"):
         SolverConfig(base_lr=float("nan"))
-    with pytest.raises(SpecError, match="clip_gradients must be a finite number, got inf"):
+    with raises_one_line(SpecError, match="clip_gradients must be a finite number, got inf"):
         SolverConfig(clip_gradients=float("inf"))
     (tmp_path / "s.yaml").write_text("base_lr: 0.1\nmomentum: .nan\n")
-    with pytest.raises(SpecError, match=r"s.yaml:2: 'momentum': expected a finite number, got nan"):
+    with raises_one_line(SpecError, match=r"s.yaml:2: 'momentum': expected a finite number, got nan"):
         load_solver(tmp_path / "s.yaml")
-    assert main([TINY, "--lr", "inf", "--iters", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.strip() == "error: 'base_lr': expected a finite number, got inf"
+    err = cli_error(capsys, main, [TINY, "--lr", "inf", "--iters", "1"])
+    assert err == "error: 'base_lr': expected a finite number, got inf"
 
 
 def nan_npz(tmp_path, key, index):
@@ -63,10 +63,11 @@ def nan_npz(tmp_path, key, index):
 def test_non_finite_data_is_an_error_before_training(tmp_path, capsys, key, index):
     """(It used to train, and report "test accuracy 100.00 %".)"""
     path = nan_npz(tmp_path, key, index)
-    assert main([TINY, "--data", path, "--iters", "2"]) == 2
+    code = main([TINY, "--data", path, "--iters", "2"])
     out, err = capsys.readouterr()
-    assert err.strip() == (f"error: {path}: '{key}' sample {index} (of {24 if key == 'x' else 8}) holds a NaN "
-                           "or an infinity; data must be finite")
+    of = 24 if key == "x" else 8
+    assert code == 2 and one_line(err) == (f"error: {path}: '{key}' sample {index} (of {of}) holds a NaN "
+                                           "or an infinity; data must be finite")
     assert "iter " not in out
 
 
@@ -78,10 +79,10 @@ def test_a_batch_made_non_finite_by_scaling_names_its_samples(tmp_path):
                                      test_fraction=0.0))
     loader = data.Loader(train, 3, shuffle=False)
     loader.next()  # samples 0..2 are fine
-    with pytest.raises(SNError, match=r"big.npz \(train\): sample 4 is non-finite after scale, mean and std "
+    with raises_one_line(SNError, match=r"big.npz \(train\): sample 4 is non-finite after scale, mean and std "
                                       r"\(batch of samples 3..5\)"):
         loader.next()
-    with pytest.raises(SNError, match="scale must be finite"):
+    with raises_one_line(SNError, match="scale must be finite"):
         data.open_source(dict(data.DEFAULTS, source=str(tmp_path / "big.npz"), scale=float("nan")))
 
 
@@ -94,7 +95,7 @@ def test_a_loss_gone_non_finite_names_the_iteration_and_the_first_layer(tmp_path
     t.solver = t.solver.with_overrides(max_iter=8)
     t.net.set_param("ip/weight", np.full(t.net.param("ip/weight").shape, 3e38, np.float32))
     before = {n: t.net.param(n) for n in t.net.learnable_names}
-    with pytest.raises(SNError) as e:
+    with raises_one_line(SNError) as e:
         t.run()
     line = next(i for i, text in enumerate(open(TINY), 1) if "name: ip," in text)
     assert str(e.value) == (f"loss is nan at iteration 5, first non-finite output at {TINY}:{line}: layer 'ip' "
@@ -105,7 +106,6 @@ def test_a_loss_gone_non_finite_names_the_iteration_and_the_first_layer(tmp_path
 
 
 def test_a_diverging_run_stops_with_one_line(tmp_path, capsys):
-    assert main([TINY, "--lr", "1e8", "--iters", "50", "--display", "0"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "at iteration" in err, err
+    err = cli_error(capsys, main, [TINY, "--lr", "1e8", "--iters", "50", "--display", "0"])
+    assert "at iteration" in err, err
     assert "first non-finite output at " in err or "is non-finite" in err, err

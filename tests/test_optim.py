@@ -8,6 +8,7 @@ import tracemalloc
 import numpy as np
 import pytest
 import torch
+from one_line import raises_one_line
 
 from superneuron.errors import SNError, SpecError
 from superneuron.layers.base import Context, workspace_bytes
@@ -294,12 +295,12 @@ def test_solver_files_that_are_not_solvers(tmp_path):
     path = write(tmp_path, "twice.yaml", "base_lr: 0.1\nmax_iter: 5\nbase_lr: 0.2\ngama: 0.1\n")
     assert problems_of(path) == [f"{path}:3: solver key 'base_lr' given twice (first on line 1)",
                                  f"{path}:4: unknown solver key 'gama'; did you mean 'gamma'?"]
-    with pytest.raises(SNError, match="nosuch.yaml: no such solver file"):
+    with raises_one_line(SNError, match="nosuch.yaml: no such solver file"):
         load_solver(str(tmp_path / "nosuch.yaml"))
 
 
 def test_a_net_files_solver_section_names_its_line():
-    with pytest.raises(SpecError) as e:
+    with raises_one_line(SpecError) as e:
         solver_from_mapping({"base_lr": 0.1, "stepsize": "ten"}, "net.yaml", 40)
     assert e.value.problems == ["net.yaml:40: 'stepsize': expected an integer, got 'ten'"]
     assert solver_from_mapping({"max_iter": 7}, "net.yaml").max_iter == 7
@@ -312,7 +313,7 @@ def test_overrides_and_epochs():
         cfg.with_overrides(lr="x", max_itr=3)
     assert e.value.problems == ["'base_lr': expected a number, got 'x'",
                                 "unknown solver key 'max_itr'; did you mean 'max_iter'?"]
-    with pytest.raises(SpecError, match="lr_policy step needs stepsize > 0"):
+    with raises_one_line(SpecError, match="lr_policy step needs stepsize > 0"):
         cfg.with_overrides(lr_policy="step")
     assert SolverConfig(epochs=2.5).with_epochs(samples=1000, batch=64).max_iter == 40  # ceil(2500 / 64)
     assert cfg.with_epochs(1000, 64) is cfg

@@ -9,6 +9,7 @@ host bytes, the host updates overlapped with the backward, and the policy names 
 
 import numpy as np
 import pytest
+from one_line import raises_one_line
 from test_memory_passes import CHAIN, check_copies, feed_of, graph_of
 
 from superneuron.errors import SNError
@@ -116,9 +117,9 @@ def test_parameter_offload_shrinks_the_resident_region_and_plan_equals_run():
 
 def test_policy_names_with_params():
     assert len(passes_of("superneurons+params")) == len(passes_of("superneurons")) + 1
-    with pytest.raises(SNError, match="baseline"):
+    with raises_one_line(SNError, match="baseline"):
         passes_of("baseline+params")
-    with pytest.raises(SNError, match="unknown policy"):
+    with raises_one_line(SNError, match="unknown policy"):
         passes_of("lifeness+params")
     g = Graph(load_spec(TINY))
     s = apply_policy(lower(g, optimizer=make_optimizer(SolverConfig())), "offload+params")

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from one_line import raises_one_line
 
 from superneuron.backend import Backend
 from superneuron.errors import SNError
@@ -258,9 +259,9 @@ def test_planned_offsets_survive_dropping_compute_steps_but_not_memory_steps():
 
 def test_unknown_policy_and_placement_name_the_known_ones(tmp_path):
     g = Graph(load_spec("tests/nets/tiny.yaml"))
-    with pytest.raises(SNError, match="unknown policy 'lifeness'; known: baseline, liveness"):
+    with raises_one_line(SNError, match="unknown policy 'lifeness'; known: baseline, liveness"):
         apply_policy(lower(g), "lifeness")
-    with pytest.raises(SNError, match="known: dynamic, planned"):
+    with raises_one_line(SNError, match="known: dynamic, planned"):
         apply_policy(lower(g), "liveness", placement="static")
 
 

@@ -3,6 +3,7 @@ layer, per-blob ``param:`` blocks (lr_mult 0 freezes a blob)."""
 
 import numpy as np
 import pytest
+from one_line import one_line, raises_one_line
 
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
@@ -74,7 +75,7 @@ HEAD = "input: {data: [2, 3], label: [2]}\nlayers:\n"
      "lr_mult: [1]}\n", "write either 'param:' blocks or 'lr_mult'/'decay_mult', not both"),
 ])
 def test_phase_and_param_errors_name_the_line_and_layer(layers, message):
-    with pytest.raises(SpecError) as e:
+    with raises_one_line(SpecError) as e:
         loads_spec(HEAD + layers, "net.yaml")
-    text = str(e.value)
-    assert message in text and text.startswith("net.yaml:") and len(text.splitlines()) == 1, text
+    text = one_line(str(e.value))
+    assert message in text and text.startswith("net.yaml:"), text

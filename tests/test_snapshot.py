@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from one_line import cli_error, raises_one_line
 
 from superneuron import snapshot
 from superneuron.cli.train import main
@@ -18,10 +19,7 @@ from tests.test_train import TINY, tiny_trainer
 
 def one_line_error(capsys, argv):
     """Run sn-train with ``argv``; assert exit status 2 and a one-line error; return it."""
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
+    return cli_error(capsys, main, argv)
 
 
 def rewrite(src, dst, drop=(), change=None, meta=None):
@@ -153,10 +151,10 @@ def test_a_failed_write_leaves_the_previous_snapshot_as_it_was(tmp_path, monkeyp
         return real(fp, array, *args, **kw)
 
     monkeypatch.setattr(np.lib.format, "write_array", write_array)
-    with pytest.raises(SNError, match="tiny_iter_2.npz: cannot write snapshot \\(No space left on device\\)"):
+    with raises_one_line(SNError, match="tiny_iter_2.npz: cannot write snapshot \\(No space left on device\\)"):
         t.snapshot()  # over the existing tiny_iter_2.npz
     t.iteration = 4
-    with pytest.raises(SNError, match="cannot write snapshot"):
+    with raises_one_line(SNError, match="cannot write snapshot"):
         t.snapshot()
     monkeypatch.setattr(np.lib.format, "write_array", real)
     assert (folder / "tiny_iter_2.npz").read_bytes() == before
@@ -188,7 +186,7 @@ def test_a_stale_tmp_is_removed_and_never_resumed_from(tmp_path):
     (folder / "other_iter_9.npz.tmp").write_bytes(b"PK")  # another net's: not ours to remove
     t = tiny_trainer(tmp_path, 1)
     assert sorted(os.listdir(folder)) == ["other_iter_9.npz.tmp"]
-    with pytest.raises(SNError, match="no snapshots of net 'tiny'"):
+    with raises_one_line(SNError, match="no snapshots of net 'tiny'"):
         t.restore(str(folder))
 
 

@@ -7,6 +7,7 @@ import signal
 
 import numpy as np
 import pytest
+from one_line import raises_one_line
 
 from superneuron.data import Loader, open_source, source_config
 from superneuron.errors import SNError
@@ -54,6 +55,17 @@ def test_resumed_run_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(second.net.param(name), whole.net.param(name))
 
 
+def test_the_seed_decides_the_run_and_another_seed_gives_another(tmp_path):
+    """Two runs of one seed give the same losses to the bit; the control: another seed (other
+    weights, shuffling and Dropout masks) gives other losses."""
+    runs = {}
+    for folder, seed in (("a", 0), ("b", 0), ("c", 1)):
+        tiny_trainer(tmp_path / folder, 4, seed=seed).run()
+        runs[folder] = losses(tmp_path / folder / "log.jsonl")
+    assert len(runs["a"]) == 4 and runs["a"] == runs["b"]
+    assert all(x != y for x, y in zip(runs["a"], runs["c"]))
+
+
 def test_resume_picks_the_newest_snapshot_in_a_folder(tmp_path):
     t = tiny_trainer(tmp_path, 6, snapshot_every=2)
     t.run()
@@ -69,10 +81,10 @@ def test_snapshot_of_another_net_is_refused(tmp_path):
     solver = SolverConfig(max_iter=2)
     other = load_net(TINY, overrides={"width": 6}, optimizer=make_optimizer(solver))
     loader = t.train_loader
-    with pytest.raises(SNError, match="snapshot of a different net"):
+    with raises_one_line(SNError, match="snapshot of a different net"):
         Trainer(other, solver, loader).restore(str(tmp_path / "snap" / "tiny_iter_2.npz"))
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(SNError, match="junk.npz: not a superneuron snapshot"):
+    with raises_one_line(SNError, match="junk.npz: not a superneuron snapshot"):
         t.restore(str(tmp_path / "junk.npz"))
 
 
@@ -156,14 +168,16 @@ def test_ctrl_c_then_resume_is_exact(tmp_path, where, stops_at):
 def test_unwritable_snapshot_folder_is_reported_at_start(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(SNError, match="cannot write there"):
+    with raises_one_line(SNError, match="cannot write there"):
         tiny_trainer(tmp_path, 1).__class__(load_net(TINY, optimizer=make_optimizer(SolverConfig())),
                                             SolverConfig(), None, snapshot_dir=str(blocker / "sub"))
 
 
+@pytest.mark.slow
 def test_lenet_learns_the_digits(tmp_path, capsys):
     """`sn-train nets/lenet.yaml` (the README's first command) reaches at least 97 % test
-    accuracy on scikit-learn's digits and says so, with speed and peak memory."""
+    accuracy on scikit-learn's digits and says so, with speed and peak memory. (The whole
+    run, as a user makes it: slow, and run first by the suite, in CI too.)"""
     from superneuron.cli.train import main
     log = tmp_path / "lenet.jsonl"
     assert main(["nets/lenet.yaml", "--log", str(log)]) == 0

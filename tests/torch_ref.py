@@ -8,18 +8,20 @@ import torch
 import torch.nn.functional as F
 
 
-def _dropout_scale(net, node, iteration=0):
-    """The mask times 1/(1-p) that superneuron's Dropout draws for this node and iteration."""
-    from superneuron.layers.base import Context
-    from superneuron.runtime.executor import step_seed
-    layer = node.layer
-    algo = layer.algorithms("forward")[0]
-    ctx = Context(np, train=True, workspace=np.zeros(max(algo.workspace, 1), np.uint8), algo=algo.name,
-                  seed=step_seed(net.seed, iteration, node.index), backend=net.backend)
-    ones = np.ones(layer.bottom_shapes[0], dtype=layer.dtype)
-    out = np.empty_like(ones)
-    layer.forward(ctx, [ones], [out], {})
-    return out
+def dropout_scale(net, node, iteration=0):
+    """Dropout's mask times 1/(1-p) for ``node`` in ``iteration``, built here from what is
+    documented, not taken from the layer: the step's seed (runtime/executor.py's step_seed:
+    ``((seed * 1_000_003 + iteration) * 65_537 + node index) mod 2**63``), its uniform numbers
+    (Context.uniform on the CPU: ``numpy.random.default_rng(seed).random`` in the layer's
+    dtype), a unit kept where its number is at least p (so a fraction 1 - p is kept), and the
+    kept ones scaled by 1/(1-p) (Caffe's inverted dropout). A layer that draws another mask,
+    keeps the wrong units or scales them otherwise differs from PyTorch by whole activations."""
+    shape, dtype, p = node.layer.bottom_shapes[0], node.layer.dtype, node.layer.cfg["dropout_ratio"]
+    seed = (int(net.seed) * 1_000_003 + int(iteration)) * 65_537 + int(node.index) & (2**63 - 1)
+    u = np.random.default_rng(seed).random(shape, dtype=dtype)
+    scale = (u >= p).astype(dtype)
+    scale *= 1.0 / (1.0 - p)
+    return scale
 
 
 def lrn_within_channel(x, n, alpha, beta):
@@ -93,7 +95,7 @@ def run_torch(net, feed, dtype=torch.float32):
             else:
                 outs = [torch.stack(xs).amax(0)]
         elif kind == "Dropout":
-            outs = [xs[0] * torch.tensor(_dropout_scale(net, node), dtype=dtype)]
+            outs = [xs[0] * torch.tensor(dropout_scale(net, node), dtype=dtype)]
         elif kind == "Concat":
             outs = [torch.cat(xs, cfg["axis"])]
         elif kind == "LRN" and cfg["norm_region"] == "WITHIN_CHANNEL":

@@ -1,0 +1,112 @@
+"""Plan equals run, measured from outside the Runtime.
+
+The Runtime's Arena makes the Simulator's calls, so comparing their counters proves only that
+they agree with each other. Here a witness (kernel_trace.py) records every array the run hands
+to a layer's kernel, with its offset in the one block they are all views of, and from those
+alone finds the highest byte used, the bytes alive at each kernel call, and whether every read
+sees what was written. Those are compared with the Simulator's plan (DESIGN.md invariants 2
+and 3: plan equals run; every tensor on the device is a view into the arena, the resident
+region first)."""
+
+import pytest
+from kernel_trace import ALIGN, KernelTrace
+from test_memory_passes import CAFFE_CHAIN, CHAIN
+from test_net import SMALL, feed_for
+
+from superneuron import load_net
+from superneuron.net import Net
+from superneuron.spec import loads_spec
+
+TINY = "tests/nets/tiny.yaml"  # in-place BatchNorm and ReLU, Dropout, Concat, Eltwise, fan-out
+TEXTS = {"chain": CHAIN,               # conv → BatchNorm → Scale → ReLU blocks: BatchNorm recomputed
+         "caffe_chain": CAFFE_CHAIN}   # the same all in place, as Caffe writes it, and Dropout in place
+
+CASES = ([(TINY, p, pl) for p in ("baseline", "liveness", "recompute", "offload", "superneurons",
+                                   "liveness+params", "superneurons+params") for pl in ("dynamic", "planned")]
+         + [("chain", p, "dynamic") for p in ("recompute", "superneurons")]
+         + [("caffe_chain", p, "planned") for p in ("liveness", "recompute", "offload", "superneurons")]
+         + [("nets/lenet.yaml", p, "dynamic") for p in ("liveness", "recompute", "offload")]
+         + [("nets/resnet_cifar.yaml", p, "planned") for p in ("recompute", "superneurons")])
+
+
+def traced_run(monkeypatch, case, policy, placement):
+    """Build ``case`` (a net file, or a key of TEXTS) under ``policy`` and run one traced
+    forward and backward; ``(net, trace)``."""
+    if case in TEXTS:
+        net = Net(loads_spec(TEXTS[case]), policy=policy, placement=placement)
+    else:
+        net = load_net(case, overrides=dict(SMALL.get(case, {})), batch=1, policy=policy, placement=placement)
+    trace = KernelTrace(net, resident_params="+params" not in policy)
+    with monkeypatch.context() as m:
+        trace.install(m)
+        net.forward_backward(feed_for(net))
+    return net, trace
+
+
+@pytest.mark.parametrize("case, policy, placement", CASES)
+def test_what_the_kernels_touched_is_what_the_plan_said(monkeypatch, case, policy, placement):
+    net, trace = traced_run(monkeypatch, case, policy, placement)
+    plan = net.plans["train"]
+    kinds = {(c.node.layer.type, c.phase) for c in trace.calls}
+    assert len(trace.calls) >= len(net.graph.nodes) and ("Convolution", "backward") in kinds
+
+    # every activation, gradient, workspace and parameter handed to a kernel is a view of one
+    # block: the arena, of the size the plan asked for
+    base = trace.locate()
+    assert base.nbytes == net.arena_bytes == max(p.arena_bytes for p in net.plans.values())
+    assert any(op.role == "workspace" for c in trace.calls for op in c.operands)
+    if "+params" not in policy:  # resident region first, scheduled tensors above it
+        resident_end, scheduled_start = trace.resident_extent()
+        assert 0 < resident_end <= scheduled_start
+
+    # the highest byte a kernel touched is the top of the plan's arena (up to its alignment)
+    assert plan.arena_bytes - ALIGN < trace.high_water <= plan.arena_bytes
+
+    # bytes alive at each kernel call, from first touch to last: with no copies to hide
+    # anything, liveness frees each value right after its last use, so the plan's peak is
+    # exactly that; baseline keeps everything, so the plan's peak is above it
+    live = trace.live_peak()
+    if policy in ("liveness", "recompute"):
+        assert live == plan.peak_bytes
+    elif policy == "baseline":
+        assert live < plan.peak_bytes
+    assert net.peak_bytes == plan.peak_bytes
+
+    # no two values in one kernel's operands share bytes (but an in-place pair); every read
+    # saw the bytes last written under its name (so nothing was freed early, overwritten or
+    # read before its copy landed); every recompute wrote what the forward wrote and left
+    # parameters and statistics alone
+    assert trace.clashes() == []
+    assert trace.violations == []
+    assert trace.unchecked_reads == {f"{n.tops[0]}.grad" for n in net.graph.losses}
+
+
+def test_recompute_is_witnessed_for_dropout_and_batchnorm(monkeypatch):
+    """The recompute checks above have something to check: the chains recompute a BatchNorm
+    and an in-place Dropout."""
+    for case, kinds in (("chain", {"BatchNorm", "ReLU"}), ("caffe_chain", {"Dropout", "ReLU"})):
+        _, trace = traced_run(monkeypatch, case, "recompute", "dynamic")
+        recomputed = {c.node.layer.type for c in trace.calls if c.phase == "recompute"}
+        assert kinds <= recomputed, (case, recomputed)
+
+
+def test_the_witness_sees_a_value_overwritten_before_its_last_read(monkeypatch):
+    """Control: clobber one activation between its forward and the backward that reads it,
+    as a liveness pass freeing it early would; the witness names the read."""
+    net = load_net(TINY, policy="liveness")
+    trace = KernelTrace(net)
+    pool = net.graph.node("pool")
+    cls = type(pool.layer)
+    with monkeypatch.context() as m:
+        trace.install(m)
+        traced = cls.backward
+
+        def clobber(layer, ctx, bottoms, *rest):
+            if layer is pool.layer:
+                bottoms[0][...] += 1
+            return traced(layer, ctx, bottoms, *rest)
+
+        m.setattr(cls, "backward", clobber)
+        net.forward_backward(feed_for(net))
+    assert any(v.startswith("backward(pool)#") and "'concat' is not what was written" in v
+               for v in trace.violations), trace.violations
