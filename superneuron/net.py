@@ -46,7 +46,7 @@ class Net:
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
-        costs = self._cost_model(costs)
+        costs = self.cost_model = self._cost_model(costs)  # kept: sn-train estimates the run's time
         self.schedules = {
             k: apply_policy(lower(self.graph, train=k == "train", optimizer=optimizer), policy,
                             placement, budget=memory, workspace_limit=workspace_limit, costs=costs,

@@ -18,6 +18,20 @@ def human_bytes(nbytes):
     return f"{nbytes} B"
 
 
+def human_seconds(seconds):
+    """``0.0123`` → ``'12 ms'``, ``75`` → ``'1 min 15 s'``, ``7300`` → ``'2 h 1 min'``."""
+    seconds = float(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
 def parse_size(text):
     """``'12GiB'``, ``'500MB'``, ``'1.5 GiB'``, ``'4096'`` → bytes; SNError when malformed."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
