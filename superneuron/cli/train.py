@@ -56,7 +56,7 @@ def run(args):
     from ..optim import make_optimizer
     from ..train import Trainer
 
-    spec = load_spec_from_args(args)
+    spec = _fit_size_to_data(load_spec_from_args(args), args)
     solver = solver_from_args(args, spec)
     data_cfg = _data_config(spec, args, source_config)
     optimizer = make_optimizer(solver)
@@ -137,17 +137,54 @@ def _batch(spec):
     return first.cfg["shape"][0][0]
 
 
+FIXED_SIZE = ("npz", "cifar")        # sources whose samples have one size, which size cannot change
+RESIZED = ("digits", "synthetic", "folder")   # sources that make samples of any size
+
+
+def _fit_size_to_data(spec, args):
+    """``spec`` again with its ``size`` parameter set to the side of ``--data``'s samples, when
+    the source has one fixed size (.npz, CIFAR), its samples are square, the net has a ``size``
+    parameter that differs and ``--set`` did not give it (so a LeNet whose default size is 32
+    trains on 28x28 samples as they are)."""
+    from ..data import describe, source_kind
+    if not args.data or "size" not in spec.params or source_kind(args.data) not in FIXED_SIZE:
+        return spec
+    if any(str(item).partition("=")[0].strip() == "size" for item in args.set):
+        return spec
+    (_, h, w), _ = describe({"source": args.data})
+    if h != w or spec.params["size"] == h:
+        return spec
+    print(f"data: {args.data} has {h}x{w} samples: the net's size parameter is set to {h} "
+          f"(it was {spec.params['size']}; --set size=N to choose)")
+    args.set = [*args.set, f"size={h}"]
+    return load_spec_from_args(args)
+
+
 def _data_config(spec, args, source_config):
     """The Data layer's configuration with ``--data`` replacing its source, or for an Input net
-    the ``--data`` source (None when there is none: see :func:`_synthetic_like`)."""
+    the ``--data`` source, sized to the input where the source can make samples of any size
+    (None when there is no ``--data``: see :func:`_synthetic_like`)."""
+    from ..data import source_kind
     first = spec.layers[0]
     if first.type == "Data":
         if args.data:
             first.cfg.update(source_config(args.data, first.cfg))
+            if source_kind(args.data) in FIXED_SIZE:  # the net's size was meant for its own source
+                first.cfg["size"] = 0
         return first.cfg
-    if args.data:
-        return source_config(args.data, {"batch_size": first.cfg["shape"][0][0]})
-    return None
+    if not args.data:
+        return None
+    shape = first.cfg["shape"][0]
+    base = {"batch_size": shape[0]}
+    kind = source_kind(args.data)
+    if kind in RESIZED and len(shape) == 4:
+        if shape[2] != shape[3]:
+            raise SNError(f"{args.data}: {kind} data is made square, but the net's input "
+                          f"'{first.tops[0]}' is {shape[2]}x{shape[3]}")
+        base["size"] = shape[2]  # images: the shorter side resized to it, the centre (or a random) square cut
+        if kind == "synthetic":
+            base["channels"] = shape[1]
+    return source_config(args.data, base)
 
 
 def _synthetic_like(net, classes, source_config):
