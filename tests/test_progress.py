@@ -64,6 +64,22 @@ def test_off_a_terminal_a_line_comes_at_least_every_period():
     assert len(out.times) <= (clock.now - 1000.0) / PERIOD + 2
 
 
+def test_the_heartbeat_speaks_during_one_long_iteration():
+    """A single iteration longer than the period (a 224x224 net on a CPU) is not silent."""
+    out = io.StringIO()
+    progress = Progress(1000, out=out, period=0.05, tty=False)
+    progress({"kind": "iter", "iter": 1, "loss": 1.0, "images": 8, "seconds": 0.01, "warmup": True})
+    progress.start_heartbeat()
+    import time
+    time.sleep(0.4)
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 2 and all(re.fullmatch(r"progress: iteration 2/1000 running, .* so far \(.* elapsed\)", x)
+                                   for x in lines), lines
+    time.sleep(0.1)
+    assert out.getvalue().splitlines() == lines  # closed: silent
+
+
 def test_a_fast_run_prints_no_progress_lines():
     clock = FakeClock()
     out = Recorder(clock)

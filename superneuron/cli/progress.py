@@ -4,6 +4,7 @@ terminal; otherwise a line at least every ``PERIOD`` seconds, the test passes in
 the time measured on the first iterations."""
 
 import sys
+import threading
 import time
 
 from ..report import human_bytes, human_seconds
@@ -52,7 +53,8 @@ def plan_lines(trainer, net, solver):
 class Progress:
     """Prints the trainer's events: a tqdm bar on a terminal, plain lines otherwise. Off a
     terminal a progress line comes whenever nothing was printed for ``period`` seconds of
-    ``clock``, in training and in test passes alike."""
+    ``clock``, in training and in test passes alike; :meth:`start_heartbeat` adds a thread that
+    says so too while one iteration or test batch takes longer than that."""
 
     def __init__(self, total, start=0, out=None, clock=time.monotonic, period=PERIOD, tty=None):
         self.out = out or sys.stdout
@@ -61,6 +63,10 @@ class Progress:
         self.began = self.last_line = clock()
         self.timed, self.timed_seconds, self.measured = 0, 0.0, False
         self.iteration, self.loss = start, None
+        self.doing = "iteration"   # or "test": what the heartbeat says is running
+        self.last_event = self.began
+        self.lock = threading.Lock()   # the heartbeat thread writes too
+        self.stopped = threading.Event()
         self.bar = None
         if self.out.isatty() if tty is None else tty:
             from tqdm import tqdm
@@ -68,15 +74,32 @@ class Progress:
                             file=self.out)
 
     def write(self, line):
-        if self.bar:
-            self.bar.write(line, file=self.out)
-        else:
-            print(line, file=self.out)
-        self.out.flush()
-        self.last_line = self.clock()
+        with self.lock:
+            if self.bar:
+                self.bar.write(line, file=self.out)
+            else:
+                print(line, file=self.out)
+            self.out.flush()
+            self.last_line = self.clock()
+
+    def start_heartbeat(self):
+        """Off a terminal, a daemon thread that prints a line whenever nothing was printed for
+        ``period`` seconds (one iteration of a large net on a CPU takes longer than that)."""
+        if not self.bar:
+            threading.Thread(target=self._beat, name="sn-progress", daemon=True).start()
+
+    def _beat(self):
+        while not self.stopped.wait(self.period / 4):
+            if self._quiet_too_long():
+                what = (f"iteration {self.iteration + 1}/{self.total}" if self.doing == "iteration"
+                        else f"the test pass at iteration {self.iteration}")
+                self.write(f"progress: {what} running, {human_seconds(self.clock() - self.last_event)} "
+                           f"so far ({human_seconds(self.clock() - self.began)} elapsed)")
 
     def __call__(self, event):
         kind = event["kind"]
+        self.last_event = self.clock()
+        self.doing = "test" if kind == "test_batch" else "iteration"
         if kind == "iter":
             self._iteration(event)
         elif kind == "display":
@@ -128,5 +151,6 @@ class Progress:
                        f" | loss {self.loss:.4f}{rate} | {human_seconds(wall)} elapsed{eta}")
 
     def close(self):
+        self.stopped.set()
         if self.bar:
             self.bar.close()

@@ -100,6 +100,7 @@ def run(args):
     sys.stdout.flush()
 
     printer = Progress(solver.max_iter, start=trainer.iteration)
+    printer.start_heartbeat()
     started = time.perf_counter()
     first = trainer.iteration
     try:
