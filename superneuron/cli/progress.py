@@ -22,6 +22,10 @@ def count_tests(start, max_iter, test_interval, has_test):
     return len({i for i in every if i > start} | {max_iter})
 
 
+def _count(n, one, many):
+    return f"{n} {one if n == 1 else many}"
+
+
 def plan_lines(trainer, net, solver):
     """The plan of the run: what it will do, and its time estimated by the net's cost model
     (measured kernel times under ``--profile`` or a cached table, else flops and bytes at the
@@ -38,7 +42,8 @@ def plan_lines(trainer, net, solver):
              f"epochs of {samples} samples) on {where}"
              + (f", from iteration {start}" if start else "")
              + (f"; display every {solver.display}" if solver.display else "")
-             + (f"; {testing}: {tests} passes of {batches} batches" if tests else "; no test")]
+             + (f"; {testing}: {_count(tests, 'pass', 'passes')} of {_count(batches, 'batch', 'batches')}"
+                if tests else "; no test")]
     model = net.cost_model
     per_iter = model.timeline(net.schedules["train"]).seconds
     per_test = model.timeline(net.schedules["test"]).seconds * batches
