@@ -246,15 +246,13 @@ class _Loader:
 
     def _from_set(self, key, raw):
         """Where a parameter that failed got its value from: `` (from --set)`` when ``--set``
-        gave it, `` (with --set depth=21)`` when it uses values ``--set`` gave (those named in
-        its text, else all), else nothing."""
+        gave it, `` (with --set depth=21)`` when its text names values ``--set`` gave, else
+        nothing."""
         if key in self.overrides:
             return " (from --set)"
-        if not self.overrides:
-            return ""
         named = set(re.findall(r"[A-Za-z_]\w*", str(raw)))
-        used = [k for k in self.overrides if k in named] or list(self.overrides)
-        return " (with " + ", ".join(f"--set {k}={self.overrides[k]}" for k in used) + ")"
+        used = [k for k in self.overrides if k in named]
+        return " (with " + ", ".join(f"--set {k}={self.overrides[k]}" for k in used) + ")" if used else ""
 
     def load_input(self, root):
         """``input: {data: [8, 3, 32, 32], label: [8]}`` → the first layer, of type Input."""
