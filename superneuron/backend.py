@@ -56,6 +56,11 @@ class Backend:
         """Vendor kernels the layers may use here (None: the portable NumPy/CuPy ones)."""
         return None
 
+    def convolutions(self):
+        """One line saying which convolution kernels run here and, on a GPU without cuDNN,
+        why they fell back (what sn-train prints at start)."""
+        return "im2col + GEMM and direct loops in NumPy (CPU)"
+
     @contextlib.contextmanager
     def watch_allocations(self):
         """Yield an :class:`Allocations` counting device allocations made outside the arena
@@ -72,13 +77,21 @@ class GPUBackend(Backend):
     def __init__(self, cupy):
         self.xp = cupy
         self._kernels = False   # loaded on first use
+        self.kernels_missing = None   # why cuDNN is not used, once kernels() has looked
 
     def kernels(self):
         """cuDNN through its Frontend where it imports (layers/cudnn.py), else None."""
         if self._kernels is False:
-            from .layers.cudnn import load
-            self._kernels = load()
+            from .layers.cudnn import probe
+            self._kernels, self.kernels_missing = probe()
         return self._kernels
+
+    def convolutions(self):
+        kernels = self.kernels()
+        if kernels is not None:
+            return kernels.describe() + " (GPU)"
+        return (f"im2col + GEMM in CuPy (GPU), the fallback: {self.kernels_missing}; install "
+                f"superneuron[cuda12] or [cuda13] for cuDNN")
 
     def empty_bytes(self, nbytes):
         return self.xp.empty(max(int(nbytes), 1), dtype=self.xp.uint8)

@@ -277,7 +277,12 @@ class _Evaluator:
         return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
 
     def visit_Subscript(self, node):
-        return self.visit(node.value)[self.visit(node.slice)]
+        container, key = self.visit(node.value), self.visit(node.slice)
+        try:
+            return container[key]
+        except KeyError:  # say which key and which there are, not Python's "KeyError: 21"
+            keys = ", ".join(map(repr, list(container)[:10])) + (", ..." if len(container) > 10 else "")
+            self.fail(f"{key!r} is not one of the keys ({keys})")
 
     def visit_Slice(self, node):
         parts = [None if p is None else self.visit(p) for p in (node.lower, node.upper, node.step)]

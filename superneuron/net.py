@@ -47,7 +47,7 @@ class Net:
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
-        costs = self.costs = self._cost_model(costs)
+        costs = self.costs = self._cost_model(costs)  # kept: sn-train estimates the run's time
         self.placement, self.workspace_limit, self.host_memory = placement, workspace_limit, host_memory
         self.schedules, self.plans = {}, {}
         for k in ("train", "test"):
@@ -166,9 +166,13 @@ class Net:
                 return self.graph.tensors[node.bottoms[0]].shape[1]
         return None
 
-    def forward(self, feed, train=False):
-        """Run a forward pass (test mode unless ``train``); returns the scalar outputs (losses,
-        accuracies) by layer name."""
+    phase = "TEST"  # what forward() runs unless told: Caffe's phase of the net (load_net sets it)
+
+    def forward(self, feed, train=None):
+        """Run a forward pass in training mode if ``train``, else test mode (by default: the
+        net's ``phase``); returns the scalar outputs (losses, accuracies) by layer name."""
+        if train is None:
+            train = self.phase == "TRAIN"
         schedule = self.schedules["train" if train else "test"]
         if train:
             schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, UPDATE)])
@@ -255,7 +259,34 @@ class Net:
         return self.runtime.arena.capacity
 
 
-def load_net(path, overrides=None, batch=None, **kw):
-    """Load ``path`` (YAML) with ``--set``-style ``overrides`` and ``batch``; see :class:`Net`."""
-    return Net(load_spec(path, overrides=overrides, batch=batch), **kw)
+DTYPES = ("float32", "float64")
+
+
+def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype="float32", **kw):
+    """Load ``path`` (YAML) with ``--set``-style ``overrides`` and ``batch``; see :class:`Net`
+    for the other keywords.
+
+    ``phase`` is Caffe's: what :meth:`Net.forward` runs by default, ``'TEST'`` (the layers of
+    the TEST phase, Dropout passing everything, BatchNorm with its running statistics) or
+    ``'TRAIN'`` (the TRAIN layers, Dropout dropping, BatchNorm with the batch's statistics).
+    ``dropout`` overrides the phase for Dropout layers: None (as the phase says), True (drop in
+    both: Monte-Carlo dropout) or False (never: a deterministic training step). ``dtype`` is
+    ``'float32'`` or ``'float64'`` for the activations, parameters and gradients."""
+    phase = str(phase).upper()
+    if phase not in ("TRAIN", "TEST"):
+        raise SNError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
+    if dropout not in (None, True, False):
+        raise SNError(f"dropout must be None, True or False, got {dropout!r}")
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    if name not in DTYPES:
+        raise SNError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    net = Net(load_spec(path, overrides=overrides, batch=batch), dtype=name, **kw)
+    net.phase = phase
+    for node in net.graph.nodes:
+        if node.layer.type == "Dropout":
+            node.layer.enabled = dropout
+    return net
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from .errors import SpecError, where
+from .errors import SNError, SpecError, where
 from .files import read_text_capped
 from .limits import MAX_SOLVER_FILE_BYTES
 
@@ -430,6 +430,14 @@ class Optimizer:
         w -= tmp
 
 
-def make_optimizer(cfg):
-    """The optimiser a SolverConfig asks for."""
+def make_optimizer(cfg=None):
+    """The optimiser ``cfg`` asks for: a SolverConfig, a plain mapping of Caffe's solver keys
+    (``{"type": "Adam", "base_lr": 0.001}``, checked as a solver file is), or None for the
+    defaults."""
+    if cfg is None:
+        cfg = SolverConfig()
+    elif isinstance(cfg, dict):
+        cfg = solver_from_mapping(cfg, "make_optimizer")
+    elif not isinstance(cfg, SolverConfig):
+        raise SNError(f"make_optimizer takes a SolverConfig or a mapping of solver keys, got {type(cfg).__name__}")
     return Optimizer(cfg)

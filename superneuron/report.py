@@ -9,6 +9,20 @@ from .scheduler.steps import BACKWARD, FORWARD
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
+def human_seconds(seconds):
+    """``0.0123`` → ``'12 ms'``, ``75`` → ``'1 min 15 s'``, ``7300`` → ``'2 h 1 min'``."""
+    seconds = float(seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
 def table(rows, headers):
     """A plain-text table with aligned columns."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]

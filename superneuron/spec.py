@@ -12,6 +12,7 @@ shapes) belong to :mod:`superneuron.graph`, which reads the positions kept on ea
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import SpecError, where
@@ -252,8 +253,17 @@ class _Loader:
                 value = self.overrides[key] if key in self.overrides else raw[key]
                 self.params[key] = substitute(value, self.params)
             except ExprError as e:
-                src = " (from --set)" if key in self.overrides else ""
-                self.problem(where_, f"parameter '{key}'{src}: {e}")
+                self.problem(where_, f"parameter '{key}'{self._from_set(key, raw[key])}: {e}")
+
+    def _from_set(self, key, raw):
+        """Where a parameter that failed got its value from: `` (from --set)`` when ``--set``
+        gave it, `` (with --set depth=21)`` when its text names values ``--set`` gave, else
+        nothing."""
+        if key in self.overrides:
+            return " (from --set)"
+        named = set(re.findall(r"[A-Za-z_]\w*", str(raw)))
+        used = [k for k in self.overrides if k in named]
+        return " (with " + ", ".join(f"--set {k}={self.overrides[k]}" for k in used) + ")" if used else ""
 
     def load_input(self, root):
         """``input: {data: [8, 3, 32, 32], label: [8]}`` → the first layer, of type Input."""

@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 import numpy as np
 
@@ -30,8 +31,14 @@ class Trainer:
     """Trains ``net`` (built with an optimiser) on batches from ``train_loader``.
 
     ``solver`` is an optim.SolverConfig (max_iter, display, test_interval, test_iter,
-    snapshot); ``snapshot_dir`` None disables snapshots; ``log_path`` writes one JSON object
-    per display and test interval.
+    snapshot); ``snapshot_dir`` None disables snapshots; ``log_path`` appends one JSON object
+    per line: a ``start`` record, then one per display (``display``) and test (``test``), and an
+    ``end`` record; each has ``kind``, ``time`` (Unix seconds) and ``run`` (an id shared by the
+    records of one run, so that runs appended to one file can be told apart).
+
+    After :meth:`run`, ``run_images`` and ``run_seconds`` add up the images and the seconds of
+    the training steps of that run, leaving out its first step (it plans and warms up):
+    :attr:`average_rate` is their ratio.
     """
 
     def __init__(self, net, solver, train_loader, test_loader=None, snapshot_dir=None, log_path=None):
@@ -39,6 +46,8 @@ class Trainer:
         self.train_loader, self.test_loader = train_loader, test_loader
         self.snapshot_dir, self.log_path = snapshot_dir, log_path
         self.iteration = 0
+        self.run_images, self.run_seconds = 0, 0.0
+        self.run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.inputs = net.input_names
         if len(self.inputs) != 2:
             raise SNError(f"net '{net.graph.name}' must have exactly two inputs (data, label) to be "
@@ -53,7 +62,9 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
     def run(self, on_event=lambda event: None):
         """Train from the current iteration to ``solver.max_iter``; returns the last test result
-        (or None). Events: ``iter``, ``display``, ``test``, ``snapshot``, ``interrupted``.
+        (or None). Events: ``iter`` (with the step's ``images`` and ``seconds``), ``display``,
+        ``test_batch`` (``batch`` of ``batches``, during a test pass), ``test``, ``snapshot``,
+        ``interrupted``.
 
         On Ctrl-C (KeyboardInterrupt) it snapshots the state after the last whole iteration and
         returns; a non-finite loss is an SNError naming the iteration and the first layer whose
@@ -69,6 +80,11 @@ class Trainer:
         window = _Window()
         recent = collections.deque(maxlen=s.average_loss)  # Caffe's average_loss: display smoothing
         ctrl_c = _HeldInterrupt()
+        warm = False  # the first step of a run plans, allocates and warms up: left out of speeds
+        self.run_images, self.run_seconds = 0, 0.0
+        self._log(log, "start", net=self.net.graph.name, device=self.net.backend.name,
+                  policy=self.net.policy, batch=self.train_loader.batch, start_iter=self.iteration,
+                  max_iter=s.max_iter, solver=s.type)
         try:
             while self.iteration < s.max_iter:
                 it = self.iteration
@@ -87,10 +103,15 @@ class Trainer:
                 self.iteration = it + 1
                 if ctrl_c.pending:
                     raise KeyboardInterrupt
-                window.add(loss, self._accuracy(self.net.outputs), len(x), time.perf_counter() - start,
-                           first=(it == 0))
+                seconds = time.perf_counter() - start
+                window.add(loss, self._accuracy(self.net.outputs), len(x), seconds, first=not warm)
+                if warm:
+                    self.run_images += len(x)
+                    self.run_seconds += seconds
                 recent.append(loss)
-                on_event({"kind": "iter", "iter": self.iteration, "loss": loss})
+                on_event({"kind": "iter", "iter": self.iteration, "loss": loss, "images": len(x),
+                          "seconds": seconds, "warmup": not warm})
+                warm = True
                 if s.display and (self.iteration % s.display == 0 or self.iteration == s.max_iter):
                     record = dict(window.summary(), iter=self.iteration, lr=self.net.optimizer.lr(it),
                                   peak_bytes=self.net.peak_bytes)
@@ -98,12 +119,12 @@ class Trainer:
                         record["loss"] = float(np.mean(recent))
                     window = _Window()
                     on_event(dict(record, kind="display"))
-                    _log(log, record)
+                    self._log(log, "display", **record)
                 if self.test_loader is not None and (self.iteration == s.max_iter or (
                         s.test_interval and self.iteration % s.test_interval == 0)):
-                    last_test = dict(self.test(), iter=self.iteration)
+                    last_test = dict(self.test(on_event), iter=self.iteration)
                     on_event(dict(last_test, kind="test"))
-                    _log(log, last_test)
+                    self._log(log, "test", **last_test)
                 if (self.snapshot_dir and s.snapshot and self.iteration % s.snapshot == 0
                         and self.iteration != s.max_iter):
                     on_event({"kind": "snapshot", "path": self.snapshot()})
@@ -118,8 +139,21 @@ class Trainer:
         finally:
             ctrl_c.restore()
             if log:
+                self._log(log, "end", iter=self.iteration, img_per_s=self.average_rate,
+                          peak_bytes=self.net.peak_bytes, arena_bytes=self.net.arena_bytes)
                 log.close()
         return last_test
+
+    @property
+    def average_rate(self):
+        """Images per second over the training steps of the last :meth:`run` (its first step
+        left out), or None when it timed none."""
+        return self.run_images / self.run_seconds if self.run_seconds else None
+
+    def _log(self, log, kind, **record):
+        if log is not None:
+            log.write_line(json.dumps({"kind": kind, "time": round(time.time(), 3), "run": self.run_id,
+                                       **record}))
 
     def _non_finite_loss(self, loss, feed, it):
         """The message for a loss that went non-finite at iteration ``it``: the runtime skipped
@@ -141,13 +175,20 @@ class Trainer:
         accs = [v for n, v in outputs.items() if self.net.graph.node(n).layer.type == "Accuracy"]
         return accs[0] if accs else None
 
-    def test(self):
+    def test_batches(self):
+        """Batches in one test pass (``test_iter``, or the whole test set)."""
+        n = len(self.test_loader) if self.test_loader is not None else 0
+        return min(n, self.solver.test_iter) if self.solver.test_iter else n
+
+    def test(self, on_event=lambda event: None):
         """Loss and accuracy over the test set (or ``test_iter`` batches), weighting each batch
-        by its number of real samples (the last one is padded with ignored labels)."""
+        by its number of real samples (the last one is padded with ignored labels). Reports a
+        ``test_batch`` event after each batch."""
         total = loss = correct = 0.0
         has_acc = False
+        batches = self.test_batches()
         for k, (x, y, n_valid) in enumerate(self.test_loader.epoch()):
-            if self.solver.test_iter and k >= self.solver.test_iter:
+            if k >= batches:
                 break
             outputs = self.net.forward({self.inputs[0]: x, self.inputs[1]: y}, train=False)
             loss += self.net.loss * n_valid
@@ -156,6 +197,7 @@ class Trainer:
                 has_acc = True
                 correct += acc * n_valid
             total += n_valid
+            on_event({"kind": "test_batch", "batch": k + 1, "batches": batches})
         result = {"test_loss": loss / max(total, 1), "test_samples": int(total)}
         if has_acc:
             result["test_accuracy"] = correct / max(total, 1)
@@ -272,11 +314,6 @@ def _check_writable(folder):
         os.remove(probe)
     except OSError as e:
         raise SNError(f"{folder}: cannot write there ({e.strerror})") from None
-
-
-def _log(log, record):
-    if log is not None:
-        log.write_line(json.dumps(record))
 
 
 class _Window:

@@ -1,14 +1,20 @@
-"""The memory tables of the README: for classic ImageNet networks at batch 32 and 224x224,
-the peak of one training iteration under the baseline and liveness policies, liveness's peak
-over the lower bound, and the arena each allocator needs; then every policy's peak over the
-lower bound, with the host memory and estimated time (H100 cost model) of the ones that copy,
-and superneurons with parameter offload (superneurons+params); then how long sn-plan takes on
-a ResNet of about a thousand layers. ``--json FILE`` also writes every figure there.
+"""The memory tables of the README, each figure as `sn-plan` prints it: for classic ImageNet
+networks at batch 32 and 224x224, one training iteration with the optimiser state sn-plan
+plans by default (SGD with momentum), under every policy, on the H100 cost model
+(`--device gpu`, which sets only the estimated times). Each cell comes from one command,
+
+    sn-plan NET.yaml [--set depth=D] --batch 32 --policy P --device gpu --json
+
+run in this process (`superneuron.cli.plan.main`); the tables print the command of each row.
+Then how long sn-plan takes on a ResNet of about a thousand layers. ``--json FILE`` also
+writes every figure there.
 
     python tools/plan_table.py [--batch 32] [--depth 1001] [--json benchmarks/plan_table.json]
 """
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -16,8 +22,8 @@ import subprocess
 import sys
 import time
 
+from superneuron.cli.plan import main as sn_plan_main
 from superneuron.graph import Graph
-from superneuron.planning import lowered, plan
 from superneuron.report import human_bytes
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
@@ -34,59 +40,51 @@ NETS = [("AlexNet", "nets/alexnet.yaml", {}), ("VGG-16", "nets/vgg16.yaml", {}),
 
 POLICY_COLUMNS = ("baseline", "liveness", "recompute", "offload", "superneurons")
 PARAMS_POLICY = "superneurons+params"
+POLICIES = (*POLICY_COLUMNS, PARAMS_POLICY)
 
 
-def graph_of(path, overrides, batch):
-    return Graph(load_spec(path, overrides=dict(overrides, size=224), batch=batch))
+def command(path, overrides, batch, policy="P"):
+    """The sn-plan command line of one cell (``policy`` 'P' for a row's)."""
+    sets = [f"--set {k}={v}" for k, v in overrides.items()]
+    return " ".join(["sn-plan", path, *sets, "--batch", str(batch), "--policy", policy, "--device", "gpu"])
 
 
-def placement_figures(name, path, overrides, batch):
-    """Baseline and liveness peaks, liveness's lower bound and both allocators' arenas (the
-    default cost model, as the first README table has always been measured)."""
-    graph = graph_of(path, overrides, batch)
-    base = plan(graph, "baseline", device="gpu")[1]
-    schedule, live = plan(graph, "liveness", device="gpu")
-    return {"baseline_peak_bytes": base.peak_bytes, "liveness_peak_bytes": live.peak_bytes,
-            "liveness_lower_bound_bytes": live.lower_bound_bytes,
-            "arena_dynamic_bytes": arena_bytes(schedule, "dynamic"),
-            "arena_planned_bytes": arena_bytes(schedule, "planned")}
+def sn_plan(path, overrides, batch, policy):
+    """sn-plan's figures (its ``--json``) for :func:`command`, from the repository root."""
+    argv = command(path, overrides, batch, policy).split()[1:] + ["--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = sn_plan_main(argv)
+    if status not in (0, 3):
+        sys.exit(f"{' '.join(argv)}: exit status {status}")
+    return json.loads(out.getvalue())
 
 
-def policy_figures(name, path, overrides, batch, model):
-    """Every policy's (and superneurons+params') peak, lower bound, host bytes and estimated
-    time on ``model``."""
-    base = lowered(graph_of(path, overrides, batch))
-    out = {}
-    for policy in (*POLICY_COLUMNS, PARAMS_POLICY):
-        schedule, planned = plan(base, policy, cost=model)
-        timeline = model.timeline(schedule)
-        out[policy] = {"steps": planned.steps, "peak_bytes": planned.peak_bytes,
-                       "resident_bytes": planned.resident_bytes,
-                       "lower_bound_bytes": planned.lower_bound_bytes,
-                       "peak_over_lower_bound": planned.peak_bytes / planned.lower_bound_bytes,
-                       "arena_bytes": planned.arena_bytes, "host_bytes": planned.host_bytes,
-                       "est_seconds": timeline.seconds, "est_stall_seconds": timeline.stall,
-                       "est_recompute_seconds": timeline.recompute,
-                       "copied_bytes": timeline.copied}
-    return out
+def net_figures(path, overrides, batch):
+    """sn-plan's figures for every policy of one net."""
+    return {policy: sn_plan(path, overrides, batch, policy) for policy in POLICIES}
 
 
-def placement_row(name, f):
-    live = f["liveness_peak_bytes"]
-    return [name, human_bytes(f["baseline_peak_bytes"]), human_bytes(live),
-            f"{f['baseline_peak_bytes'] / live:.2f}x",
-            f"{live / f['liveness_lower_bound_bytes']:.2f}",
-            f"{human_bytes(f['arena_dynamic_bytes'])} ({f['arena_dynamic_bytes'] / live:.3f})",
-            f"{human_bytes(f['arena_planned_bytes'])} ({f['arena_planned_bytes'] / live:.3f})"]
+def placement_row(name, p):
+    """Baseline and liveness peaks, liveness's peak / lower bound and both allocators' arenas."""
+    base, live = p["baseline"], p["liveness"]
+    peak = live["peak_bytes"]
+    return [name, human_bytes(base["peak_bytes"]), human_bytes(peak),
+            f"{base['peak_bytes'] / peak:.2f}x", f"{live['peak_over_lower_bound']:.2f}",
+            f"{human_bytes(live['arena_bytes_dynamic'])} ({live['arena_bytes_dynamic'] / peak:.3f})",
+            f"{human_bytes(live['arena_bytes_planned'])} ({live['arena_bytes_planned'] / peak:.3f})"]
 
 
 def policy_row(name, p):
-    """Peak (and peak / lower bound) under each policy; superneurons' lower bound, host
-    memory, how far under baseline it is, and its estimated time against liveness."""
+    """Peak (and peak / lower bound) under each policy; superneurons' lower bound, the arena
+    sn-train allocates for it (dynamic placement, over the peak), its host memory, how far
+    under baseline it is, and its estimated time against liveness."""
     sn = p["superneurons"]
     cells = [f"{human_bytes(p[k]['peak_bytes'])} ({p[k]['peak_over_lower_bound']:.2f})"
              for k in POLICY_COLUMNS]
-    return [name, *cells, human_bytes(sn["lower_bound_bytes"]), human_bytes(sn["host_bytes"]),
+    return [name, *cells, human_bytes(sn["lower_bound_bytes"]),
+            f"{human_bytes(sn['arena_bytes_dynamic'])} ({sn['arena_bytes_dynamic'] / sn['peak_bytes']:.3f})",
+            human_bytes(sn["host_bytes"]),
             f"{p['baseline']['peak_bytes'] / sn['peak_bytes']:.1f}x",
             f"{sn['est_seconds'] / p['liveness']['est_seconds']:.2f}"]
 
@@ -104,6 +102,7 @@ def time_row(name, p):
             ms(sn["est_stall_seconds"]), ms(sn["est_recompute_seconds"]),
             human_bytes(sn["copied_bytes"]),
             f"{human_bytes(sp['peak_bytes'])} ({sp['peak_over_lower_bound']:.2f})",
+            f"{human_bytes(sp['arena_bytes_dynamic'])} ({sp['arena_bytes_dynamic'] / sp['peak_bytes']:.3f})",
             human_bytes(sp["host_bytes"]),
             f"{ms(sp['est_seconds'])} ({sp['est_seconds'] / live['est_seconds']:.2f})"]
 
@@ -123,34 +122,42 @@ def main():
     nets = []
     for name, path, overrides in NETS:
         nets.append({"net": name, "file": path, "overrides": overrides,
-                     **placement_figures(name, path, overrides, args.batch),
-                     "policies": policy_figures(name, path, overrides, args.batch, model)})
+                     "command": command(path, overrides, args.batch),
+                     "policies": net_figures(path, overrides, args.batch)})
 
-    print(f"One training iteration at batch {args.batch}, 224x224, float32 (no optimiser state).\n")
-    print(markdown([placement_row(n["net"], n) for n in nets],
+    print(f"One training iteration at batch {args.batch}, 224x224, float32, with SGD's momentum "
+          "(sn-plan's default solver). Rows:\n")
+    for n in nets:
+        print(f"- {n['net']}: `{n['command']}`")
+    print()
+    print(markdown([placement_row(n["net"], n["policies"]) for n in nets],
                    ["net", "baseline peak", "liveness peak", "baseline / liveness",
-                    "liveness peak / lower bound", "arena, dynamic (/ peak)",
-                    "arena, planned (/ peak)"]))
-    print("\nEvery policy: peak (peak / lower bound); for superneurons the lower bound, the host "
-          "memory it offloads to, how far under baseline it is, and its estimated time over "
-          f"liveness's on the {model.device.name} cost model.\n")
+                    "liveness peak / lower bound", "liveness arena, dynamic (/ peak)",
+                    "liveness arena, planned (/ peak)"]))
+    print("\nEvery policy: peak (peak / lower bound); for superneurons the lower bound, the arena "
+          "sn-train allocates (dynamic placement; over the peak), the host memory it offloads to, "
+          "how far under baseline it is, and its estimated time over liveness's on the "
+          f"{model.device.name} cost model.\n")
     print(markdown([policy_row(n["net"], n["policies"]) for n in nets],
-                   ["net", *POLICY_COLUMNS, "lower bound", "superneurons host",
-                    "baseline / superneurons", "time / liveness (est.)"]))
+                   ["net", *POLICY_COLUMNS, "lower bound", "superneurons arena (/ peak)",
+                    "superneurons host", "baseline / superneurons", "time / liveness (est.)"]))
     print(f"\nEstimated iteration time on the {model.device.name} cost model, in ms (ratio to "
           "liveness): superneurons with the part spent stalled on copies and recomputing and the "
-          f"bytes it copies; {PARAMS_POLICY}: peak (peak / its lower bound), host memory, time.\n")
+          f"bytes it copies; {PARAMS_POLICY}: peak (peak / its lower bound), arena (/ peak), host "
+          "memory, time.\n")
     print(markdown([time_row(n["net"], n["policies"]) for n in nets],
                    ["net", "liveness ms", "superneurons ms", "of which stalls", "of which recompute",
-                    "copied", f"{PARAMS_POLICY} peak", f"{PARAMS_POLICY} host",
-                    f"{PARAMS_POLICY} ms"]))
+                    "copied", f"{PARAMS_POLICY} peak", f"{PARAMS_POLICY} arena (/ peak)",
+                    f"{PARAMS_POLICY} host", f"{PARAMS_POLICY} ms"]))
 
     big = []
     for policy in ("baseline", "liveness", "superneurons"):
         cmd = ["sn-plan", "nets/resnet.yaml", "--set", f"depth={args.depth}", "--batch",
                str(args.batch), "--policy", policy, "--placement", "planned", "--json"]
         start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        # this checkout's sn-plan, in a process of its own (its time includes the start-up)
+        done = subprocess.run([sys.executable, "-m", "superneuron.cli.plan", *cmd[1:]],
+                              capture_output=True, text=True)
         took = time.perf_counter() - start
         if done.returncode not in (0, 3):
             sys.exit(done.stderr)
@@ -167,7 +174,7 @@ def main():
     if args.json:
         out = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", *sys.argv]),
                "machine": platform.machine(), "cores": os.cpu_count(), "batch": args.batch,
-               "size": 224, "dtype": "float32", "optimizer_state": False,
+               "size": 224, "dtype": "float32", "optimizer_state": "SGD momentum (sn-plan's default solver)",
                "cost_model": {"device": model.device.name, "flops": model.device.flops,
                               "bandwidth": model.device.bandwidth, "copy": model.device.copy},
                "nets": nets, "sn_plan_timing": big,

@@ -14,13 +14,15 @@ from ..errors import SNError
 from ..limits import MAX_SEED
 from ..sizes import human_bytes
 from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
+from .progress import Progress, plan_lines
 
 
 def build_parser():
     p = argparse.ArgumentParser(
         prog="sn-train", description="Train a superneuron network (YAML) with a Caffe-style solver.",
         epilog="Solver values come from --solver FILE, else the net file's `solver:` section, else "
-               "defaults; the flags below override them.")
+               "defaults; the flags above (--iters, --epochs, --lr, --display, --test-interval, "
+               "--snapshot-interval) override them.")
     net_arguments(p)
     p.add_argument("--data", metavar="SRC",
                    help="data source: digits, synthetic, FILE.npz, a CIFAR-10 python folder or an "
@@ -61,7 +63,7 @@ def run(args):
 
     if not 0 <= args.seed <= MAX_SEED:
         raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
-    spec = load_spec_from_args(args)
+    spec = _fit_size_to_data(load_spec_from_args(args), args)
     solver = solver_from_args(args, spec)
     data_cfg = _data_config(spec, args, source_config)
     optimizer = make_optimizer(solver)
@@ -101,12 +103,17 @@ def run(args):
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
+    print(f"convolutions: {net.backend.convolutions()}")
     print(f"costs: {'measured on this device' if net.costs_measured else 'estimated'}")
     print(f"memory: policy {net.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
           f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
           f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else ""))
+    for line in plan_lines(trainer, net, solver):
+        print(line)
+    sys.stdout.flush()
 
-    printer = _Printer(solver.max_iter, start=trainer.iteration)
+    printer = Progress(solver.max_iter, start=trainer.iteration)
+    printer.start_heartbeat()
     started = time.perf_counter()
     first = trainer.iteration
     on_event = printer
@@ -121,9 +128,9 @@ def run(args):
     parts = [f"done: trained {spec.name} for {done} iterations in {elapsed:.1f} s"]
     if result and "test_accuracy" in result:
         parts.append(f"test accuracy {100 * result['test_accuracy']:.2f} % ({result['test_samples']} images)")
-    if printer.rate:
-        parts.append(f"{printer.rate:.0f} img/s")
-    parts.append(f"peak device memory {human_bytes(net.peak_bytes)}")
+    if trainer.average_rate:
+        parts.append(f"{trainer.average_rate:.0f} img/s (average over the run, its first iteration left out)")
+    parts.append(f"peak device memory {human_bytes(net.peak_bytes)}, arena {human_bytes(net.arena_bytes)}")
     if net.host_bytes:
         parts.append(f"host {human_bytes(net.host_bytes)}, {net.runtime.blocked} waits blocked, "
                      f"{net.runtime.stalls} stalls")
@@ -166,17 +173,54 @@ def _say_skipped(event):
         print(f"resume: skipped {event['error']}")
 
 
+FIXED_SIZE = ("npz", "cifar")        # sources whose samples have one size, which size cannot change
+RESIZED = ("digits", "synthetic", "folder")   # sources that make samples of any size
+
+
+def _fit_size_to_data(spec, args):
+    """``spec`` again with its ``size`` parameter set to the side of ``--data``'s samples, when
+    the source has one fixed size (.npz, CIFAR), its samples are square, the net has a ``size``
+    parameter that differs and ``--set`` did not give it (so a LeNet whose default size is 32
+    trains on 28x28 samples as they are)."""
+    from ..data import describe, source_kind
+    if not args.data or "size" not in spec.params or source_kind(args.data) not in FIXED_SIZE:
+        return spec
+    if any(str(item).partition("=")[0].strip() == "size" for item in args.set):
+        return spec
+    (_, h, w), _ = describe({"source": args.data})
+    if h != w or spec.params["size"] == h:
+        return spec
+    print(f"data: {args.data} has {h}x{w} samples: the net's size parameter is set to {h} "
+          f"(it was {spec.params['size']}; --set size=N to choose)")
+    args.set = [*args.set, f"size={h}"]
+    return load_spec_from_args(args)
+
+
 def _data_config(spec, args, source_config):
     """The Data layer's configuration with ``--data`` replacing its source, or for an Input net
-    the ``--data`` source (None when there is none: see :func:`_synthetic_like`)."""
+    the ``--data`` source, sized to the input where the source can make samples of any size
+    (None when there is no ``--data``: see :func:`_synthetic_like`)."""
+    from ..data import source_kind
     first = spec.layers[0]
     if first.type == "Data":
         if args.data:
             first.cfg.update(source_config(args.data, first.cfg))
+            if source_kind(args.data) in FIXED_SIZE:  # the net's size was meant for its own source
+                first.cfg["size"] = 0
         return first.cfg
-    if args.data:
-        return source_config(args.data, {"batch_size": first.cfg["shape"][0][0]})
-    return None
+    if not args.data:
+        return None
+    shape = first.cfg["shape"][0]
+    base = {"batch_size": shape[0]}
+    kind = source_kind(args.data)
+    if kind in RESIZED and len(shape) == 4:
+        if shape[2] != shape[3]:
+            raise SNError(f"{args.data}: {kind} data is made square, but the net's input "
+                          f"'{first.tops[0]}' is {shape[2]}x{shape[3]}")
+        base["size"] = shape[2]  # images: the shorter side resized to it, the centre (or a random) square cut
+        if kind == "synthetic":
+            base["channels"] = shape[1]
+    return source_config(args.data, base)
 
 
 def _synthetic_like(net, classes, source_config):
@@ -196,49 +240,6 @@ def _check_sample_shape(net, dataset, source):
     if tuple(dataset.sample_shape) != want:
         raise SNError(f"{source}: samples have shape {tuple(dataset.sample_shape)}; the net's input "
                       f"'{name}' expects {want}")
-
-
-class _Printer:
-    """Progress: a bar on a terminal, plain lines at each display interval otherwise."""
-
-    def __init__(self, total, start=0):
-        self.total, self.rate, self.interrupted = total, None, False
-        self.bar = None
-        if sys.stdout.isatty():
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=start, unit="it", dynamic_ncols=True, leave=False)
-
-    def write(self, line):
-        (self.bar.write if self.bar else print)(line)
-        sys.stdout.flush()
-
-    def __call__(self, event):
-        kind = event["kind"]
-        if kind == "iter":
-            if self.bar:
-                self.bar.update(1)
-                self.bar.set_postfix(loss=f"{event['loss']:.4f}")
-        elif kind == "display":
-            if event.get("img_per_s"):
-                self.rate = event["img_per_s"]
-            acc = f" | acc {event['accuracy']:.3f}" if "accuracy" in event else ""
-            speed = f" | {event['img_per_s']:.0f} img/s" if event.get("img_per_s") else ""
-            self.write(f"iter {event['iter']}/{self.total} | loss {event['loss']:.4f}{acc} | "
-                       f"lr {event['lr']:.2e}{speed} | peak {human_bytes(event['peak_bytes'])}")
-        elif kind == "test":
-            acc = f", accuracy {100 * event['test_accuracy']:.2f} %" if "test_accuracy" in event else ""
-            self.write(f"test @ iter {event['iter']}: loss {event['test_loss']:.4f}{acc} "
-                       f"({event['test_samples']} images)")
-        elif kind == "snapshot":
-            self.write(f"snapshot: {event['path']}")
-        elif kind == "interrupted":
-            self.interrupted = True
-            saved = f"; snapshot {event['path']}" if event["path"] else ""
-            self.write(f"interrupted at iteration {event['iter']}{saved}")
-
-    def close(self):
-        if self.bar:
-            self.bar.close()
 
 
 if __name__ == "__main__":

@@ -74,11 +74,14 @@ class ReLU(Layer):
 class Dropout(Layer):
     """Training: ``y = x * mask / (1 - p)`` with each unit dropped with probability ``p``;
     testing: ``y = x``. The mask is drawn from the step's seed, in the forward and again in the
-    backward, so nothing is kept between them and a recomputed forward draws the same mask."""
+    backward, so nothing is kept between them and a recomputed forward draws the same mask.
+    ``enabled`` overrides the phase: None drops in training only (Caffe's), True in testing
+    too, False never (``load_net(dropout=...)`` sets it)."""
 
     KEYS = {"dropout_ratio": Key("float", 0.5, doc="probability p of dropping a unit, 0 <= p < 1")}
     INPLACE = True
     CHEAP = True
+    enabled = None
 
     def setup(self, bottom_shapes):
         p = self.cfg["dropout_ratio"]
@@ -102,7 +105,7 @@ class Dropout(Layer):
 
     def _apply(self, ctx, src, dst):
         xp = ctx.xp
-        if ctx.train and self.cfg["dropout_ratio"]:
+        if (ctx.train if self.enabled is None else self.enabled) and self.cfg["dropout_ratio"]:
             xp.multiply(src, self._mask(ctx, src.shape), out=dst)
         elif not xp.may_share_memory(dst, src):  # in place: nothing to do
             xp.copyto(dst, src)

@@ -25,19 +25,34 @@ from .base import Algo
 
 
 def load(tf32=None, deterministic=None):
-    """A :class:`Cudnn` when the frontend imports and works on this GPU, else None.
+    """A :class:`Cudnn` when the frontend imports and works on this GPU, else None (see
+    :func:`probe` for why not)."""
+    return probe(tf32, deterministic)[0]
+
+
+def probe(tf32=None, deterministic=None):
+    """``(Cudnn, None)`` when the frontend imports and makes a handle on this GPU, else
+    ``(None, why)``: one line saying what failed, for the run to report its fallback.
     ``tf32`` (default: ``SN_TF32``) allows TF32 engines; ``deterministic`` (default:
     ``SN_DETERMINISTIC``) leaves out engines whose sums depend on thread timing."""
     try:
         import cudnn
+    except Exception as e:  # noqa: BLE001 - a missing or broken frontend means "use the fallback"
+        return None, f"the cuDNN Frontend does not import ({_one_line(e)})"
+    try:
         handle = cudnn.create_handle()
-    except Exception:  # noqa: BLE001 - a missing or broken frontend means "use the fallback"
-        return None
+    except Exception as e:  # noqa: BLE001 - e.g. libcudnn missing: the frontend loads it here
+        return None, f"the cuDNN Frontend makes no handle ({_one_line(e)})"
     if tf32 is None:
         tf32 = os.environ.get("SN_TF32", "0") not in ("", "0")
     if deterministic is None:
         deterministic = os.environ.get("SN_DETERMINISTIC", "0") not in ("", "0")
-    return Cudnn(cudnn, handle, tf32, deterministic)
+    return Cudnn(cudnn, handle, tf32, deterministic), None
+
+
+def _one_line(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _dense_strides(dims):
@@ -72,6 +87,16 @@ class Cudnn:
     def __init__(self, cudnn, handle, tf32, deterministic):
         self.cudnn, self.handle, self.tf32, self.deterministic = cudnn, handle, tf32, deterministic
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
+
+    def describe(self):
+        """``'cuDNN 9.19.0 through the cuDNN Frontend 1.32.0'`` (what versions it can tell)."""
+        try:
+            v = int(self.cudnn.backend_version())
+            backend = f"cuDNN {v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 90000 else f"cuDNN {v}"
+        except Exception:  # noqa: BLE001 - the version is a courtesy, not a requirement
+            backend = "cuDNN"
+        frontend = getattr(self.cudnn, "__version__", None)
+        return f"{backend} through the cuDNN Frontend" + (f" {frontend}" if frontend else "")
 
     # -- building ----------------------------------------------------------------------------
     def _tensor(self, g, name, dims):
