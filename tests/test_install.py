@@ -15,7 +15,7 @@ from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # import name → distribution, where they differ
-DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn"}
+DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn", "google": "protobuf"}
 GPU_ONLY = {"cupy", "cupyx", "cudnn"}  # from the cuda12/cuda13 extras, imported only for --device gpu
 TEST_ONLY = ("torch", "pytest", "_pytest", "xdist")
 
