@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 
+from .dataset import Dataset, crop_mirror, one_line
 from .errors import SNError
 from .limits import MAX_DATA_SIDE, MAX_SPEC_INT, host_memory_bytes, over
 
@@ -49,11 +50,6 @@ DEFAULTS = {key: default for key, (_, default, _) in OPTIONS.items()}
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".gif", ".tif", ".tiff", ".webp")
 SOURCES = ("'digits', 'synthetic', a .npz file, a CIFAR-10 python directory, an image folder, an LMDB "
            "or an image list (.txt)")
-
-
-def _one_line(e):
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def source_kind(src):
@@ -157,66 +153,6 @@ def describe(cfg):
 # ---------------------------------------------------------------- datasets
 
 
-class Dataset:
-    """One split of a source: integer ``labels``, ``num_classes``, ``sample_shape`` (after
-    cropping) and :meth:`batch`, which makes a normalised float32 batch from sample indices."""
-
-    def __init__(self, name, labels, num_classes, sample_shape, cfg, unit):
-        self.name, self.labels, self.num_classes = name, labels, num_classes
-        self.sample_shape = tuple(sample_shape)
-        self.crop, self.mirror = cfg["crop"], cfg["mirror"]
-        self.factor = np.float32(unit * cfg["scale"])
-        c = self.sample_shape[0]
-        self.mean, self.std = (np.broadcast_to(np.asarray(cfg[k], np.float32), (c,)).reshape(c, 1, 1)
-                               if cfg[k] else None for k in ("mean", "std"))
-
-    def __len__(self):
-        return len(self.labels)
-
-    def batch(self, idx, rng=None, train=False):
-        """Samples ``idx`` as float32 ``(n, C, H, W)``; random crops and flips only when ``train``."""
-        idx = np.asarray(idx, dtype=np.int64)
-        x = self._pixels(idx, rng if rng is not None else np.random.default_rng(0), train)
-        x = x.astype(np.float32, copy=False)  # _pixels returns a new array: the stored samples stay
-        with np.errstate(over="ignore", invalid="ignore"):  # checked below, in one line
-            if self.factor != 1:
-                x *= self.factor
-            if self.mean is not None:
-                x -= self.mean
-            if self.std is not None:
-                x /= self.std
-        if not np.isfinite(x.sum()):  # one cheap pass; the sum of finite values may still overflow
-            bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
-            if bad.any():
-                raise SNError(f"{self.name}: sample {int(idx[bad][0])} is non-finite after scale, mean and "
-                              f"std (batch of samples {int(idx.min())}..{int(idx.max())})")
-        return x
-
-    def _pixels(self, idx, rng, train):
-        """Samples ``idx`` cropped and flipped, as a new array in the stored dtype."""
-        raise NotImplementedError
-
-
-def _crop_mirror(x, idx, crop, mirror, rng, train):
-    """``x[idx]`` cut to ``crop``×``crop`` (random offsets when training, else centred) and, when
-    training with ``mirror``, each sample flipped left-right with probability 1/2; one gather."""
-    if not crop and not (mirror and train):
-        return x[idx]
-    n, (c, h, w) = len(idx), x.shape[1:]
-    kh, kw = (crop, crop) if crop else (h, w)
-    if train and crop:
-        oy, ox = rng.integers(0, h - kh + 1, n), rng.integers(0, w - kw + 1, n)
-    else:
-        oy, ox = np.full(n, (h - kh) // 2), np.full(n, (w - kw) // 2)
-    rows = oy[:, None] + np.arange(kh)
-    cols = ox[:, None] + np.arange(kw)
-    if train and mirror:
-        flip = rng.random(n) < 0.5
-        cols[flip] = cols[flip, ::-1]
-    channels = np.arange(c)[:, None, None]
-    return x[idx[:, None, None, None], channels, rows[:, None, :, None], cols[:, None, None, :]]
-
-
 class ArrayDataset(Dataset):
     """Samples held in one array ``(N, C, H, W)`` (digits, synthetic, .npz, CIFAR-10)."""
 
@@ -227,7 +163,7 @@ class ArrayDataset(Dataset):
         self.x = x
 
     def _pixels(self, idx, rng, train):
-        return _crop_mirror(self.x, idx, self.crop, self.mirror, rng, train)
+        return crop_mirror(self.x, idx, self.crop, self.mirror, rng, train)
 
 
 class ImageFolder(Dataset):
@@ -249,7 +185,7 @@ class ImageFolder(Dataset):
                 r = self.size / min(w, h)
                 im = im.resize((max(self.size, round(w * r)), max(self.size, round(h * r))), Image.BILINEAR)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-            raise SNError(f"{path}: cannot read image ({_one_line(e)})") from None
+            raise SNError(f"{path}: cannot read image ({one_line(e)})") from None
         w, h, k = *im.size, self.side
         if w < k or h < k:
             raise SNError(f"{path}: image is {w}×{h}, smaller than the crop {k}")
@@ -261,7 +197,7 @@ class ImageFolder(Dataset):
 
     def _pixels(self, idx, rng, train):
         x = np.stack([self._load(self.paths[i], rng, train) for i in idx])
-        return _crop_mirror(x, np.arange(len(idx)), 0, self.mirror, rng, train)
+        return crop_mirror(x, np.arange(len(idx)), 0, self.mirror, rng, train)
 
 
 # ---------------------------------------------------------------- opening sources
@@ -401,7 +337,7 @@ def _npz_read(path, keys, headers=()):
                 if key in f.files:
                     arrays[key] = f[key]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error, MemoryError) as e:
-        raise SNError(f"{path}: not a readable .npz file ({_one_line(e)})") from None
+        raise SNError(f"{path}: not a readable .npz file ({one_line(e)})") from None
     members = [n[:-4] for n in names]
     for need in ("x", "y"):
         if need not in members:
@@ -504,7 +440,7 @@ def _cifar_batch(path):
         data = np.asarray(d.get(b"data", d.get("data")))
         labels = np.asarray(d.get(b"labels", d.get("labels")))
     except Exception as e:  # unpickling a damaged file can raise almost anything
-        raise SNError(f"{path}: not a CIFAR-10 python batch ({_one_line(e)})") from None
+        raise SNError(f"{path}: not a CIFAR-10 python batch ({one_line(e)})") from None
     if data.ndim != 2 or data.shape[1] != 3072 or data.dtype != np.uint8:
         raise SNError(f"{path}: b'data' has shape {data.shape} and dtype {data.dtype}; "
                       "expected (N, 3072) uint8")

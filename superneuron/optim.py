@@ -244,12 +244,19 @@ def solver_from_mapping(mapping, file="<solver>", lines=None):
     raise SpecError(problems)
 
 
+def load_solver_prototxt(path):
+    """``(SolverConfig, net path or None)`` from a Caffe ``solver.prototxt`` (translated by
+    :mod:`superneuron.caffe.solver`); SpecError listing every problem as ``file:line:col: ...``."""
+    from .caffe.solver import solver_mapping
+    mapping, lines, net = solver_mapping(path)
+    return solver_from_mapping(mapping, str(path), lines), net
+
+
 def load_solver(path):
     """Read a solver YAML file (Caffe solver keys); one SpecError listing every problem, each
     as ``file:line: what is wrong``. A Caffe ``solver.prototxt`` is read by
     :mod:`superneuron.caffe.solver`."""
     if str(path).lower().endswith(".prototxt"):
-        from .caffe.solver import load_solver_prototxt
         return load_solver_prototxt(path)[0]
     from .expr import count_nodes
     if not os.path.lexists(path):

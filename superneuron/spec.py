@@ -90,8 +90,8 @@ def load_spec(path, overrides=None, batch=None, data=None):
     A Caffe ``.prototxt`` is read by :mod:`superneuron.caffe.prototxt` into the same spec;
     ``data="synthetic"`` replaces its Data layers with synthetic data of their shape."""
     if str(path).lower().endswith(".prototxt"):
-        from .caffe.prototxt import load_prototxt
-        return load_prototxt(path, overrides, batch, data=data)
+        from .caffe.textproto import read_text
+        return prototxt_spec(read_text(path), str(path), overrides, batch, data)
     text = read_text_capped(path, MAX_NET_FILE_BYTES, "network file", error=SpecError)
     return loads_spec(text, str(path), overrides, batch)
 
@@ -99,6 +99,17 @@ def load_spec(path, overrides=None, batch=None, data=None):
 def loads_spec(text, file="<net>", overrides=None, batch=None):
     """Like :func:`load_spec`, for YAML given as a string."""
     return _Loader(file, overrides, batch).load(text)
+
+
+def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, loss=False):
+    """The :class:`NetSpec` of a Caffe ``.prototxt``'s text, translated by
+    :mod:`superneuron.caffe.prototxt` into the YAML layout and given every check a YAML net gets
+    (``data``: ``synthetic[:CxHxW]`` replaces its Data layers; ``loss``: see ``add_loss``)."""
+    from .caffe.prototxt import add_loss, prototxt_tree
+    root = prototxt_tree(text, file, data)
+    if loss:
+        add_loss(root)
+    return spec_from_tree(root, file, overrides, batch)
 
 
 def spec_from_tree(root, file, overrides=None, batch=None):

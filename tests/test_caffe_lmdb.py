@@ -13,11 +13,11 @@ from PIL import Image
 from superneuron.caffe import caffe_pb2
 from superneuron.caffe.lmdb_data import decode, index
 from superneuron.caffe.make_lmdb import main as make_lmdb
-from superneuron.caffe.prototxt import prototxt_spec
 from superneuron.cli import train
 from superneuron.data import Loader, _digits, _split, open_source
 from superneuron.errors import SpecError
 from superneuron.readahead import ReadAhead
+from superneuron.spec import prototxt_spec
 
 
 def make(tmp_path, x, y, x_test=None, y_test=None):

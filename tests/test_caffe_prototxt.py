@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from superneuron.caffe.prototxt import prototxt_spec
 from superneuron.cli import convert, plan, train
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
+from superneuron.spec import prototxt_spec
 
 sys.path.insert(0, "tests/caffe")
 import zoo  # noqa: E402

@@ -8,10 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from superneuron.caffe.solver import load_solver_prototxt
 from superneuron.cli import convert, train
 from superneuron.errors import SpecError
-from superneuron.optim import SolverConfig, learning_rate, load_solver, make_optimizer
+from superneuron.optim import SolverConfig, learning_rate, load_solver, load_solver_prototxt, make_optimizer
 
 SOLVER = "tests/caffe/lenet_solver.prototxt"
 

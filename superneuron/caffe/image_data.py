@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from ..data import _one_line
+from ..dataset import one_line
 from ..errors import SNError
 from .lmdb_data import CaffeDataset
 
@@ -53,7 +53,7 @@ def load_image(path, cfg):
                 im = im.resize((cfg["new_width"], cfg["new_height"]), Image.BILINEAR)
             x = np.asarray(im, dtype=np.float32)
     except (OSError, ValueError, SyntaxError) as e:
-        raise SNError(f"{path}: cannot read image ({_one_line(e)})") from None
+        raise SNError(f"{path}: cannot read image ({one_line(e)})") from None
     return x[None] if x.ndim == 2 else np.ascontiguousarray(x[:, :, ::-1].transpose(2, 0, 1))
 
 

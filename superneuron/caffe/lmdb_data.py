@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ..data import Dataset, _crop_mirror, _one_line
+from ..dataset import Dataset, crop_mirror, one_line
 from ..errors import SNError
 from . import caffe_pb2
 
@@ -31,7 +31,7 @@ def _open_env(path):
     try:
         return lmdb.open(str(path), readonly=True, lock=False, readahead=False, max_readers=64)
     except lmdb.Error as e:
-        raise SNError(f"{path}: cannot open the LMDB ({_one_line(e)})") from None
+        raise SNError(f"{path}: cannot open the LMDB ({one_line(e)})") from None
 
 
 def decode(value, where="datum"):
@@ -40,7 +40,7 @@ def decode(value, where="datum"):
     try:
         datum.ParseFromString(value)
     except Exception as e:  # protobuf's DecodeError, or garbage it cannot even start on
-        raise SNError(f"{where}: not a Caffe Datum ({_one_line(e)})") from None
+        raise SNError(f"{where}: not a Caffe Datum ({one_line(e)})") from None
     if datum.encoded:
         from PIL import Image
         try:
@@ -48,7 +48,7 @@ def decode(value, where="datum"):
                 im = im.convert("L" if im.mode in ("L", "1", "I;16") else "RGB")
                 x = np.asarray(im, dtype=np.uint8)
         except (OSError, ValueError, SyntaxError) as e:
-            raise SNError(f"{where}: cannot decode the encoded image ({_one_line(e)})") from None
+            raise SNError(f"{where}: cannot decode the encoded image ({one_line(e)})") from None
         x = x[None] if x.ndim == 2 else x[:, :, ::-1].transpose(2, 0, 1)  # RGB → Caffe's BGR
         return np.ascontiguousarray(x), datum.label
     shape = (datum.channels, datum.height, datum.width)
@@ -107,7 +107,7 @@ def read_mean_file(path, shape):
     except OSError as e:
         raise SNError(f"{path}: cannot read the mean file: {e.strerror or e}") from None
     except Exception as e:
-        raise SNError(f"{path}: not a Caffe .binaryproto mean ({_one_line(e)})") from None
+        raise SNError(f"{path}: not a Caffe .binaryproto mean ({one_line(e)})") from None
     dims = tuple(blob.shape.dim) if blob.HasField("shape") else (blob.num, blob.channels, blob.height, blob.width)
     data = np.asarray(blob.data, dtype=np.float32)
     if data.size != np.prod(dims) or data.size != np.prod(shape):
@@ -134,7 +134,7 @@ class CaffeDataset(Dataset):
         x = self._read(idx)
         if self.mean_image is not None:  # per pixel, before the crop (Caffe cuts both alike)
             x -= self.mean_image
-        return _crop_mirror(x, np.arange(len(idx)), self.crop, self.mirror, rng, train)
+        return crop_mirror(x, np.arange(len(idx)), self.crop, self.mirror, rng, train)
 
 
 class LmdbDataset(CaffeDataset):

@@ -18,9 +18,8 @@ import numpy as np
 
 from ..errors import SpecError, where
 from ..expr import Map, Seq
-from ..spec import spec_from_tree
 from . import caffe_pb2
-from .textproto import parse, read_text
+from .textproto import parse
 
 LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "include", "exclude", "phase"}
 V1_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "include", "exclude", "blobs_lr", "weight_decay"}
@@ -46,21 +45,6 @@ NO_EFFECT = {("engine", None), ("force_nd_im2col", False), ("transpose", False),
              ("variance_norm", "FAN_IN"), ("sparse", -1)}
 PAIR_FIELDS = {"kernel_size", "stride", "pad", "dilation"}  # Caffe's repeated: one value or h, w
 RENAMED = {"concat_dim": "axis"}
-
-
-def load_prototxt(path, overrides=None, batch=None, data=None, loss=False):
-    """The :class:`~superneuron.spec.NetSpec` of the Caffe net file at ``path`` (``loss``:
-    see :func:`add_loss`)."""
-    file = str(path)
-    return prototxt_spec(read_text(path), file, overrides, batch, data, loss)
-
-
-def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, loss=False):
-    """Like :func:`load_prototxt`, for the text of a file."""
-    root = prototxt_tree(text, file, data)
-    if loss:
-        add_loss(root)
-    return spec_from_tree(root, file, overrides, batch)
 
 
 def prototxt_tree(text, file="<net>", data=None):

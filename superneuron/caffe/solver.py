@@ -24,14 +24,6 @@ NO_EFFECT = ("solver_mode", "device_id", "debug_info", "test_compute_loss", "tes
 TYPES = {"SGD": "SGD", "Nesterov": "Nesterov", "Adam": "Adam", "NESTEROV": "Nesterov", "ADAM": "Adam"}
 
 
-def load_solver_prototxt(path):
-    """``(SolverConfig, net path or None)`` from a Caffe solver file; SpecError listing every
-    problem as ``file:line:col: ...``."""
-    from ..optim import solver_from_mapping
-    mapping, lines, net = solver_mapping(path)
-    return solver_from_mapping(mapping, str(path), lines), net
-
-
 def solver_mapping(path):
     """``(mapping of our solver keys, their lines, net path or None)`` of a Caffe solver file."""
     file = str(path)

@@ -79,7 +79,7 @@ def _solver_net(args):
     """The net a Caffe solver.prototxt names (``--solver`` without NET), as ``caffe train`` does."""
     solver = getattr(args, "solver", None)
     if solver and str(solver).lower().endswith(".prototxt"):
-        from ..caffe.solver import load_solver_prototxt
+        from ..optim import load_solver_prototxt
         net = load_solver_prototxt(solver)[1]
         if net is not None:
             return net
