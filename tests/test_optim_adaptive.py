@@ -175,3 +175,19 @@ def test_caffe_refuses_momentum_with_adagrad_and_rmsprop(tmp_path, kind):
 def test_rms_decay_is_checked():
     with pytest.raises(SpecError, match=r"rms_decay must be in \[0, 1\), got 1.0"):
         SolverConfig(type="RMSProp", rms_decay=1.0)
+
+
+@pytest.mark.parametrize("kind", ["AdaGrad", "AdaDelta"])
+def test_their_snapshots_convert_to_a_caffemodel(tmp_path, capsys, kind):
+    from test_caffe_weights import NET
+
+    from superneuron.cli import convert, train
+    solver = tmp_path / "solver.yaml"
+    solver.write_text(f"type: {kind}\nbase_lr: 0.01\nmomentum: 0.9\n")
+    snaps = tmp_path / "snaps"
+    assert train.main([NET, "--solver", str(solver), "--iters", "2", "--batch", "4", "--test-interval", "0",
+                       "--snapshot", str(snaps), "--snapshot-format", "caffemodel"]) == 0
+    (npz,) = snaps.glob("*.npz")
+    converted = tmp_path / "converted.caffemodel"
+    assert convert.main([str(npz), "--net", NET, "-o", str(converted)]) == 0
+    assert converted.read_bytes() == npz.with_suffix(".caffemodel").read_bytes()
