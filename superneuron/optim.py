@@ -1,5 +1,6 @@
-"""Solvers in Caffe's vocabulary: SGD (with momentum), Nesterov and Adam, learning-rate policies
-with warm-up, gradient clipping, and solver files.
+"""Solvers in Caffe's vocabulary: SGD (with momentum), Nesterov, Adam, and Caffe's AdaGrad, RMSProp
+and AdaDelta (:mod:`superneuron.adaptive`), learning-rate policies with warm-up, gradient
+clipping, and solver files.
 
 Updates follow PyTorch's formulas, so results compare one to one with ``torch.optim``:
 
@@ -9,6 +10,9 @@ Updates follow PyTorch's formulas, so results compare one to one with ``torch.op
 - Nesterov is ``torch.optim.SGD(nesterov=True)``: the step is ``g + wd * w + momentum * v``.
 - Adam is ``torch.optim.Adam``: L2 weight decay added to the gradient, bias corrections with
   step ``t = it + 1``; ``momentum``/``momentum2``/``delta`` are beta1/beta2/eps.
+- AdaGrad, RMSProp (``rms_decay``) and AdaDelta (``momentum`` is its decay) are Caffe's formulas,
+  which torch.optim's Adagrad, RMSprop and Adadelta share; ``delta`` is their epsilon. AdaGrad
+  and RMSProp have no momentum (Caffe refuses one in a solver.prototxt; here it is unused).
 - ``clip_gradients`` is ``torch.nn.utils.clip_grad_norm_``: when the global L2 norm of the
   gradients exceeds it, every gradient is scaled by ``clip / (norm + 1e-6)`` (Caffe omits the 1e-6).
 
@@ -29,11 +33,12 @@ from dataclasses import dataclass
 
 import yaml
 
+from . import adaptive
 from .errors import SNError, SpecError, where
 from .files import read_text_capped
 from .limits import MAX_SOLVER_FILE_BYTES
 
-TYPES = ("SGD", "Nesterov", "Adam")
+TYPES = ("SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
 REGULARIZATION = ("L2", "L1")
 ALIASES = {"lr": "base_lr", "iters": "max_iter"}  # command-line names of solver keys
@@ -41,7 +46,8 @@ ALIASES = {"lr": "base_lr", "iters": "max_iter"}  # command-line names of solver
 
 @dataclass(frozen=True)
 class SolverConfig:
-    """Caffe solver keys (``momentum2`` and ``delta`` are Adam's beta2 and epsilon).
+    """Caffe solver keys (``momentum2`` is Adam's beta2, ``delta`` the epsilon of Adam and the
+    adaptive solvers, ``rms_decay`` RMSProp's decay).
 
     ``epochs``, when set, is turned into ``max_iter`` by :meth:`with_epochs` once the size of
     the training set is known; ``clip_gradients`` <= 0 means no clipping.
@@ -52,6 +58,7 @@ class SolverConfig:
     momentum: float = 0.9
     momentum2: float = 0.999
     delta: float = 1e-8
+    rms_decay: float = 0.99
     weight_decay: float = 0.0005
     lr_policy: str = "fixed"
     gamma: float = 0.1
@@ -103,8 +110,10 @@ class SolverConfig:
     def describe(self):
         """A one-line summary, e.g. ``SGD lr 0.01 momentum 0.9 weight_decay 0.0005 (fixed)``."""
         text = f"{self.type} lr {self.base_lr:g}"
-        if self.type != "SGD" or self.momentum:
+        if self.type in ("Nesterov", "Adam", "AdaDelta") or (self.type == "SGD" and self.momentum):
             text += f" momentum {self.momentum:g}"
+        if self.type == "RMSProp":
+            text += f" rms_decay {self.rms_decay:g}"
         if self.type == "Adam":
             text += f" momentum2 {self.momentum2:g}"
         text += f" weight_decay {self.weight_decay:g}" + (" (L1)" if self.regularization_type == "L1" else "")
@@ -136,7 +145,7 @@ def check(c):
         yield "lr_policy", f"lr_policy {c.lr_policy} needs max_iter > 0"
     if c.type == "Nesterov" and c.momentum <= 0:
         yield "momentum", "type Nesterov needs momentum > 0"
-    for key in ("momentum", "momentum2"):
+    for key in ("momentum", "momentum2", "rms_decay"):
         if not 0 <= getattr(c, key) < 1:
             yield key, f"{key} must be in [0, 1), got {getattr(c, key)}"
     for key in ("base_lr", "weight_decay", "min_lr", "power", "stepsize", "warmup_iter", "max_iter",
@@ -346,10 +355,14 @@ class Optimizer:
         """State arrays per learnable parameter (SGD without momentum keeps none)."""
         if self.cfg.type == "Adam":
             return 2
+        if self.cfg.type in adaptive.STATE:
+            return len(adaptive.STATE[self.cfg.type])
         return 1 if self.cfg.momentum else 0
 
     def state_name(self, k):
         """The name of state array ``k`` (torch's names), for snapshots and the arena."""
+        if self.cfg.type in adaptive.STATE:
+            return adaptive.STATE[self.cfg.type][k]
         return ("exp_avg", "exp_avg_sq")[k] if self.cfg.type == "Adam" else "momentum"
 
     def state_names(self):
@@ -357,12 +370,13 @@ class Optimizer:
         return tuple(self.state_name(k) for k in range(self.slots))
 
     def workspace_bytes(self, shapes, dtype):
-        """Scratch for one update: one array as large as the largest parameter, or none for SGD
-        without weight decay (the gradient itself is the scratch there)."""
+        """Scratch for one update: arrays as large as the largest parameter (two for AdaDelta,
+        else one), or none for SGD without weight decay (the gradient itself is the scratch)."""
         if not shapes or (self.cfg.type == "SGD" and not self.cfg.weight_decay):
             return 0
         from .layers.base import workspace_bytes
-        return workspace_bytes((max(shapes, key=lambda s: math.prod(s)), dtype))
+        largest = (max(shapes, key=lambda s: math.prod(s)), dtype)
+        return workspace_bytes(*[largest] * adaptive.SCRATCH.get(self.cfg.type, 1))
 
     def lr(self, it):
         """The learning rate at 0-based iteration ``it``."""
@@ -376,12 +390,13 @@ class Optimizer:
             return
         if cfg.clip_gradients > 0:
             self._clip(xp, [e[1] for e in live])
-        buffer = None
+        buffers = []
         if self.workspace_bytes([e[0].shape for e in live], live[0][0].dtype):
             largest = max(live, key=lambda e: e[0].size)[0]
-            buffer = scratch((largest.size,), largest.dtype)  # one buffer, reused by every parameter
+            buffers = [scratch((largest.size,), largest.dtype)  # reused by every parameter
+                       for _ in range(adaptive.SCRATCH.get(cfg.type, 1))]
         for w, g, state, lr_mult, decay_mult in live:
-            tmp = None if buffer is None else buffer[:w.size].reshape(w.shape)
+            tmp, *more = [b[:w.size].reshape(w.shape) for b in buffers] or [None]
             decay = cfg.weight_decay * decay_mult
             if decay:  # g + wd * w, as torch's weight_decay (L1, as Caffe: g + wd * sign(w))
                 if cfg.regularization_type == "L1":
@@ -392,6 +407,12 @@ class Optimizer:
                 g += tmp
             if cfg.type == "Adam":
                 self._adam(xp, it, w, g, state, lr * lr_mult, tmp)
+            elif cfg.type == "AdaGrad":
+                adaptive.adagrad(xp, w, g, state, lr * lr_mult, cfg.delta, tmp)
+            elif cfg.type == "RMSProp":
+                adaptive.rmsprop(xp, w, g, state, lr * lr_mult, cfg.delta, cfg.rms_decay, tmp)
+            elif cfg.type == "AdaDelta":
+                adaptive.adadelta(xp, w, g, state, lr * lr_mult, cfg.delta, cfg.momentum, tmp, *more)
             else:
                 self._sgd(xp, w, g, state, lr * lr_mult, tmp)
 

@@ -44,6 +44,35 @@ def googlenet_count():
     return total + conv_params(cin, 1000, 1)
 
 
+def inception_v3_count():
+    """Inception-v3 without its auxiliary classifier, from the paper's module table (torchvision's
+    widths): every convolution bias-free with a BatchNorm whose affine pair is, in Caffe's files,
+    the following Scale layer (weight and bias: 2 per channel, as torch's affine BatchNorm)."""
+    def conv_bn(cin, cout, kh, kw=None):
+        return cout * cin * kh * (kh if kw is None else kw) + 2 * cout
+
+    total = conv_bn(3, 32, 3) + conv_bn(32, 32, 3) + conv_bn(32, 64, 3) + conv_bn(64, 80, 1) + conv_bn(80, 192, 3)
+    cin = 192
+    for proj in (32, 64, 64):  # A: 1x1 64 | 1x1 48, 5x5 64 | 1x1 64, 3x3 96, 3x3 96 | pool, 1x1 proj
+        total += (conv_bn(cin, 64, 1) + conv_bn(cin, 48, 1) + conv_bn(48, 64, 5) + conv_bn(cin, 64, 1)
+                  + conv_bn(64, 96, 3) + conv_bn(96, 96, 3) + conv_bn(cin, proj, 1))
+        cin = 64 + 64 + 96 + proj
+    total += conv_bn(cin, 384, 3) + conv_bn(cin, 64, 1) + conv_bn(64, 96, 3) + conv_bn(96, 96, 3)  # B
+    cin += 384 + 96
+    for c7 in (128, 160, 160, 192):  # C: factorised 7x7s
+        total += (conv_bn(cin, 192, 1) + conv_bn(cin, c7, 1) + conv_bn(c7, c7, 1, 7) + conv_bn(c7, 192, 7, 1)
+                  + conv_bn(cin, c7, 1) + 2 * conv_bn(c7, c7, 7, 1) + conv_bn(c7, c7, 1, 7)
+                  + conv_bn(c7, 192, 1, 7) + conv_bn(cin, 192, 1))
+    total += (conv_bn(cin, 192, 1) + conv_bn(192, 320, 3) + conv_bn(cin, 192, 1) + conv_bn(192, 192, 1, 7)
+              + conv_bn(192, 192, 7, 1) + conv_bn(192, 192, 3))  # D
+    cin += 320 + 192
+    for _ in range(2):  # E: 1x1 320 | 1x1 384 → 1x3, 3x1 | 1x1 448, 3x3 384 → 1x3, 3x1 | pool, 1x1 192
+        total += (conv_bn(cin, 320, 1) + conv_bn(cin, 384, 1) + 2 * conv_bn(384, 384, 1, 3)
+                  + 2 * conv_bn(384, 384, 3, 1) + conv_bn(cin, 448, 1) + conv_bn(448, 384, 3) + conv_bn(cin, 192, 1))
+        cin = 320 + 768 + 768 + 192
+    return total + cin * 1000 + 1000
+
+
 # published counts: ResNets with Kaiming He's conv1 bias, VGG-16, SqueezeNet 1.1, DenseNet-121,
 # MobileNet v1 (Keras' trainable count), Caffe's AlexNet/CaffeNet with groups
 ZOO = [
@@ -58,7 +87,14 @@ ZOO = [
     ("caffenet", lambda: zoo.alexnet(caffenet=True), dict(data="synthetic"), 60_965_224),
     ("alexnet", zoo.alexnet, dict(data="synthetic"), 60_965_224),
     ("googlenet", zoo.googlenet, dict(data="synthetic"), googlenet_count()),
+    # torchvision's inception_v3 is 27,161,264 with its auxiliary classifier: 1x1 768→128 with
+    # BN (98,560), 5x5 128→768 with BN (2,459,136), fc 768→1000 (769,000), 3,326,696 in all
+    ("inception_v3", zoo.inception_v3, dict(loss=True), 23_834_568),
 ]
+
+
+def test_inception_v3_table_count_is_the_published_one():
+    assert inception_v3_count() == 27_161_264 - 3_326_696 == 23_834_568
 
 
 @pytest.mark.parametrize("name,make,kw,count", ZOO, ids=[z[0] for z in ZOO])
@@ -195,3 +231,18 @@ def test_lenet_train_test_trains_on_synthetic_data(capsys):
     assert status == 0 and "431,080 parameters" in out and "sample 1x28x28" in out
     losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("iter ")]
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+
+
+@pytest.mark.slow
+def test_inception_v3_trains_a_few_iterations_at_a_small_size(tmp_path, capsys):
+    """Its smallest input (75x75: 1x1 after mixed_7a), BatchNorm on batch statistics as in a
+    train file, with a loss added by sn-convert."""
+    src = tmp_path / "inception_v3.prototxt"
+    src.write_text(zoo.inception_v3(size=75, batch=2, global_stats=False))
+    out = tmp_path / "inception_v3.yaml"
+    assert convert.main([str(src), "--add-loss", "-o", str(out)]) == 0
+    assert train.main([str(out), "--iters", "2", "--test-interval", "0", "--display", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "23,834,568 parameters" in text and "done: trained Inception-v3 for 2 iterations" in text
+    losses = [float(line.split("loss ")[1].split()[0]) for line in text.splitlines() if line.startswith("iter ")]
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)

@@ -273,7 +273,8 @@ def test_solver_file_reports_every_problem_with_its_line(tmp_path):
 def test_solver_values_that_do_not_fit_together_name_their_line(tmp_path):
     path = write(tmp_path, "step.yaml", "base_lr: 0.1\nlr_policy: step\ntype: Adma\nmomentum: 1.5\n")
     assert problems_of(path) == [
-        f"{path}:3: type: expected one of SGD, Nesterov, Adam, got 'Adma'; did you mean 'Adam'?",
+        f"{path}:3: type: expected one of SGD, Nesterov, Adam, AdaGrad, RMSProp, AdaDelta, got 'Adma'; "
+        "did you mean 'Adam'?",
         f"{path}:2: lr_policy step needs stepsize > 0",
         f"{path}:4: momentum must be in [0, 1), got 1.5"]
     path = write(tmp_path, "multi.yaml", "lr_policy: multistep\nstepvalue: [50, 10]\nepochs: 3\nmax_iter: 9\n")
@@ -320,7 +321,7 @@ def test_overrides_and_epochs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam"])
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta"])
 def test_gpu_updates_match_cpu(kind):
     import cupy
     params, steps = problem_data(np.float32, seed=4, shapes=[(64, 3, 3, 3), (300,)])

@@ -3,9 +3,10 @@ it names (``net:``, resolved beside the solver file).
 
 Keys that change training map onto ours (``base_lr``, ``lr_policy`` with ``inv``, ``exp`` and
 ``sigmoid``, ``gamma``, ``power``, ``stepsize``, ``stepvalue``, ``momentum``, ``momentum2``,
-``delta``, ``weight_decay``, ``regularization_type``, ``clip_gradients``, ``max_iter``,
+``delta``, ``rms_decay``, ``weight_decay``, ``regularization_type``, ``clip_gradients``, ``max_iter``,
 ``test_iter``, ``test_interval``, ``display``, ``average_loss``, ``snapshot``,
-``snapshot_prefix``, ``type`` or the old ``solver_type``). Keys that only say how Caffe runs
+``snapshot_prefix``, ``type`` or the old ``solver_type``: SGD, Nesterov, Adam, AdaGrad, RMSProp,
+AdaDelta). AdaGrad and RMSProp refuse a momentum, as Caffe does. Keys that only say how Caffe runs
 (``solver_mode``, ``device_id``, ``debug_info``, ...) are accepted and have no effect here;
 any key we cannot honour is an error naming its line, never silently dropped.
 """
@@ -17,11 +18,14 @@ from . import caffe_pb2
 from .textproto import parse, read_text
 
 DIRECT = ("base_lr", "lr_policy", "gamma", "power", "stepsize", "momentum", "momentum2", "delta",
-          "weight_decay", "regularization_type", "clip_gradients", "max_iter", "test_interval", "display",
+          "rms_decay", "weight_decay", "regularization_type", "clip_gradients", "max_iter", "test_interval", "display",
           "average_loss", "snapshot", "snapshot_prefix")
 NO_EFFECT = ("solver_mode", "device_id", "debug_info", "test_compute_loss", "test_initialization",
              "snapshot_after_train", "snapshot_format", "layer_wise_reduce", "snapshot_diff")
-TYPES = {"SGD": "SGD", "Nesterov": "Nesterov", "Adam": "Adam", "NESTEROV": "Nesterov", "ADAM": "Adam"}
+TYPES = {"SGD": "SGD", "Nesterov": "Nesterov", "Adam": "Adam", "AdaGrad": "AdaGrad", "RMSProp": "RMSProp",
+         "AdaDelta": "AdaDelta", "NESTEROV": "Nesterov", "ADAM": "Adam", "ADAGRAD": "AdaGrad",
+         "RMSPROP": "RMSProp", "ADADELTA": "AdaDelta"}
+NO_MOMENTUM = ("AdaGrad", "RMSProp")  # Caffe's CHECK: "Momentum cannot be used with AdaGrad"
 
 
 def solver_mapping(path):
@@ -47,7 +51,8 @@ def solver_mapping(path):
         elif name in ("type", "solver_type"):
             spelled = value if name == "type" else field.enum_type.values_by_number[value].name
             if spelled not in TYPES and spelled != "SGD":
-                problems.append(at(name) + f"solver type {spelled} is not supported (SGD, Nesterov, Adam)")
+                problems.append(at(name) + f"solver type {spelled} is not supported "
+                                "(SGD, Nesterov, Adam, AdaGrad, RMSProp, AdaDelta)")
                 continue
             mapping["type"] = TYPES.get(spelled, "SGD")
         elif name == "iter_size":
@@ -60,6 +65,8 @@ def solver_mapping(path):
             problems.append(at(name) + f"'{name}' is not supported (give the net with 'net:')")
         if name in mapping or name in ("type", "solver_type"):
             lines["type" if name == "solver_type" else name] = pos.at(name)[0]
+    if mapping.get("type") in NO_MOMENTUM and mapping.get("momentum"):
+        problems.append(at("momentum") + f"momentum cannot be used with {mapping['type']} (Caffe refuses it too)")
     if problems:
         raise SpecError(problems)
     for key, default in (("momentum", 0.0), ("weight_decay", 0.0), ("lr_policy", None)):

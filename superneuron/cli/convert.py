@@ -78,8 +78,9 @@ def _snapshot_to_caffemodel(args):
     spec = load_spec(args.from_net)
     errors = []
     # the snapshot names its solver; its state arrays are checked against each kind in turn
-    for solver in (SolverConfig(), SolverConfig(momentum=0.0), SolverConfig(type="Nesterov"),
-                   SolverConfig(type="Adam")):
+    kinds = [SolverConfig(), SolverConfig(momentum=0.0)] + [
+        SolverConfig(type=kind) for kind in ("Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta")]
+    for solver in kinds:
         net = Net(spec, optimizer=make_optimizer(solver))
         identity = {"net": net.graph.name, "fingerprint": snap.fingerprint(net), "solver": solver.type}
         try:

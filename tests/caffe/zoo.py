@@ -1,7 +1,7 @@
 """Model-zoo nets written as their .prototxt files are (Kaiming He's ResNet deploy files, the
 VGG team's V1 deploy file, DeepScale's SqueezeNet 1.1, shicai's DenseNet-121 and MobileNet v1,
-BVLC's CaffeNet, AlexNet and GoogLeNet train_val): the files are generated here, in the same
-layout, since no model zoo can be downloaded in the test environment."""
+BVLC's CaffeNet, AlexNet and GoogLeNet train_val, an Inception-v3 deploy file): the files are
+generated here, in the same layout, since no model zoo can be downloaded in the test environment."""
 
 
 QUOTED = ("name", "type", "bottom", "top", "source")  # strings; other upper-case words are enums
@@ -359,4 +359,111 @@ def googlenet(crop=224, batch=32):
             layer("loss3/top-1", "Accuracy", ["loss3/classifier", "label"], "loss3/top-1", include=[("phase", "TEST")]),
             layer("loss3/top-5", "Accuracy", ["loss3/classifier", "label"], "loss3/top-5", include=[("phase", "TEST")],
                   accuracy_param=[("top_k", 5)])]
+    return "\n".join(out) + "\n"
+
+
+# -- Inception-v3 (a deploy file in the model zoos' layout: every convolution without bias, then
+# BatchNorm with global stats and Scale, asymmetric kernels as kernel_h/kernel_w) ----------------
+def _conv_bn(name, bottom, n, kh, kw=None, s=1, ph=0, pw=None, stats=True):
+    kw, pw = kh if kw is None else kw, ph if pw is None else pw
+    cp = [("num_output", n), ("bias_term", False)]
+    cp += [("kernel_size", kh)] if kh == kw else [("kernel_h", kh), ("kernel_w", kw)]
+    if ph == pw:
+        cp += [("pad", ph)] if ph else []
+    else:
+        cp += [("pad_h", ph), ("pad_w", pw)]
+    cp += [("stride", s)] if s != 1 else []
+    cp.append(("weight_filler", [("type", "xavier")]))
+    return "\n".join([layer(name, "Convolution", bottom, name, convolution_param=cp),
+                      bn_scale(f"{name}_bn", f"{name}_scale", name, stats), relu(f"{name}_relu", name)])
+
+
+def _chain(prefix, bottom, convs, stats=True):
+    """Convolutions one after another; ``(tag, n, kh, kw, stride, ph, pw)`` each; the last top."""
+    out = []
+    for tag, n, kh, kw, s, ph, pw in convs:
+        name = f"{prefix}/{tag}"
+        out.append(_conv_bn(name, bottom, n, kh, kw, s, ph, pw, stats))
+        bottom = name
+    return out, bottom
+
+
+def _v3_module(name, bottom, branches, pool=None, pool_proj=0, stats=True):
+    """One Inception-v3 module: conv ``branches`` (lists of chain tuples, a list of two lists
+    for a split end as in 7b/7c), a pool branch (``AVE`` with a 1x1 projection, or ``MAX``
+    3x3 stride 2), concatenated."""
+    out, tops = [], []
+    for i, chain in enumerate(branches):
+        if isinstance(chain, tuple):  # a stem, then two convolutions side by side
+            stem, ends = chain
+            text, top = _chain(f"{name}/b{i}", bottom, stem, stats)
+            out += text
+            for j, end in enumerate(ends):
+                text, end_top = _chain(f"{name}/b{i}_{j}", top, end, stats)
+                out += text
+                tops.append(end_top)
+        else:
+            text, top = _chain(f"{name}/b{i}", bottom, chain, stats)
+            out += text
+            tops.append(top)
+    if pool == "AVE":
+        out.append(pool_fn(f"{name}/pool", bottom, "AVE", 3, 1, 1))
+        text, top = _chain(f"{name}/pool", f"{name}/pool", [("proj", pool_proj, 1, 1, 1, 0, 0)], stats)
+        out += text
+        tops.append(top)
+    else:
+        out.append(pool_fn(f"{name}/pool", bottom, "MAX", 3, 2, 0))
+        tops.append(f"{name}/pool")
+    out.append(layer(f"{name}/concat", "Concat", tops, f"{name}/concat"))
+    return out, f"{name}/concat"
+
+
+def pool_fn(name, bottom, method, k, s, p):
+    return pool(name, bottom, name, method, k, s, p)
+
+
+def _c(tag, n, kh, kw=None, s=1, ph=0, pw=None):
+    return (tag, n, kh, kh if kw is None else kw, s, ph, ph if pw is None else pw)
+
+
+def inception_v3(size=299, batch=1, global_stats=True):
+    """Inception-v3 (Szegedy et al. 2016, torchvision's layout) without the auxiliary classifier;
+    ``global_stats`` False gives BatchNorm batch statistics, as a train file has."""
+    out = [old_input("Inception-v3", (batch, 3, size, size))]
+    text, top = _chain("stem", "data", [_c("conv1_3x3_s2", 32, 3, s=2), _c("conv2_3x3", 32, 3),
+                                        _c("conv3_3x3", 64, 3, ph=1)], global_stats)
+    out += text + [pool_fn("pool1", top, "MAX", 3, 2, 0)]
+    text, top = _chain("stem", "pool1", [_c("conv4_1x1", 80, 1), _c("conv5_3x3", 192, 3)], global_stats)
+    out += text + [pool_fn("pool2", top, "MAX", 3, 2, 0)]
+    top = "pool2"
+    for name, proj in (("mixed_5b", 32), ("mixed_5c", 64), ("mixed_5d", 64)):  # InceptionA
+        text, top = _v3_module(name, top, [
+            [_c("1x1", 64, 1)], [_c("5x5_reduce", 48, 1), _c("5x5", 64, 5, ph=2)],
+            [_c("3x3_reduce", 64, 1), _c("3x3_1", 96, 3, ph=1), _c("3x3_2", 96, 3, ph=1)]], "AVE", proj, global_stats)
+        out += text
+    text, top = _v3_module("mixed_6a", top, [  # InceptionB: 35 -> 17
+        [_c("3x3_s2", 384, 3, s=2)],
+        [_c("3x3_reduce", 64, 1), _c("3x3_1", 96, 3, ph=1), _c("3x3_s2", 96, 3, s=2)]], stats=global_stats)
+    out += text
+    for name, c7 in (("mixed_6b", 128), ("mixed_6c", 160), ("mixed_6d", 160), ("mixed_6e", 192)):  # C
+        text, top = _v3_module(name, top, [
+            [_c("1x1", 192, 1)],
+            [_c("7x7_reduce", c7, 1), _c("1x7", c7, 1, 7, pw=3, ph=0), _c("7x1", 192, 7, 1, ph=3, pw=0)],
+            [_c("7x7dbl_reduce", c7, 1), _c("7x1_1", c7, 7, 1, ph=3, pw=0), _c("1x7_1", c7, 1, 7, ph=0, pw=3),
+             _c("7x1_2", c7, 7, 1, ph=3, pw=0), _c("1x7_2", 192, 1, 7, ph=0, pw=3)]], "AVE", 192, global_stats)
+        out += text
+    text, top = _v3_module("mixed_7a", top, [  # InceptionD: 17 -> 8
+        [_c("3x3_reduce", 192, 1), _c("3x3_s2", 320, 3, s=2)],
+        [_c("7x7x3_reduce", 192, 1), _c("1x7", 192, 1, 7, ph=0, pw=3), _c("7x1", 192, 7, 1, ph=3, pw=0),
+         _c("3x3_s2", 192, 3, s=2)]], stats=global_stats)
+    out += text
+    split = [_c("1x3", 384, 1, 3, ph=0, pw=1)], [_c("3x1", 384, 3, 1, ph=1, pw=0)]
+    for name in ("mixed_7b", "mixed_7c"):  # InceptionE: split ends
+        text, top = _v3_module(name, top, [
+            [_c("1x1", 320, 1)], ([_c("3x3_reduce", 384, 1)], split),
+            ([_c("3x3dbl_reduce", 448, 1), _c("3x3dbl", 384, 3, ph=1)], split)], "AVE", 192, global_stats)
+        out += text
+    out += [pool("pool3", top, "pool3", "AVE", glob=True),
+            layer("fc1000", "InnerProduct", "pool3", "fc1000", inner_product_param=[("num_output", 1000)]),
+            layer("prob", "Softmax", "fc1000", "prob")]
     return "\n".join(out) + "\n"
