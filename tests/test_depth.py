@@ -386,13 +386,13 @@ def test_the_offload_bisections_see_what_the_steps_would_do(path, overrides, bat
 def _fit_the_long_way(schedule, budget, tries=8):
     """workspace.fit as it was: every try chooses every step's workspace and replays all."""
     from superneuron.runtime.arena import aligned
-    from superneuron.scheduler.placement import place
+    from superneuron.scheduler.placement import with_placement
     from superneuron.scheduler.simulate import replay
     from superneuron.scheduler.steps import MEMORY
     from superneuron.scheduler.workspace import choose_workspaces
     caps = {}
     while True:
-        placed = place(choose_workspaces(schedule, budget, caps=caps), "dynamic")
+        placed = with_placement(choose_workspaces(schedule, budget, caps=caps), "dynamic")
         if tries == 0:
             return placed, caps
         stop = replay(placed, stop=lambda a: a.high_water > budget).stopped_at
@@ -409,6 +409,7 @@ def _fit_the_long_way(schedule, budget, tries=8):
 def test_the_workspace_retries_go_on_from_where_they_failed(policy):
     import dataclasses
 
+    from superneuron.scheduler.context import Context
     from superneuron.scheduler.inplace import inplace
     from superneuron.scheduler.liveness import liveness
     from superneuron.scheduler.recompute import recompute
@@ -416,10 +417,10 @@ def test_the_workspace_retries_go_on_from_where_they_failed(policy):
     graph = Graph(load_spec("nets/vgg16.yaml", batch=8))  # large workspaces beside large tensors
     schedule = lower(graph, train=True, optimizer=make_optimizer(SolverConfig()))
     schedule = liveness(inplace(recompute(schedule) if policy == "superneurons" else schedule))
-    low, high = simulate(fit(schedule, "dynamic", 0)).arena_bytes, simulate(fit(schedule, "dynamic")).arena_bytes
+    low, high = simulate(fit(schedule, Context(budget=0))).arena_bytes, simulate(fit(schedule, Context())).arena_bytes
     retried = 0
     for budget in range(low - 2**20, high + 2**20, (high - low) // 40):
-        placed = fit(schedule, "dynamic", budget)
+        placed = fit(schedule, Context(budget=budget))
         expected, caps = _fit_the_long_way(schedule, budget)
         retried += bool(caps)
         assert placed.steps == expected.steps and placed.tensors == expected.tensors, budget

@@ -26,7 +26,7 @@ from superneuron.scheduler.inplace import inplace
 from superneuron.scheduler.liveness import Roots, liveness, uses
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import POLICIES, apply_policy
-from superneuron.scheduler.recompute import recompute
+from superneuron.scheduler.recompute import recompute, with_recomputes
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.steps import COPY, MEMORY, Free, Offload, Wait
 from superneuron.spec import load_spec, loads_spec
@@ -228,8 +228,8 @@ def test_recompute_keeps_joins_as_checkpoints():
 
 def test_speed_centric_recomputes_once_memory_centric_may_recompute_again():
     g = graph_of(CHAIN)
-    speed = recompute(lower(g), largest=1 << 60)
-    memory = recompute(lower(g), largest=0)
+    speed = with_recomputes(lower(g), largest=1 << 60)
+    memory = with_recomputes(lower(g), largest=0)
     check_recompute(speed)
     check_recompute(memory)
     once = collections.Counter(names(speed, "recompute"))

@@ -42,8 +42,8 @@ PLANTS = {
         "room = None if free_at is None else free_at",
         "the workspace choice ignores the bytes live at the step (only the budget)"),
     "copy_not_waited": (
-        "superneuron/runtime/executor.py", "            self.blocked += 1\n        copy.wait()",
-        "            self.blocked += 1", "a Wait step returns without waiting for its copy"),
+        "superneuron/runtime/executor.py", "            runtime.blocked += 1\n        copy.wait()",
+        "            runtime.blocked += 1", "a Wait step returns without waiting for its copy"),
     "dropout_scaled_wrong": (
         "superneuron/layers/activation.py", "mask *= 1.0 / (1.0 - p)", "mask *= 1.0 - p",
         "Dropout scales the kept units by 1-p instead of 1/(1-p)"),

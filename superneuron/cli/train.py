@@ -56,7 +56,7 @@ def main(argv=None):
 
 
 def run(args):
-    from ..data import Loader, check_labels, open_source, source_config, source_kind
+    from ..feed import data_config, loaders, open_data
     from ..net import Net
     from ..optim import make_optimizer
     from ..train import Trainer
@@ -65,28 +65,17 @@ def run(args):
         raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
     spec = _fit_size_to_data(load_spec_from_args(args), args)
     solver = solver_from_args(args, spec)
-    data_cfg = _data_config(spec, args, source_config)
+    data_cfg = data_config(spec, args.data)
     optimizer = make_optimizer(solver)
     memory, host_memory, limit = sizes_from_args(args)
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
               host_memory=host_memory,
               costs="measure" if args.profile else None)
-    classes = net.classes
-    if data_cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
-        data_cfg = _synthetic_like(net, classes, source_config)
-    train_set, test_set = open_source(data_cfg)
-    if classes is not None:
-        check_labels(train_set, classes, data_cfg["source"])
-        check_labels(test_set, classes, data_cfg["source"])
-    _check_sample_shape(net, train_set, data_cfg["source"])
+    data_cfg, train_set, test_set = open_data(net, data_cfg)
     batch = net.batch
     solver = optimizer.for_epochs(len(train_set), batch)
-    train_loader = Loader(train_set, batch, shuffle=data_cfg.get("shuffle", True), seed=args.seed, train=True)
-    if source_kind(data_cfg["source"]) in ("lmdb", "imagelist"):  # decoded per batch: read ahead on a thread
-        from ..readahead import ReadAhead
-        train_loader = ReadAhead(train_loader)
-    test_loader = Loader(test_set, batch, shuffle=False, seed=args.seed, train=False) if len(test_set) else None
+    train_loader, test_loader = loaders(data_cfg, train_set, test_set, batch, seed=args.seed)
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log)
     if args.weights:
         if args.resume:
@@ -173,73 +162,18 @@ def _say_skipped(event):
         print(f"resume: skipped {event['error']}")
 
 
-FIXED_SIZE = ("npz", "cifar")        # sources whose samples have one size, which size cannot change
-RESIZED = ("digits", "synthetic", "folder")   # sources that make samples of any size
-
-
 def _fit_size_to_data(spec, args):
-    """``spec`` again with its ``size`` parameter set to the side of ``--data``'s samples, when
-    the source has one fixed size (.npz, CIFAR), its samples are square, the net has a ``size``
-    parameter that differs and ``--set`` did not give it (so a LeNet whose default size is 32
-    trains on 28x28 samples as they are)."""
-    from ..data import describe, source_kind
-    if not args.data or "size" not in spec.params or source_kind(args.data) not in FIXED_SIZE:
+    """``spec`` again with its ``size`` parameter set to the side of ``--data``'s samples where
+    feed.fixed_side says so (``--set size=N`` given: never), and the change said."""
+    from ..feed import fixed_side
+    size_given = any(str(item).partition("=")[0].strip() == "size" for item in args.set)
+    side = fixed_side(spec, args.data, size_given)
+    if side is None:
         return spec
-    if any(str(item).partition("=")[0].strip() == "size" for item in args.set):
-        return spec
-    (_, h, w), _ = describe({"source": args.data})
-    if h != w or spec.params["size"] == h:
-        return spec
-    print(f"data: {args.data} has {h}x{w} samples: the net's size parameter is set to {h} "
+    print(f"data: {args.data} has {side}x{side} samples: the net's size parameter is set to {side} "
           f"(it was {spec.params['size']}; --set size=N to choose)")
-    args.set = [*args.set, f"size={h}"]
+    args.set = [*args.set, f"size={side}"]
     return load_spec_from_args(args)
-
-
-def _data_config(spec, args, source_config):
-    """The Data layer's configuration with ``--data`` replacing its source, or for an Input net
-    the ``--data`` source, sized to the input where the source can make samples of any size
-    (None when there is no ``--data``: see :func:`_synthetic_like`)."""
-    from ..data import source_kind
-    first = spec.layers[0]
-    if first.type == "Data":
-        if args.data:
-            first.cfg.update(source_config(args.data, first.cfg))
-            if source_kind(args.data) in FIXED_SIZE:  # the net's size was meant for its own source
-                first.cfg["size"] = 0
-        return first.cfg
-    if not args.data:
-        return None
-    shape = first.cfg["shape"][0]
-    base = {"batch_size": shape[0]}
-    kind = source_kind(args.data)
-    if kind in RESIZED and len(shape) == 4:
-        if shape[2] != shape[3]:
-            raise SNError(f"{args.data}: {kind} data is made square, but the net's input "
-                          f"'{first.tops[0]}' is {shape[2]}x{shape[3]}")
-        base["size"] = shape[2]  # images: the shorter side resized to it, the centre (or a random) square cut
-        if kind == "synthetic":
-            base["channels"] = shape[1]
-    return source_config(args.data, base)
-
-
-def _synthetic_like(net, classes, source_config):
-    """Learnable synthetic data with the shape and classes of an Input net."""
-    shape = net.input_shape(net.input_names[0])
-    if len(shape) != 4 or shape[2] != shape[3]:
-        raise SNError(f"input '{net.input_names[0]}' has shape {shape}: pass --data (synthetic data "
-                      f"is made for square images only)")
-    cfg = source_config("synthetic", {"batch_size": shape[0]})
-    cfg.update(channels=shape[1], size=shape[2], classes=classes or 10)
-    return cfg
-
-
-def _check_sample_shape(net, dataset, source):
-    name = net.input_names[0]
-    want = tuple(net.input_shape(name)[1:])
-    if tuple(dataset.sample_shape) != want:
-        raise SNError(f"{source}: samples have shape {tuple(dataset.sample_shape)}; the net's input "
-                      f"'{name}' expects {want}")
 
 
 if __name__ == "__main__":

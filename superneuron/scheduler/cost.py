@@ -48,23 +48,6 @@ DEVICES = {
 }
 
 
-_ALGORITHMS = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
-
-
-def algorithms(layer, phase):
-    """``layer.algorithms(phase)``, memoised per layer and phase. A layer's shapes are fixed once
-    its graph is built, so its algorithms are too, and planning a deep net asks for them
-    hundreds of thousands of times (a convolution works its workspaces out anew on each call).
-    The list is shared: callers must not change it."""
-    memo = _ALGORITHMS.get(layer)
-    if memo is None:
-        memo = _ALGORITHMS[layer] = {}
-    algos = memo.get(phase)
-    if algos is None:
-        algos = memo[phase] = layer.algorithms(phase)
-    return algos
-
-
 def phase_of(step):
     """The layer phase a compute step runs: a recompute is a forward."""
     return "backward" if step.kind == BACKWARD else "forward"
@@ -95,6 +78,21 @@ class CostModel:
         self.device = DEVICES[device] if isinstance(device, str) else device
         self.table = table or {}
         self._estimates = weakref.WeakKeyDictionary()  # layer → {(phase, algo, speed): seconds}
+        self._algorithms = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
+
+    def algorithms(self, layer, phase):
+        """``layer.algorithms(phase)``, memoised per layer and phase in this model (a plan's
+        Context holds it: no module keeps it). A layer's shapes are fixed once its graph is
+        built, so its algorithms are too, and planning a deep net asks for them hundreds of
+        thousands of times (a convolution works its workspaces out anew on each call). The
+        list is shared: callers must not change it."""
+        memo = self._algorithms.get(layer)
+        if memo is None:
+            memo = self._algorithms[layer] = {}
+        algos = memo.get(phase)
+        if algos is None:
+            algos = memo[phase] = layer.algorithms(phase)
+        return algos
 
     def algo_seconds(self, layer, phase, algo):
         """Seconds of ``layer``'s ``phase`` with Algo ``algo``."""
@@ -123,7 +121,7 @@ class CostModel:
         if step.kind in LAYER_STEPS:
             layer = schedule.graph.nodes[step.node].layer
             phase = phase_of(step)
-            algos = algorithms(layer, phase)
+            algos = self.algorithms(layer, phase)
             algo = next((a for a in algos if a.name == step.algorithm), algos[0])
             return self.algo_seconds(layer, phase, algo)
         if step.kind == UPDATE:  # reads params, grads and state, writes params and state

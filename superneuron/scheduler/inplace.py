@@ -49,8 +49,9 @@ class _Forest:
         self.up[name] = onto
 
 
-def inplace(schedule):
-    """The schedule with in-place layers sharing storage wherever lifetimes allow."""
+def inplace(schedule, context=None):
+    """The pass: the schedule with in-place layers sharing storage wherever lifetimes allow
+    (it needs nothing of the Context)."""
     graph = schedule.graph
     tensors = dict(schedule.tensors)
     forest = _Forest(tensors)

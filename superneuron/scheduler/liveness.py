@@ -167,12 +167,16 @@ def intervals(schedule, steps, roots):
     return [tuple(s) for s in spans]
 
 
-def liveness(schedule, roots=None):
-    """The schedule with every scheduled root allocated right before each of its live
-    intervals and freed right after it (the input's own Alloc and Free steps are dropped).
-    Works on training and test schedules alike. ``roots``: a Roots of the same tensors to
-    share (the offload pass plans many variants of one schedule)."""
-    roots = roots or Roots.of(schedule)
+def liveness(schedule, context=None):
+    """The pass: the schedule with every scheduled root allocated right before each of its
+    live intervals and freed right after it (the input's own Alloc and Free steps are
+    dropped). Works on training and test schedules alike; needs nothing of the Context."""
+    return allocate_live(schedule, Roots.of(schedule))
+
+
+def allocate_live(schedule, roots):
+    """:func:`liveness` with ``roots``, a Roots of the same tensors to share (the offload pass
+    plans many variants of one schedule)."""
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
     starts, ends = {}, {}
     for r, a, b in intervals(schedule, steps, roots):

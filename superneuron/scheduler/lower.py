@@ -6,7 +6,6 @@ in-place gradients) take no storage of their own.
 """
 
 from ..graph import TensorInfo
-from .cost import algorithms
 from .schedule import Schedule, add_workspace
 from .steps import Alloc, Backward, Forward, Free, Update
 
@@ -32,7 +31,7 @@ def resident_tensors(graph, optimizer=None):
 
 
 def _step(graph, tensors, node, phase):
-    algo = algorithms(node.layer, phase)[0]
+    algo = node.layer.algorithms(phase)[0]  # the default: the passes choose others
     ws = None
     if algo.workspace > 0:
         ws = add_workspace(tensors, f"ws:{node.name}:{phase}", algo.workspace)

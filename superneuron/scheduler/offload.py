@@ -32,9 +32,8 @@ import bisect
 import copy
 import math
 
-from .cost import as_model
 from .interpret import Interpreter
-from .liveness import Roots, intervals, liveness
+from .liveness import Roots, allocate_live, intervals
 from .steps import ALLOC, BACKWARD, COPY, MEMORY, Alloc, Free, Offload, Prefetch, Wait
 
 # How many steps a copy may run ahead of the compute: an offloaded tensor's device memory is
@@ -161,7 +160,7 @@ class _Variants:
                 out += group
             out.append(step)
             out += after.get(i, ())
-        return liveness(self.schedule.replace(out), self.roots)
+        return allocate_live(self.schedule.replace(out), self.roots)
 
     def _prepare(self):
         """The Allocs and Frees that liveness gives the steps without copies, laid end to end
@@ -298,23 +297,23 @@ def _fork(arena):
     return twin
 
 
-def offload(schedule, costs=None, budget=None, host_memory=None):
-    """``schedule`` (after liveness) with its long-lived activations offloaded to the host and
-    prefetched back; ``costs``: a cost.CostModel, a measured table or None (estimates);
-    ``budget`` (bytes, resident included): offload only as much as makes the peak fit;
-    ``host_memory`` (bytes): at most this much on the host at once."""
+def offload(schedule, context):
+    """The pass: ``schedule`` (after liveness) with its long-lived activations offloaded to
+    the host and prefetched back, timed by the Context's cost model; under its ``budget``
+    (bytes, resident included) only as much as makes the peak fit; at most its
+    ``host_memory`` (bytes) on the host at once."""
     from .simulate import replay, resident_arenas
     from .workspace import smallest_workspaces
+    model, budget, host_memory = context.model, context.budget, context.host_memory
     if not schedule.train:
         return schedule
-    model = as_model(costs)
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
     candidates, writes = _gaps(schedule, steps, model)
     if not candidates:
         return schedule
     # Whether it fits is judged with the smallest workspaces: the workspace pass then gives
     # the steps what the tensors leave, rather than tensors going to the host for workspaces.
-    probe = smallest_workspaces(schedule)
+    probe = smallest_workspaces(schedule, model)
     probe_steps = [s for s in probe.steps if s.kind not in MEMORY]  # the same steps, other algorithms
     residents = resident_arenas(probe)  # every variant below has the probe's tensors
     if budget is not None and replay(probe, residents=residents).high_water <= budget:

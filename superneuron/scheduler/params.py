@@ -22,9 +22,10 @@ from .liveness import liveness
 from .steps import BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, UPDATE, WAIT, Offload, Prefetch, Wait
 
 
-def offload_params(schedule):
-    """``schedule`` with its learnable parameters, their gradients and the optimiser state on
-    the host, copied to and from the device around the steps that use them."""
+def offload_params(schedule, context=None):
+    """The pass: ``schedule`` with its learnable parameters, their gradients and the optimiser
+    state on the host, copied to and from the device around the steps that use them (it needs
+    nothing of the Context)."""
     graph, tensors = schedule.graph, schedule.tensors
     learnable = [t for n in graph.nodes for t in n.params.values() if tensors[t].kind == "param"]
     if not learnable:
@@ -63,4 +64,4 @@ def offload_params(schedule):
         out += behind.get(i, ())
     resident = [t for t in schedule.resident if t not in host]
     host_resident = [t for t in schedule.resident if t in host] + update_ws
-    return liveness(schedule.replace(out, resident=resident, host_resident=host_resident))
+    return liveness(schedule.replace(out, resident=resident, host_resident=host_resident), context)

@@ -84,8 +84,14 @@ def _place(spans, key):
     return where, region
 
 
-def place(schedule, placement="dynamic"):
-    """``schedule`` with its placement: planned offsets, or none for the dynamic allocator."""
+def place(schedule, context):
+    """The pass: ``schedule`` with the Context's placement, planned offsets or none for the
+    dynamic allocator (workspace.fit runs it, as a placement may send the workspaces back)."""
+    return with_placement(schedule, context.placement)
+
+
+def with_placement(schedule, placement="dynamic"):
+    """``schedule`` placed by ``placement`` (``'dynamic'`` or ``'planned'``)."""
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
     offsets = plan_offsets(schedule)[0] if placement == "planned" else None
@@ -95,7 +101,7 @@ def place(schedule, placement="dynamic"):
 def arena_bytes(schedule, placement):
     """The arena (resident + scheduled high-water mark) ``schedule`` needs with ``placement``."""
     from .simulate import replay
-    return replay(place(schedule, placement)).high_water
+    return replay(with_placement(schedule, placement)).high_water
 
 
 def _best_fit(taken, size):

@@ -4,7 +4,7 @@ A policy is the list of passes applied, in order, to the baseline schedule of ``
 every pass has one shape, ``(schedule, Context) → schedule``, and every list, ``baseline``'s
 included, ends with the choice of each step's algorithm and workspace under the budget and
 the placement (dynamic or planned), which depends on every Alloc and Free
-(:func:`workspaces_and_placement`).
+(:func:`workspace.fit`).
 
 - ``baseline``: no pass; every activation and gradient lives all iteration (as in Caffe).
 - ``liveness``: in-place reuse, then liveness (SuperNeurons' liveness analysis with Layrub's
@@ -23,9 +23,8 @@ Still to come: ``gist``, ``optimal`` and ``auto`` (the fastest policy that fits 
 each is one more entry in :data:`PRESETS`.
 """
 
-from dataclasses import dataclass, field
-
 from ..errors import SNError
+from .context import Context
 from .cost import as_model
 from .inplace import inplace
 from .liveness import liveness
@@ -35,71 +34,24 @@ from .placement import PLACEMENTS
 from .recompute import recompute
 from .workspace import fit
 
-
-@dataclass(frozen=True)
-class Context:
-    """What a pass may need besides the schedule: the budget and host memory (bytes, None:
-    unbounded), the cost model, the largest workspace of any choice and the placement."""
-
-    budget: int = None
-    host_memory: int = None
-    model: object = None
-    workspace_limit: int = None
-    placement: str = "dynamic"
-    memo: dict = field(default_factory=dict, compare=False)  # what passes leave for later ones
-
-
-# Every pass has one shape, (schedule, context) → schedule; these name the passes so.
-def in_place(schedule, context):
-    """Layrub's in-place reuse (inplace.py)."""
-    return inplace(schedule)
-
-
-def live_intervals(schedule, context):
-    """SuperNeurons' liveness analysis (liveness.py)."""
-    return liveness(schedule)
-
-
-def recomputation(schedule, context):
-    """Cost-aware recomputation of cheap layers (recompute.py)."""
-    return recompute(schedule)
-
-
-def offloading(schedule, context):
-    """Offload and prefetch of long-lived activations, under the budget (offload.py)."""
-    return offload(schedule, context.model, context.budget, context.host_memory)
-
-
-def parameter_offloading(schedule, context):
-    """Parameters, gradients and optimiser state on the host (params.py)."""
-    return offload_params(schedule)
-
-
-def workspaces_and_placement(schedule, context):
-    """Each step's algorithm and workspace within the budget, then placement (workspace.fit):
-    one entry, since a placement whose holes overflow the budget sends it back to give the
-    step that crossed a smaller workspace."""
-    return fit(schedule, context.placement, context.budget, context.workspace_limit, context.model,
-               memo=context.memo)
-
-
-LIVENESS = (in_place, live_intervals)
-LAST = (workspaces_and_placement,)  # every policy, baseline included, ends so
+# Every pass has one shape, (schedule, Context) → schedule; a policy is the list of them.
+LIVENESS = (inplace, liveness)
+LAST = (fit,)  # workspace choice and placement: every policy, baseline included, ends so
 PRESETS = {
     "baseline": LAST,
     "liveness": LIVENESS + LAST,
-    "recompute": (recomputation,) + LIVENESS + LAST,
-    "offload": LIVENESS + (offloading,) + LAST,
-    "superneurons": (recomputation,) + LIVENESS + (offloading,) + LAST,
+    "recompute": (recompute,) + LIVENESS + LAST,
+    "offload": LIVENESS + (offload,) + LAST,
+    "superneurons": (recompute,) + LIVENESS + (offload,) + LAST,
 }
 PARAMS = "+params"  # a policy name ending so keeps its parameters on the host (params.py)
 # With parameter offload: it runs after recomputation (whose Recompute steps read parameters
 # too) and before liveness, which then frees each parameter's device copy after its last use.
 WITH_PARAMS = {
-    "liveness" + PARAMS: (parameter_offloading,) + LIVENESS + LAST,
-    "recompute" + PARAMS: (recomputation, parameter_offloading) + LIVENESS + LAST,
-    "offload" + PARAMS: (parameter_offloading,) + LIVENESS + (offloading,) + LAST,
-    "superneurons" + PARAMS: (recomputation, parameter_offloading) + LIVENESS + (offloading,) + LAST,
+    "liveness" + PARAMS: (offload_params,) + LIVENESS + LAST,
+    "recompute" + PARAMS: (recompute, offload_params) + LIVENESS + LAST,
+    "offload" + PARAMS: (offload_params,) + LIVENESS + (offload,) + LAST,
+    "superneurons" + PARAMS: (recompute, offload_params) + LIVENESS + (offload,) + LAST,
 }
 # The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
 # with parameter offload; any preset but baseline takes "+params".

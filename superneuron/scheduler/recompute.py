@@ -29,7 +29,7 @@ reading, so it starts a new live interval). A Recompute runs the layer's forward
 statistics alone, so results are bit-identical.
 """
 
-from .cost import algorithms
+from .context import Context
 from .liveness import Roots, uses
 from .schedule import add_workspace
 from .steps import BACKWARD, Alloc, Free, Recompute
@@ -78,11 +78,18 @@ def _chain(r, recomputable, source, have):
     return out[::-1]
 
 
-def recompute(schedule, largest=None):
-    """The schedule with Recompute steps for every recomputable root a backward step reads.
-    ``largest``: the bytes of the largest working set (default: measured on ``schedule``),
-    which a segment must fit under to be recomputed speed-centric."""
+def recompute(schedule, context=None):
+    """The pass: the schedule with Recompute steps for every recomputable root a backward
+    step reads, each segment speed-centric where it fits under the largest working set of
+    ``schedule``. The Context's cost model gives the layers' algorithms."""
+    return with_recomputes(schedule, context)
+
+
+def with_recomputes(schedule, context=None, largest=None):
+    """:func:`recompute`, with ``largest`` (bytes; default: measured on ``schedule``) the
+    working set a segment must fit under to be recomputed speed-centric."""
     from .simulate import largest_working_set
+    model = (context or Context()).model
     graph = schedule.graph
     if not schedule.train:
         return schedule
@@ -121,7 +128,7 @@ def recompute(schedule, largest=None):
                 chain.update(_chain(r, recomputable, source, have | chain))
         for r in sorted(chain, key=lambda r: recomputable[r][0]):
             for w in recomputable[r]:
-                out += _recompute_step(graph, tensors, w)
+                out += _recompute_step(graph, tensors, w, model)
             if speed[checkpoint(r)]:
                 kept.add(r)
         previous = chain | (previous & reads)
@@ -129,11 +136,11 @@ def recompute(schedule, largest=None):
     return schedule.replace(out, tensors=tensors, policy=schedule.policy)
 
 
-def _recompute_step(graph, tensors, index):
-    """A Recompute of node ``index`` with its forward algorithm, between the Alloc and Free of
-    its workspace when it needs one."""
+def _recompute_step(graph, tensors, index, model):
+    """A Recompute of node ``index`` with its forward algorithm (``model``'s memo of the
+    layer's algorithms), between the Alloc and Free of its workspace when it needs one."""
     node = graph.nodes[index]
-    algo = algorithms(node.layer, "forward")[0]
+    algo = model.algorithms(node.layer, "forward")[0]
     if algo.workspace <= 0:
         return [Recompute(index, algo.name)]
     ws = add_workspace(tensors, f"ws:{node.name}:recompute", algo.workspace)

@@ -1,6 +1,6 @@
 """The Schedule: one training iteration as a flat program of steps (steps.py declares them),
 with every tensor it touches and where the resident ones live. A pass is a function
-Schedule → Schedule.
+(Schedule, context.Context) → Schedule.
 """
 
 from dataclasses import dataclass, field

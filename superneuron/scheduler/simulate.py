@@ -151,7 +151,7 @@ def replay(schedule, stop=None, residents=None):
 
 def simulate(schedule, replayed=None):
     """The Plan of ``schedule``; ``replayed``: the planning Arena of a whole :func:`replay` of
-    it already made (the workspace pass makes one: policy.Context.memo), else it is made."""
+    it already made (the workspace pass makes one: context.Context.memo), else it is made."""
     arena = replayed or replay(schedule)
     live = arena.live_trace
     peak_step = live.index(max(live)) if live else 0

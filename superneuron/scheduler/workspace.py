@@ -20,7 +20,7 @@ import functools
 from ..allocator import aligned
 from ..errors import SNError
 from ..sizes import human_bytes
-from .cost import algorithms, as_model, phase_of
+from .cost import as_model, phase_of
 from .liveness import Roots
 from .schedule import add_workspace
 from .steps import ALLOC, FREE, LAYER_STEPS, MEMORY, Alloc, Free, with_algorithm
@@ -85,7 +85,7 @@ class _Chooser:
                 continue
             layer = graph.nodes[step.node].layer
             phase = phase_of(step)
-            algos = algorithms(layer, phase)
+            algos = model.algorithms(layer, phase)
             if len(algos) < 2:
                 continue
             room = None if free_at is None else free_at - live[i]
@@ -119,32 +119,37 @@ class _Chooser:
         return out
 
 
-def smallest_workspaces(schedule):
+def smallest_workspaces(schedule, costs=None):
     """``schedule`` with every step on its algorithm of smallest workspace: what tensors alone
-    need, since workspaces get only what tensors leave (the offload pass sizes by it)."""
-    return choose_workspaces(schedule, budget=schedule.resident_bytes)
+    need, since workspaces get only what tensors leave (the offload pass sizes by it).
+    ``costs``: as for :func:`choose_workspaces`."""
+    return choose_workspaces(schedule, budget=schedule.resident_bytes, costs=costs)
 
 
-def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8, memo=None):
-    """:func:`choose_workspaces`, then placement (placement.place). The workspaces fit the
-    bytes live under ``budget``, but the dynamic allocator's holes may still lift the arena
-    over it: then the workspace whose Alloc crossed the budget gets a smaller algorithm, and
-    again, ``tries`` times at most. With the dynamic allocator each try replays on from the
-    Alloc that crossed (what comes before it is the same); ``memo`` (a dict), when given,
-    gets ``memo['replayed'] = (schedule returned, its whole replay)`` for simulate() where one
-    was made."""
+TRIES = 8  # how many times fit() gives a smaller workspace to the step whose Alloc crossed
+
+
+def fit(schedule, context):
+    """The pass that ends every policy: :func:`choose_workspaces` under the Context's budget,
+    workspace limit and cost model, then placement (placement.place, by the Context's
+    placement). One entry, since the workspaces fit the bytes live under the budget, but the
+    dynamic allocator's holes may still lift the arena over it: then the workspace whose
+    Alloc crossed the budget gets a smaller algorithm, and again, :data:`TRIES` times at most.
+    With the dynamic allocator each try replays on from the Alloc that crossed (what comes
+    before it is the same); the Context's memo gets ``memo['replayed'] = (schedule returned,
+    its whole replay)`` for simulate() where one was made."""
     from .placement import place
     from .simulate import Replayer
-    chooser, caps = _Chooser(schedule, budget, limit, costs), {}
-    placed = place(chooser.choose(caps), placement)
-    if budget is None or tries == 0:
+    budget, placement, memo, tries = context.budget, context.placement, context.memo, TRIES
+    chooser, caps = _Chooser(schedule, budget, context.workspace_limit, context.model), {}
+    placed = place(chooser.choose(caps), context)
+    if budget is None:
         return placed
     replayer, start = Replayer(placed), 0
     while True:
         stop = replayer.run(placed, start, stop=lambda a: a.high_water > budget)
         if stop is None:
-            if memo is not None:  # a whole replay: simulate() need not make it again
-                memo["replayed"] = (placed, replayer.arena)
+            memo["replayed"] = (placed, replayer.arena)  # a whole replay: simulate() need not make it again
             return placed
         step = placed.steps[stop]
         if step.kind != ALLOC or placed.tensors[step.tensor].kind != "workspace":
@@ -152,7 +157,7 @@ def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8, memo=
         k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
         caps[k] = aligned(placed.tensors[step.tensor].nbytes) - 1
         tries -= 1
-        placed = place(chooser.choose(caps), placement)
+        placed = place(chooser.choose(caps), context)
         if placement == "dynamic":  # the steps before ``stop`` are the same: go on from there
             replayer.take_back(stop, step)
             start = stop
@@ -160,8 +165,7 @@ def fit(schedule, placement, budget=None, limit=None, costs=None, tries=8, memo=
             replayer, start = Replayer(placed), 0
         if tries == 0:
             replayer.run(placed, start)
-            if memo is not None:
-                memo["replayed"] = (placed, replayer.arena)
+            memo["replayed"] = (placed, replayer.arena)
             return placed
 
 

@@ -1,0 +1,27 @@
+"""The Context of a plan: what a pass may need besides the schedule.
+
+Every pass has one shape, ``(schedule, Context) → schedule`` (policy.py lists them in order).
+The Context carries the budget and host memory, the cost model (which also keeps the memo of
+each layer's algorithms), the largest workspace of any choice, the placement, and ``memo``,
+where a pass leaves what a later step of the same plan may reuse. Nothing of a plan is kept
+in a module: it goes when the Context goes.
+"""
+
+from dataclasses import dataclass, field
+
+from .cost import CostModel
+
+
+@dataclass(frozen=True)
+class Context:
+    """``budget`` and ``host_memory``: bytes (None: unbounded); ``model``: a cost.CostModel
+    (default: the GPU estimates); ``workspace_limit``: bytes, the largest workspace where a
+    layer has a choice (None: no limit); ``placement``: ``'dynamic'`` or ``'planned'``;
+    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit)."""
+
+    budget: int = None
+    host_memory: int = None
+    model: CostModel = field(default_factory=CostModel)
+    workspace_limit: int = None
+    placement: str = "dynamic"
+    memo: dict = field(default_factory=dict, compare=False)
