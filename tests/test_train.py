@@ -142,8 +142,17 @@ def interrupt(trainer, where, at):
     return on_event
 
 
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler, as a user's process has it, whatever an earlier test in this
+    worker left installed (one full ``-n auto`` run saw the SIGINT go unhandled)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("where, stops_at", [("step", 7), ("fetch", 6), ("display", 6), ("test", 6)])
-def test_ctrl_c_then_resume_is_exact(tmp_path, where, stops_at):
+def test_ctrl_c_then_resume_is_exact(tmp_path, where, stops_at, default_sigint):
     """Ctrl-C anywhere in a run, then a resume from the snapshot folder: the parameters, running
     statistics and momentum at the end are bit for bit those of a run never interrupted (a
     snapshot taken with the loader a batch ahead, or half a step done, would differ)."""
