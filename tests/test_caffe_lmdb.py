@@ -12,8 +12,8 @@ from PIL import Image
 
 from superneuron.caffe import caffe_pb2
 from superneuron.caffe.lmdb_data import decode, index
-from superneuron.caffe.make_lmdb import main as make_lmdb
 from superneuron.cli import train
+from superneuron.cli.make_lmdb import main as make_lmdb
 from superneuron.data import Loader, _digits, _split, open_source
 from superneuron.errors import SpecError
 from superneuron.readahead import ReadAhead

@@ -1,17 +1,13 @@
-"""sn-make-lmdb: write a Caffe LMDB of ``Datum`` records from an ``.npz`` (``x`` uint8 (N, C, H,
-W) and integer ``y``, as our .npz sources hold them) or an image folder (one subfolder per class),
-as Caffe's ``convert_imageset`` does, so that Caffe's Data layers have data to read.
-
-    sn-make-lmdb digits.npz digits_train_lmdb --split train
-    sn-make-lmdb photos/ photos_lmdb --encoded          # JPEG/PNG bytes kept as they are
+"""Caffe LMDBs of ``Datum`` records, written from an ``.npz`` (``x`` uint8 (N, C, H, W) and
+integer ``y``, as our .npz sources hold them) or an image folder (one subfolder per class), as
+Caffe's ``convert_imageset`` does; ``sn-make-lmdb`` (:mod:`superneuron.cli.make_lmdb`) is its
+command line.
 
 Raw records keep Caffe's layout (channels first, colour images in BGR order); keys are
 ``%08d_name`` in writing order, as Caffe's tools write them.
 """
 
-import argparse
 import os
-import sys
 
 import numpy as np
 
@@ -78,27 +74,3 @@ def folder_records(root, encoded):
             from .lmdb_data import decode
             pixels, _ = decode(caffe_pb2.Datum(data=raw, encoded=True).SerializeToString(), path)
             yield f"{cls}/{name}", datum_bytes(pixels, label)
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="sn-make-lmdb", description="Write a Caffe LMDB from an .npz or an image folder.")
-    p.add_argument("source", help="an .npz (x, y and optionally x_test, y_test) or an image folder")
-    p.add_argument("dest", help="the LMDB folder to create")
-    p.add_argument("--split", choices=("train", "test"), default="train", help=".npz: which arrays (default train)")
-    p.add_argument("--encoded", action="store_true", help="image folder: keep the files' bytes (encoded Datums)")
-    args = p.parse_args(argv)
-    try:
-        if os.path.isdir(args.source):
-            records = folder_records(args.source, args.encoded)
-        else:
-            records = npz_records(args.source, args.split)
-        count = write_lmdb(args.dest, records)
-    except SNError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.dest}: {count} records")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
