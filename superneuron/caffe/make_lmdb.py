@@ -8,6 +8,7 @@ Raw records keep Caffe's layout (channels first, colour images in BGR order); ke
 """
 
 import os
+import shutil
 
 import numpy as np
 
@@ -38,18 +39,21 @@ def write_lmdb(dest, records):
                 txn.commit()
                 txn = env.begin(write=True)
         txn.commit()
-    finally:
+    except BaseException:
         env.close()
+        shutil.rmtree(dest, ignore_errors=True)  # we made it: a half-written database would block a retry
+        raise
+    env.close()
     return count
 
 
 def npz_records(path, split):
     """Raw records of an .npz: ``x``/``y`` (``split`` train) or ``x_test``/``y_test`` (test)."""
+    from ..array_files import read_npz  # the checked reader of .npz sources: path, headers, labels
     keys = ("x", "y") if split == "train" else ("x_test", "y_test")
-    with np.load(path, allow_pickle=False) as z:
-        if keys[0] not in z.files or keys[1] not in z.files:
-            raise SNError(f"{path}: no '{keys[0]}' and '{keys[1]}' arrays")
-        x, y = z[keys[0]], z[keys[1]]
+    x, y = read_npz(path)[:2] if split == "train" else read_npz(path)[2:]
+    if x is None:
+        raise SNError(f"{path}: no '{keys[0]}' and '{keys[1]}' arrays")
     if x.ndim != 4 or x.dtype != np.uint8:
         raise SNError(f"{path}: '{keys[0]}' must be uint8 of shape (N, C, H, W), got {x.dtype} {x.shape}")
     if x.shape[1] == 3:
