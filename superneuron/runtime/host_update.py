@@ -48,8 +48,8 @@ class HostUpdater:
             copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
         entries = [self.entries[g] for g in grads]
         if self.accums is not None:
-            for g, entry in zip(grads, entries):
-                entry[1] += self.accums[g]  # this round's gradient + the earlier rounds' sum
+            for g, (_, grad, *_) in zip(grads, entries):
+                grad += self.accums[g]  # this round's gradient + the earlier rounds' sum
         # a fresh Context per call: its scratch carving starts over on the one workspace
         self.optimizer.update(np, self.iteration, entries, Context(np, workspace=self.workspace).scratch)
 
