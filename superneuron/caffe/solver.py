@@ -5,10 +5,11 @@ Keys that change training map onto ours (``base_lr``, ``lr_policy`` with ``inv``
 ``sigmoid``, ``gamma``, ``power``, ``stepsize``, ``stepvalue``, ``momentum``, ``momentum2``,
 ``delta``, ``rms_decay``, ``weight_decay``, ``regularization_type``, ``clip_gradients``, ``max_iter``,
 ``test_iter``, ``test_interval``, ``display``, ``average_loss``, ``iter_size`` (gradient
-accumulation), ``snapshot``, ``snapshot_prefix``, ``type`` or the old ``solver_type``: SGD, Nesterov, Adam, AdaGrad, RMSProp,
-AdaDelta). AdaGrad and RMSProp refuse a momentum, as Caffe does. Keys that only say how Caffe runs
-(``solver_mode``, ``device_id``, ``debug_info``, ...) are accepted and have no effect here;
-any key we cannot honour is an error naming its line, never silently dropped.
+accumulation), ``snapshot``, ``snapshot_prefix``, ``type`` or the old ``solver_type``: SGD,
+Nesterov, Adam, AdaGrad, RMSProp, AdaDelta). AdaGrad and RMSProp refuse a momentum, as Caffe
+does. Keys that only say how Caffe runs (``solver_mode``, ``device_id``, ``debug_info``, ...)
+are accepted and have no effect here; any key we cannot honour is an error naming its line,
+never silently dropped.
 """
 
 import os

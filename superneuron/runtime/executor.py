@@ -22,8 +22,21 @@ from ..layers.base import Context
 from ..scheduler.interpret import PREFETCHING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.lower import ACCUM
-from ..scheduler.steps import (ACCUMULATE, ALLOC, BACKWARD, COPY, FORWARD, FREE, MEMORY, OFFLOAD, PREFETCH,
-                               RECOMPUTE, RESIDENT_ONLY, UPDATE, WAIT)
+from ..scheduler.steps import (
+    ACCUMULATE,
+    ALLOC,
+    BACKWARD,
+    COPY,
+    FORWARD,
+    FREE,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RECOMPUTE,
+    RESIDENT_ONLY,
+    UPDATE,
+    WAIT,
+)
 from .copies import copies_for
 
 

@@ -19,8 +19,19 @@ schedules get the same prefetches (they share the runtime's resident layout).
 """
 
 from .liveness import liveness
-from .steps import (BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RESIDENT_ONLY, UPDATE, WAIT, Offload,
-                    Prefetch, Wait)
+from .steps import (
+    BACKWARD,
+    LAYER_STEPS,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RESIDENT_ONLY,
+    UPDATE,
+    WAIT,
+    Offload,
+    Prefetch,
+    Wait,
+)
 
 
 def offload_params(schedule, context=None):
