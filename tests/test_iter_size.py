@@ -15,11 +15,12 @@ from one_line import cli_error, one_line
 
 from superneuron import load_net
 from superneuron.allocator import aligned
+from superneuron.cli import convert
 from superneuron.cli import plan as plan_cli
 from superneuron.cli import train as train_cli
 from superneuron.data import Loader, open_source, source_config
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import SolverConfig, load_solver, make_optimizer
 from superneuron.planning import plan
 from superneuron.spec import loads_spec
 from superneuron.train import Trainer
@@ -293,3 +294,21 @@ def test_snapshot_and_resume_with_iter_size_are_exact(tmp_path):
     for _ in range(12):
         reference.next()
     assert whole.train_loader.state() == reference.state()
+
+
+def test_epochs_count_iter_size_batches_per_iteration():
+    assert SolverConfig(epochs=2, iter_size=4).with_epochs(100, 5).max_iter == 10  # 200 samples / 20
+    assert SolverConfig(epochs=2).with_epochs(100, 5).max_iter == 40
+
+
+def test_sn_convert_keeps_iter_size(tmp_path):
+    solver = _solver_prototxt(tmp_path, 4)
+    out = tmp_path / "solver.yaml"
+    assert convert.main([str(solver), "-o", str(out)]) == 0
+    assert load_solver(out).iter_size == 4 and load_solver(out) == load_solver(solver)
+
+
+def test_a_loss_gone_non_finite_names_the_layer_with_iter_size(capsys):
+    line = cli_error(capsys, train_cli.main, [LENET, "--iter-size", "2", "--batch", "8", "--iters", "30",
+                                               "--lr", "1e6", "--display", "0"])
+    assert re.search(r"loss is nan at iteration \d+, first non-finite output at .*lenet\.yaml:\d+: layer", line)
