@@ -84,8 +84,7 @@ class Trainer:
         self.run_images, self.run_seconds = 0, 0.0
         self._log(log, "start", net=self.net.graph.name, device=self.net.backend.name,
                   policy=self.net.policy, batch=self.train_loader.batch, iter_size=self.net.iter_size,
-                  start_iter=self.iteration,
-                  max_iter=s.max_iter, solver=s.type)
+                  start_iter=self.iteration, max_iter=s.max_iter, solver=s.type)
         try:
             while self.iteration < s.max_iter:
                 it = self.iteration

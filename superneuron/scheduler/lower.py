@@ -14,7 +14,7 @@ ACCUM = ".accum"  # a parameter gradient's accumulator is named after it: conv1/
 
 def rounds_of(optimizer):
     """Micro-batches per iteration: the optimiser's ``iter_size`` (1 without one)."""
-    return getattr(optimizer, "iter_size", 1) if optimizer is not None else 1
+    return optimizer.iter_size if optimizer is not None else 1
 
 
 def resident_tensors(graph, optimizer=None):
