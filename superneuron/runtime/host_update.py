@@ -7,6 +7,8 @@ the end, each parameter is updated on a worker thread as soon as its gradient ha
 main thread's layers on the CPU); the Update step then only waits for them. The arithmetic is
 the optimiser's own, parameter by parameter, as it always is, so the result is bit-identical.
 Clipping by the global gradient norm needs every gradient first: then nothing starts early.
+With iter_size K > 1 only the last of the K rounds updates: each gradient that lands then has
+the sum of the rounds before (its accumulator) added first.
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +26,13 @@ class HostUpdater:
         self.active = False
         self.early = 0   # parameters updated before the Update step, in the last iteration
 
-    def begin(self, optimizer, iteration, entries_by_grad, workspace):
-        """An iteration starts: ``entries_by_grad`` maps each gradient to its optimiser entry;
-        ``workspace`` is the update's scratch (host memory)."""
+    def begin(self, optimizer, iteration, entries_by_grad, workspace, accums=None):
+        """An iteration's update starts: ``entries_by_grad`` maps each gradient to its optimiser
+        entry; ``workspace`` is the update's scratch (host memory); ``accums`` (iter_size > 1)
+        maps each gradient to the sum of the earlier rounds' gradients, added to it before its
+        update."""
         self.optimizer, self.iteration, self.workspace = optimizer, iteration, workspace
-        self.entries = entries_by_grad
+        self.entries, self.accums = entries_by_grad, accums
         self.overlap = optimizer.cfg.clip_gradients <= 0
         self.started, self.futures = set(), []
         self.active = True
@@ -37,11 +41,15 @@ class HostUpdater:
         """``grad``'s device→host copy was waited for: update its parameter now."""
         if self.overlap and grad in self.entries and grad not in self.started:
             self.started.add(grad)
-            self.futures.append(self.worker.submit(self._update, copy, [self.entries[grad]]))
+            self.futures.append(self.worker.submit(self._update, copy, [grad]))
 
-    def _update(self, copy, entries):
+    def _update(self, copy, grads):
         if copy is not None:
             copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
+        entries = [self.entries[g] for g in grads]
+        if self.accums is not None:
+            for g, (_, grad, *_) in zip(grads, entries):
+                grad += self.accums[g]  # this round's gradient + the earlier rounds' sum
         # a fresh Context per call: its scratch carving starts over on the one workspace
         self.optimizer.update(np, self.iteration, entries, Context(np, workspace=self.workspace).scratch)
 
@@ -51,7 +59,7 @@ class HostUpdater:
         for future in self.futures:
             future.result()
         self.early = len(self.futures)
-        rest = [e for g, e in self.entries.items() if g not in self.started]
+        rest = [g for g in self.entries if g not in self.started]
         if rest:
             self._update(None, rest)
         self.active = False

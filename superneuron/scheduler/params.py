@@ -9,8 +9,8 @@ inserts, for every layer step that reads a parameter (forward, recompute, backwa
   ``Wait(p)`` right before it, unless the step just before used it too; liveness frees the
   device copy after its last use;
 - after a backward, ``Offload(g)`` of each parameter gradient it wrote, into the gradient's
-  host place, and ``Wait(g)`` after the next compute step (before the update, which reads it),
-  when its device memory is freed.
+  host place, and ``Wait(g)`` after the next compute step (before the Accumulate or the
+  update, which read it), when its device memory is freed.
 
 The update then runs on the host (NumPy, in place, on the masters), so the device's resident
 region is only what stays there (BatchNorm's statistics), and the depth a budget allows is
@@ -19,7 +19,19 @@ schedules get the same prefetches (they share the runtime's resident layout).
 """
 
 from .liveness import liveness
-from .steps import BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, UPDATE, WAIT, Offload, Prefetch, Wait
+from .steps import (
+    BACKWARD,
+    LAYER_STEPS,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RESIDENT_ONLY,
+    UPDATE,
+    WAIT,
+    Offload,
+    Prefetch,
+    Wait,
+)
 
 
 def offload_params(schedule, context=None):
@@ -31,7 +43,8 @@ def offload_params(schedule, context=None):
     if not learnable:
         return schedule
     grads = [g for n in graph.nodes for g in n.param_grads.values()]
-    # what lower() adds beyond the graph's tensors: the optimiser's state
+    # what lower() adds beyond the graph's tensors: the optimiser's state (and the gradients'
+    # accumulators: the host sums the rounds' gradients where they land)
     state = [t for t in schedule.resident if t not in graph.tensors]
     host = set(learnable) | set(grads) | set(state)
     update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
@@ -52,8 +65,8 @@ def offload_params(schedule, context=None):
         if step.kind == BACKWARD:
             for g in node.param_grads.values():
                 behind.setdefault(i, []).append(Offload(g))
-                j = after[i]  # the update reads the gradients: their copies end before it
-                done = i if j is None or steps[j].kind == UPDATE else j
+                j = after[i]  # Accumulate and Update read the gradients: their copies end before
+                done = i if j is None or steps[j].kind in RESIDENT_ONLY else j
                 behind.setdefault(done, []).append(Wait(g))
     out = []
     for i, step in enumerate(steps):
