@@ -18,10 +18,25 @@ import math
 import numpy as np
 
 from ..graph import storage_root
+from ..layers import codecs
 from ..layers.base import Context
 from ..scheduler.interpret import PREFETCHING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
-from ..scheduler.steps import ALLOC, BACKWARD, COPY, FORWARD, FREE, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from ..scheduler.steps import (
+    ALLOC,
+    BACKWARD,
+    CODING,
+    COPY,
+    ENCODE,
+    FORWARD,
+    FREE,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RECOMPUTE,
+    UPDATE,
+    WAIT,
+)
 from .copies import copies_for
 
 
@@ -141,6 +156,8 @@ class Runtime:
             elif kind == BACKWARD:
                 node = graph.nodes[step.node]
                 self._backward(step, node, iteration)
+            elif kind in CODING:
+                self._code(step, iteration)
             elif kind == UPDATE:
                 if self.host_update:  # the gradients' copies must have landed on the host
                     self.backend.synchronize()
@@ -175,8 +192,24 @@ class Runtime:
                        seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
                        feed=feed, backend=self.backend)
 
+    def _code(self, step, iteration):
+        """An Encode or a Decode (scheduler/encode.py): a layer's own form through the layer, a
+        tensor's through the codecs."""
+        ctx = self._context(step, None, iteration, True, False, None)
+        if step.source is None:  # a layer's own form of what its backward reads
+            node = self.graph.nodes[step.node]
+            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
+            node.layer.encode(ctx, step.algorithm, bottoms, tops, self.view(step.tensor))
+        elif step.kind == ENCODE:
+            codecs.encode(ctx, step.algorithm, self.view(step.source), self.view(step.tensor))
+        else:
+            codecs.decode(ctx, step.algorithm, self.view(step.tensor), self.view(step.source))
+
     def _backward(self, step, node, iteration):
-        bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
+        if step.tensor is not None:  # it reads an encoded form instead of its bottoms and tops
+            bottoms, tops = [None] * len(node.bottoms), [None] * len(node.tops)
+        else:
+            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
         top_grads = [None if g is None else self.view(g) for g in node.top_grads]
         if node.loss_weight:
             top_grads[0][...] = node.loss_weight
@@ -184,6 +217,8 @@ class Runtime:
         params = {k: self.view(t) for k, t in node.params.items()}
         param_grads = {k: self.view(g) for k, g in node.param_grads.items()}
         ctx = self._context(step, node, iteration, True, False, None)
+        if step.tensor is not None:
+            ctx.encoded = self.view(step.tensor)
         node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
 
     def update_entries(self, optimizer):
