@@ -292,6 +292,7 @@ def test_lossy_needs_a_policy_that_encodes(capsys):
     assert len(err) == 1 and "--policy gist" in err[0]
 
 
+@pytest.mark.slow
 def test_lossy_fp16_still_learns_the_digits(tmp_path):
     """digits_bn (conv → BN → Scale → ReLU → max pool, 300 iterations) with every stash but
     the masks and argmaxes in half precision: within a point or two of its 92.5 % in full."""

@@ -345,6 +345,14 @@ class Layer:
         it in ``ctx.encoded`` and its bottoms and tops as None). Default: none."""
         return []
 
+    def tensor_encoding(self, codec, shape, dtype):
+        """The Encoding of tensor form ``codec`` (``sign``, ``sparse``, ``fp16``) of an operand
+        of ``shape`` and ``dtype`` that this layer's backward reads: the bytes its encoded form
+        takes and the scratch of its Encode and Decode (layers/codecs.py; the same for every
+        layer, asked of the layer so that the scheduler learns bytes, never kernels)."""
+        from .codecs import tensor_encoding
+        return tensor_encoding(codec, shape, dtype)
+
     def encode(self, ctx, codec, bottoms, tops, out):
         """Write this layer's ``direct`` encoded form ``codec`` of its backward's operands
         (``bottoms`` and ``tops`` as :meth:`backward_operands` gives them) into ``out``."""

@@ -40,9 +40,10 @@ class Encoding:
     """An encoded form a layer's backward can read (``Layer.encodings``): ``codec`` (one of
     :data:`CODECS`), the ``bottoms`` and ``tops`` (indices) it stands for, and ``direct``: the
     backward reads the encoded form itself, in place of every operand ``backward_reads`` names
-    (no Decode), else a Decode writes those operands back before it. A direct form is the
-    layer's own: ``form`` is its ``(shape, dtype)``, ``workspace`` the scratch bytes of the
-    layer's ``encode``."""
+    (no Decode), else a Decode writes those operands back before it. ``form`` is the
+    ``(shape, dtype)`` of the encoded storage, ``workspace`` and ``decode_workspace`` the
+    scratch bytes of its Encode and Decode (a direct form is the layer's own, encoded by its
+    ``encode``; a tensor form's are :func:`tensor_encoding`'s)."""
 
     codec: str
     bottoms: tuple = ()
@@ -50,6 +51,14 @@ class Encoding:
     direct: bool = False
     form: tuple = None
     workspace: int = 0
+    decode_workspace: int = 0
+
+
+def tensor_encoding(codec, shape, dtype):
+    """The Encoding of tensor form ``codec`` (``sign``, ``sparse``, ``fp16``) of a ``shape``,
+    ``dtype`` tensor: its storage and the scratch of its Encode and Decode."""
+    return Encoding(codec, form=encoded_form(codec, shape, dtype), workspace=workspace_of(codec, shape, dtype),
+                    decode_workspace=workspace_of(codec, shape, dtype, decode=True))
 
 
 def packed_bytes(n):

@@ -4,7 +4,8 @@ backward (a *stash*) is kept encoded in between.
 For every data root that lives across the forward/backward turn (used before the first
 Backward, read after it, never written after it) the pass chooses the smallest form that every
 step reading it after the turn can take, and keeps that form only where it is smaller than the
-map (layers/codecs.py has the kernels and the byte rules):
+map (layers/codecs.py has the kernels and the byte rules, which the pass learns through the
+layers: Layer.encodings, Layer.tensor_encoding):
 
 - a layer's own *direct* form (``Layer.encodings``, ``direct``): max pooling's ``argmax``, one
   byte per output. ``Encode`` right after the layer's Forward writes it from the operands its
@@ -35,7 +36,6 @@ import numpy as np
 
 from ..allocator import aligned
 from ..graph import TensorInfo
-from ..layers.codecs import encoded_form, workspace_of
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace
 from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Backward, Decode, Encode
@@ -62,15 +62,14 @@ def encode(schedule, context=None):
         forward = plan.forward_of[node.index]
         after.setdefault(forward, []).append(Encode(e, enc.codec, node=node.index, workspace=ws))
         steps[i] = Backward(node.index, steps[i].algorithm, steps[i].workspace, encoded=e)
-    for r, (last, first), codec in plan.tensor_forms(steps):
-        e = f"{r}#{codec}"
-        info = tensors[r]
-        shape, dtype = encoded_form(codec, info.shape, info.dtype)
-        tensors[e] = TensorInfo(e, shape, dtype, "encoded")
-        ws = _workspace(tensors, e, "encode", workspace_of(codec, info.shape, info.dtype))
-        after.setdefault(last, []).append(Encode(e, codec, source=r, workspace=ws))
-        ws = _workspace(tensors, e, "decode", workspace_of(codec, info.shape, info.dtype, decode=True))
-        before.setdefault(first, []).append(Decode(e, codec, r, workspace=ws))
+    for r, (last, first), enc in plan.tensor_forms(steps):
+        e = f"{r}#{enc.codec}"
+        shape, dtype = enc.form
+        tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
+        ws = _workspace(tensors, e, "encode", enc.workspace)
+        after.setdefault(last, []).append(Encode(e, enc.codec, source=r, workspace=ws))
+        ws = _workspace(tensors, e, "decode", enc.decode_workspace)
+        before.setdefault(first, []).append(Decode(e, enc.codec, r, workspace=ws))
     if not after:
         return schedule
     out = []
@@ -80,6 +79,12 @@ def encode(schedule, context=None):
         out += after.get(i, ())
     rewritten = schedule.replace(out, tensors=tensors)
     return allocate_live(rewritten, Roots.of(rewritten))
+
+
+def _bytes(form):
+    """The arena bytes of an encoded form's storage, ``(shape, dtype)``."""
+    shape, dtype = form
+    return aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
 
 
 def _workspace(tensors, e, what, nbytes):
@@ -118,11 +123,10 @@ class _Stashes:
     def _reads_as(self, step, r):
         """The forms in which ``step`` can read root ``r``: ``'sign'`` where its layer's
         backward needs only the signs of every operand that is ``r``; ``'fp16'`` unless it
-        reads ``r`` as a label; ``'sparse'`` always."""
-        forms = {"sparse"}
-        node = self.graph.nodes[step.node] if step.node is not None else None
-        if node is None or step.kind not in (BACKWARD, RECOMPUTE):
-            return forms
+        reads ``r`` as a label; ``'sparse'`` always (a step of no layer: none)."""
+        if step.kind not in (BACKWARD, RECOMPUTE):
+            return set()
+        forms, node = {"sparse"}, self.graph.nodes[step.node]
         labels = {self.roots.scheduled(node.bottoms[i]) for i in node.layer.LABEL_BOTTOMS}
         if r not in labels:
             forms.add("fp16")
@@ -138,8 +142,9 @@ class _Stashes:
         return forms
 
     def _best(self, r, readers):
-        """``(codec or None, bytes)``: the smallest form of stash ``r`` that every step in
-        ``readers`` can take (None: the map itself, or no stash left when none reads it)."""
+        """``(Encoding or None, bytes)``: the smallest form of stash ``r`` that every step in
+        ``readers`` can take (None: the map itself, or no stash left when none reads it), as
+        the first reader's layer counts it."""
         info = self.tensors[r]
         best = (None, aligned(info.nbytes) if readers else 0)
         if not readers:
@@ -147,12 +152,13 @@ class _Stashes:
         forms = set.intersection(*(self._reads_as(self.steps[i], r) for i in readers))
         if "fp16" not in self.lossy or info.dtype.kind != "f" or info.dtype.itemsize <= 2:
             forms.discard("fp16")
+        layer = self.graph.nodes[self.steps[readers[0]].node].layer if forms else None
         for codec in TENSOR_CODECS:
             if codec in forms:
-                shape, dtype = encoded_form(codec, info.shape, info.dtype)
-                nbytes = aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+                enc = layer.tensor_encoding(codec, info.shape, info.dtype)
+                nbytes = _bytes(enc.form)
                 if nbytes < best[1]:
-                    best = (codec, nbytes)
+                    best = (enc, nbytes)
         return best
 
     def direct_forms(self):
@@ -171,22 +177,22 @@ class _Stashes:
             relieved = [r for r in self._operand_roots(node, node.layer.backward_reads()) if r in self.stashed]
             without = {r: [j for j in self.stashed[r] if j != i] for r in relieved}
             gain = sum(self._best(r, self.stashed[r])[1] - self._best(r, without[r])[1] for r in relieved)
-            shape, dtype = enc.form
-            if gain > aligned(int(np.prod(shape)) * np.dtype(dtype).itemsize):
+            if gain > _bytes(enc.form):
                 self.stashed.update(without)
                 chosen.append((i, node, enc))
         return chosen
 
     def tensor_forms(self, steps):
-        """``[(root, (last use before the turn, first read after it), codec)]`` of every stash
-        kept in a tensor form, the readers being those of ``steps`` (after direct_forms)."""
+        """``[(root, (last use before the turn, first read after it), Encoding)]`` of every stash
+        kept in a tensor form, the readers being those of ``steps`` (after
+        direct_forms)."""
         self.steps = steps
         out = []
         for r, readers in self.stashed.items():
             if readers:
-                codec = self._best(r, readers)[0]
-                if codec is not None:
-                    out.append((r, (self.last[r], readers[0]), codec))
+                enc = self._best(r, readers)[0]
+                if enc is not None:
+                    out.append((r, (self.last[r], readers[0]), enc))
         return out
 
 
