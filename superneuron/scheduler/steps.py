@@ -2,9 +2,10 @@
 
 A step is a :class:`Step`, an immutable record whose fields are named for what they hold:
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
-acts on), ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace
-tensor it uses), ``keep`` (a Prefetch that leaves its host copy for a later one), ``source`` (the
-tensor an Encode or Decode step's encoded form stands for).
+acts on; the encoded form an Encode writes, or a Decode or a Backward reads), ``algorithm``
+and ``workspace`` (the algorithm a compute step runs and the workspace tensor it uses; an
+Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
+one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
 and host memory it takes and gives back. Those effects are what the passes reason about
@@ -119,7 +120,8 @@ class Step(NamedTuple):
 
     kind: str
     node: int = None          # compute steps of one layer: the graph node's index
-    tensor: str = None        # memory and copy steps: the tensor they act on
+    tensor: str = None        # memory and copy steps: the tensor they act on; Encode, Decode: the
+    #                           encoded form; a Backward: an encoded form it reads (Layer.encodings)
     algorithm: str = None     # compute steps: the algorithm chosen
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
