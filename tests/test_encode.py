@@ -148,6 +148,13 @@ def test_no_argmax_form_for_average_pooling_or_windows_past_a_byte():
 
 # -- the pass ----------------------------------------------------------------------------------
 
+HEAD_2 = """\
+name: n
+input: {data: [2, 3, 5, 5], label: [2]}
+layers:
+"""
+
+
 def encoded(schedule):
     """``{encoded tensor: codec}`` of a schedule's Encode steps."""
     return {s.tensor: s.algorithm for s in schedule.steps if s.kind == "encode"}
@@ -168,6 +175,21 @@ def test_relu_pool_stashes_become_a_sign_mask_and_an_argmax():
     for r in ("scale1", "scale3"):
         decode = at[f"Decode({r}#sign) [sign]"]
         assert decode > turn and steps[decode + 1].describe(g) == f"Backward(relu{r[-1]}) [default]"
+
+
+def test_a_relu_output_a_convolution_reads_stays_whole_losslessly():
+    """ReLU → convolution: the convolution's backward needs the values (its weight gradient),
+    so no lossless form serves both readers (the sparse one is never counted smaller); with
+    --lossy fp16 it is kept in half precision."""
+    g = graph_of(HEAD_2 + """\
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 4, kernel_size: 1}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 4, kernel_size: 1}
+  - {name: fc, type: InnerProduct, bottom: conv2, top: fc, num_output: 3}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+""")
+    assert encoded(apply_policy(lower(g), "gist")) == {}
+    assert encoded(apply_policy(lower(g), "gist", lossy=("fp16",)))["conv1#fp16"] == "fp16"
 
 
 def test_lossy_fp16_is_used_only_when_asked_and_halves_the_other_stashes():
