@@ -35,12 +35,13 @@ class Net:
     most ``host_memory`` bytes on the host. ``costs`` times the steps for the passes that weigh
     them: a scheduler.cost.CostModel, a measured table, ``"measure"`` (time this net's kernels on
     ``device`` now, or read the cached table: what ``sn-train --profile`` does), or None: the
-    cached table of this net on ``device`` if there is one, else estimates.
+    cached table of this net on ``device`` if there is one, else estimates. ``lossy``: the lossy
+    encodings a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``).
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
                  policy="baseline", placement="dynamic", workspace_limit=None, host_memory=None,
-                 costs=None):
+                 costs=None, lossy=()):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype), kernels=self.backend.kernels())
@@ -49,12 +50,13 @@ class Net:
         self.policy = policy
         costs = self.costs = self._cost_model(costs)  # kept: sn-train estimates the run's time
         self.placement, self.workspace_limit, self.host_memory = placement, workspace_limit, host_memory
+        self.lossy = tuple(lossy)
         self.schedules, self.plans = {}, {}
         for k in ("train", "test"):
             self.schedules[k], self.plans[k] = plan(
                 self.graph, policy, budget=memory, host_memory=host_memory, cost=costs,
                 placement=placement, workspace_limit=workspace_limit, optimizer=optimizer,
-                train=k == "train")
+                train=k == "train", lossy=self.lossy)
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
             k = "train" if self.plans["train"].arena_bytes > memory else "test"
@@ -272,7 +274,7 @@ class Net:
         planning.min_memory for what holds beyond that)."""
         return min_memory(self.graph, self.policy, self.host_memory, phases=(True, False), cost=self.costs,
                           placement=self.placement, workspace_limit=self.workspace_limit,
-                          optimizer=self.optimizer)
+                          optimizer=self.optimizer, lossy=self.lossy)
 
     @property
     def arena_bytes(self):

@@ -88,6 +88,25 @@ def min_memory_line(info):
             f"this policy's plan fits (at {need - 1} bytes it does not)")
 
 
+def encoded_summary(encoded, listed=8):
+    """The lines on the stashes a plan keeps encoded (cli/plan.py's ``encoded_figures``): how
+    many of each codec, the bytes stashed across the turn beside liveness's, and the first
+    ``listed`` encoded tensors."""
+    tensors = encoded["tensors"]
+    counts = {}
+    for t in tensors:
+        counts[t["codec"]] = counts.get(t["codec"], 0) + 1
+    saved = encoded["liveness_stash_bytes"] - encoded["stash_bytes"]
+    lines = [f"encoded       {len(tensors)} stashes ({', '.join(f'{c} {n}' for c, n in counts.items())}): "
+             f"{human_bytes(encoded['stash_bytes'])} kept across the forward/backward turn, liveness "
+             f"{human_bytes(encoded['liveness_stash_bytes'])} (saves {human_bytes(saved)})"]
+    for t in tensors[:listed]:
+        lines.append(f"              {t['name']}: {human_bytes(t['bytes'])} for {t['stands_for']}")
+    if len(tensors) > listed:
+        lines.append(f"              ... and {len(tensors) - listed} more (--steps lists every Encode)")
+    return "\n".join(lines)
+
+
 def time_summary(info):
     """The lines on host memory and estimated time sn-plan prints (cli/plan.py's figures)."""
     lines = []

@@ -332,9 +332,8 @@ def check_copies(schedule):
                     del host[t]
         elif kind != "update":
             reads, writes = reads_and_writes(schedule, step, roots)
-            node = graph.nodes[step.node]
-            if kind == "backward" and node.loss_weight:  # the Runtime fills the loss gradient
-                filled = {roots(g) for g in node.top_grads if g is not None}
+            if kind == "backward" and graph.nodes[step.node].loss_weight:  # the Runtime fills the loss gradient
+                filled = {roots(g) for g in graph.nodes[step.node].top_grads if g is not None}
                 reads, writes = reads - filled, writes | filled
             for r in reads | writes:
                 assert r not in pending, f"{label} touches {r} while its copy runs"

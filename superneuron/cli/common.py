@@ -9,7 +9,7 @@ from ..limits import MAX_BATCH, over
 
 def net_arguments(parser):
     """Add NET.yaml, --batch, --set, --device, --memory, --policy, --offload-params,
-    --placement, --host-memory and --workspace-limit to ``parser``."""
+    --placement, --host-memory, --workspace-limit and --lossy to ``parser``."""
     parser.add_argument("net", metavar="NET.yaml", nargs="?",
                         help="network file (YAML, or Caffe's .prototxt); may be left out when "
                              "--solver is a Caffe solver.prototxt with net:")
@@ -34,6 +34,9 @@ def net_arguments(parser):
     parser.add_argument("--workspace-limit", metavar="SIZE",
                         help="largest workspace of any one algorithm choice, e.g. 8MiB (default: none; "
                              "the budget alone limits it)")
+    parser.add_argument("--lossy", choices=("fp16",), action="append", default=[], metavar="fp16",
+                        help="also keep stashed feature maps in half precision between the forward and "
+                             "the backward (Gist's delayed precision reduction; policies that encode: gist)")
 
 
 def policy_from_args(args):

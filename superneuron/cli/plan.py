@@ -83,11 +83,13 @@ def plan_from_args(args):
     base = lowered(graph, optimizer=optimizer)
     policy = policy_from_args(args)
     schedule, the_plan = plan(base, policy, budget, host_memory, cost=model, placement=args.placement,
-                              workspace_limit=limit)
+                              workspace_limit=limit, lossy=tuple(args.lossy))
     info = figures(schedule, the_plan, budget)
     timeline = model.timeline(schedule)
-    reference = timeline if policy == "liveness" else model.timeline(
-        plan(base, "liveness", cost=model, placement=args.placement, workspace_limit=limit)[0])
+    live = schedule if policy == "liveness" else plan(base, "liveness", cost=model, placement=args.placement,
+                                                      workspace_limit=limit)[0]
+    reference = timeline if policy == "liveness" else model.timeline(live)
+    info["encoded"] = encoded_figures(schedule, live)
     info.update(est_seconds=timeline.seconds, est_stall_seconds=timeline.stall,
                 est_recompute_seconds=timeline.recompute, copied_bytes=timeline.copied,
                 est_liveness_seconds=reference.seconds,
@@ -95,9 +97,22 @@ def plan_from_args(args):
     info["cost_model"] = "measured" if profile else f"estimate ({model.device.name})"
     if getattr(args, "min_memory", False):
         info["min_memory_bytes"] = min_memory(base, policy, host_memory, cost=model,
-                                              placement=args.placement, workspace_limit=limit)
+                                              placement=args.placement, workspace_limit=limit,
+                                              lossy=tuple(args.lossy))
     info["profile"] = profile
     return schedule, the_plan, info, model
+
+
+def encoded_figures(schedule, live):
+    """What ``schedule`` keeps encoded (scheduler/encode.py's summary) and the bytes stashed
+    across the forward/backward turn beside those of ``live``, the liveness schedule; None
+    where nothing is encoded."""
+    from ..scheduler.encode import summary
+    found = summary(schedule)
+    if not found["tensors"]:
+        return None
+    return {"tensors": [{"name": n, "codec": c, "stands_for": w, "bytes": b} for n, c, w, b in found["tensors"]],
+            "stash_bytes": found["stash_bytes"], "liveness_stash_bytes": summary(live)["stash_bytes"]}
 
 
 def figures(schedule, plan, budget):
@@ -151,6 +166,8 @@ def run(args):
     else:
         print(report.plan_summary(info))
         print(report.time_summary(info))
+        if info["encoded"]:
+            print(report.encoded_summary(info["encoded"]))
         if "min_memory_bytes" in info:
             print(report.min_memory_line(info))
         if info["profile"]:

@@ -74,7 +74,7 @@ def run(args):
     memory, host_memory, limit = sizes_from_args(args)
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
-              host_memory=host_memory,
+              host_memory=host_memory, lossy=tuple(args.lossy),
               costs="measure" if args.profile else None)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
     batch = net.batch

@@ -10,6 +10,7 @@ import numpy as np
 from . import cuda_kernels as cuda
 from . import parallel, register
 from .base import Algo, Key, Layer, workspace_bytes
+from .codecs import Encoding
 
 
 @register
@@ -28,6 +29,10 @@ class ReLU(Layer):
 
     def backward_reads(self):
         return (), (0,)
+
+    def encodings(self):
+        # the backward reads only where the top is > 0 (Gist's binarization: 1 bit a value)
+        return [Encoding("sign", tops=(0,))]
 
     def algorithms(self, phase):
         shape, slope = self.bottom_shapes[0], self.cfg["negative_slope"]

@@ -12,7 +12,8 @@ A layer knows shapes and kernels, never the schedule. It declares:
   gradient's);
 - ``CHEAP``: cheap to recompute (SuperNeurons' cost-aware recomputation);
 - :meth:`algorithms`: per phase, the ways to compute it, fastest first, each with its workspace;
-- :meth:`cost`: flops and bytes moved, from which an estimated time follows.
+- :meth:`cost`: flops and bytes moved, from which an estimated time follows;
+- :meth:`encodings`: the encoded forms (Gist) its backward can read instead of its operands.
 
 Kernels write into the arrays they are handed: ``forward`` into ``tops``, ``backward`` into
 ``bottom_grads`` (entries that are ``None`` are not needed) and ``param_grads``, always
@@ -215,8 +216,9 @@ class Context:
     from the step's workspace, the random stream, and (for Input/Data) the batch being fed."""
 
     def __init__(self, xp=np, train=True, recompute=False, workspace=None, algo=None,
-                 seed=0, feed=None, backend=None):
+                 seed=0, feed=None, backend=None, encoded=None):
         self.xp, self.train, self.recompute = xp, train, recompute
+        self.encoded = encoded  # a backward's direct encoded operand (Layer.encodings), if any
         self.workspace, self.algo, self.seed = workspace, algo, seed
         self.feed = feed if feed is not None else {}
         self.backend = backend
@@ -334,6 +336,27 @@ class Layer:
     def algorithms(self, phase):
         """Ways to run ``phase`` (``'forward'`` or ``'backward'``), fastest first."""
         return [Algo("default", 0)]
+
+    def encodings(self):
+        """The encoded forms (layers/codecs.py's ``Encoding``) in which this layer's backward
+        can read operands that :meth:`backward_reads` names, beyond the exact and lossy forms
+        any backward takes (a Decode gives those back whole): ``sign`` where it reads only the
+        signs of a value, a ``direct`` form its backward reads itself (then ``backward`` finds
+        it in ``ctx.encoded`` and its bottoms and tops as None). Default: none."""
+        return []
+
+    def tensor_encoding(self, codec, shape, dtype):
+        """The Encoding of tensor form ``codec`` (``sign``, ``sparse``, ``fp16``) of an operand
+        of ``shape`` and ``dtype`` that this layer's backward reads: the bytes its encoded form
+        takes and the scratch of its Encode and Decode (layers/codecs.py; the same for every
+        layer, asked of the layer so that the scheduler learns bytes, never kernels)."""
+        from .codecs import tensor_encoding
+        return tensor_encoding(codec, shape, dtype)
+
+    def encode(self, ctx, codec, bottoms, tops, out):
+        """Write this layer's ``direct`` encoded form ``codec`` of its backward's operands
+        (``bottoms`` and ``tops`` as :meth:`backward_operands` gives them) into ``out``."""
+        raise NotImplementedError(f"{self.type} has no encoded form {codec!r}")
 
     def cost(self):
         """Flops and bytes moved; the default is an elementwise layer."""

@@ -10,6 +10,9 @@ whose window sees the image there (see :func:`~superneuron.layers.conv.window_ta
 
 - MAX ignores padding; its backward sends each output's gradient to the first maximum of its
   window in scan order (as PyTorch does with ties), finding it again from the bottom and top.
+- With ``argmax`` (an encoded form, Gist's), the backward reads instead the index of each
+  window's first maximum, one byte per output, found by the same scan in the forward's Encode
+  step, and routes the gradient by it: the same adds in the same order, so the same bits.
 - AVE divides by the window's size clipped to the padded extent, ``H + p`` (Caffe's
   ``pool_size``, computed before clipping the window to the image); its backward reads
   nothing but the top gradient.
@@ -19,7 +22,10 @@ import numpy as np
 
 from . import register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
+from .codecs import Encoding
 from .conv import scatter_add, window_keys, window_settings, window_taps
+
+NO_MAXIMUM = 255  # the argmax form's byte for a window with no maximum (all NaN)
 
 
 def pooled_size(n, k, s, p, ceil=True):
@@ -88,6 +94,37 @@ class Pooling(Layer):
     def backward_reads(self):
         return ((0,), (0,)) if self.cfg["pool"] == "MAX" else ((), ())
 
+    def encodings(self):
+        # a window's index fits a byte, with 255 left for "no maximum found" (NaN windows)
+        if self.cfg["pool"] != "MAX" or len(self._taps) > NO_MAXIMUM:
+            return []
+        shape = self.top_shapes[0]
+        return [Encoding("argmax", bottoms=(0,), tops=(0,), direct=True, form=(shape, np.uint8),
+                         workspace=workspace_bytes((shape, np.bool_), (shape, np.bool_)))]
+
+    def encode(self, ctx, codec, bottoms, tops, out):
+        """The ``argmax`` form: ``out[o]`` = the tap of output o's first maximum in scan order
+        (NO_MAXIMUM where none equals it: a NaN window)."""
+        assert codec == "argmax", codec
+        xp, shape = ctx.xp, self.top_shapes[0]
+        hit, todo = ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_)
+        out.fill(NO_MAXIMUM)
+        todo.fill(True)
+        for tap, (_, _, out_index, in_index) in enumerate(self._taps):
+            if out_index is None:
+                continue
+            h, _ = self._first_hits(xp, bottoms[0], tops[0], hit, todo, out_index, in_index)
+            xp.copyto(out[out_index], np.uint8(tap), where=h)
+
+    def _first_hits(self, xp, x, top, hit, todo, out_index, in_index):
+        """The outputs whose first maximum is seen through this tap: ``hit`` there, and
+        ``todo`` cleared for them (a window is done once routed)."""
+        h, t = hit[out_index], todo[out_index]
+        xp.equal(x[in_index], top[out_index], out=h)
+        xp.logical_and(h, t, out=h)
+        xp.logical_xor(t, h, out=t)  # hit implies todo
+        return h, t
+
     def algorithms(self, phase):
         shape = self.top_shapes[0]
         if phase == "forward":
@@ -135,16 +172,17 @@ class Pooling(Layer):
             for _, _, out_index, in_index in self._taps:
                 scatter_add(xp, dx, g, out_index, in_index)
             return
-        x, top = bottoms[0], tops[0]
+        x, top, argmax = bottoms[0], tops[0], ctx.encoded
         hit, todo, g = (ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_),
                         ctx.scratch(shape, dy.dtype))
         todo.fill(True)
-        for _, _, out_index, in_index in self._taps:  # scan order, so the first max wins
+        for tap, (_, _, out_index, in_index) in enumerate(self._taps):  # scan order: the first max wins
             if out_index is None:
                 continue
-            h, t = hit[out_index], todo[out_index]
-            xp.equal(x[in_index], top[out_index], out=h)
-            xp.logical_and(h, t, out=h)
-            xp.logical_xor(t, h, out=t)  # a window is done once routed (hit implies todo)
+            if argmax is None:
+                h, _ = self._first_hits(xp, x, top, hit, todo, out_index, in_index)
+            else:  # the encoded form says where each window's first maximum is
+                h = hit[out_index]
+                xp.equal(argmax[out_index], tap, out=h)
             xp.multiply(dy[out_index], h, out=g[out_index])
             scatter_add(xp, dx, g, out_index, in_index)

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..graph import storage_root
+from ..layers import codecs
 from ..layers.base import Context
 from ..scheduler.interpret import PREFETCHING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
@@ -26,7 +27,9 @@ from ..scheduler.steps import (
     ACCUMULATE,
     ALLOC,
     BACKWARD,
+    CODING,
     COPY,
+    ENCODE,
     FORWARD,
     FREE,
     MEMORY,
@@ -178,6 +181,8 @@ class Runtime:
                 self._backward(step, node, draw)
             elif kind == ACCUMULATE:
                 self._accumulate(round_, schedule.rounds)
+            elif kind in CODING:
+                self._code(step, draw)
             elif kind == UPDATE:
                 if not last:
                     continue  # the rounds before the last only accumulate
@@ -241,8 +246,24 @@ class Runtime:
                        seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
                        feed=feed, backend=self.backend)
 
+    def _code(self, step, iteration):
+        """An Encode or a Decode (scheduler/encode.py): a layer's own form through the layer, a
+        tensor's through the codecs."""
+        ctx = self._context(step, None, iteration, True, False, None)
+        if step.source is None:  # a layer's own form of what its backward reads
+            node = self.graph.nodes[step.node]
+            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
+            node.layer.encode(ctx, step.algorithm, bottoms, tops, self.view(step.tensor))
+        elif step.kind == ENCODE:
+            codecs.encode(ctx, step.algorithm, self.view(step.source), self.view(step.tensor))
+        else:
+            codecs.decode(ctx, step.algorithm, self.view(step.tensor), self.view(step.source))
+
     def _backward(self, step, node, iteration):
-        bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
+        if step.tensor is not None:  # it reads an encoded form instead of its bottoms and tops
+            bottoms, tops = [None] * len(node.bottoms), [None] * len(node.tops)
+        else:
+            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
         top_grads = [None if g is None else self.view(g) for g in node.top_grads]
         if node.loss_weight:
             top_grads[0][...] = node.loss_weight
@@ -250,6 +271,8 @@ class Runtime:
         params = {k: self.view(t) for k, t in node.params.items()}
         param_grads = {k: self.view(g) for k, g in node.param_grads.items()}
         ctx = self._context(step, node, iteration, True, False, None)
+        if step.tensor is not None:
+            ctx.encoded = self.view(step.tensor)
         node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
 
     def update_entries(self, optimizer):

@@ -17,7 +17,8 @@ class Context:
     """``budget`` and ``host_memory``: bytes (None: unbounded); ``model``: a cost.CostModel
     (default: the GPU estimates); ``workspace_limit``: bytes, the largest workspace where a
     layer has a choice (None: no limit); ``placement``: ``'dynamic'`` or ``'planned'``;
-    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit)."""
+    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit);
+    ``lossy``: the lossy encodings the encode pass may use (``('fp16',)``: ``--lossy fp16``)."""
 
     budget: int = None
     host_memory: int = None
@@ -25,3 +26,4 @@ class Context:
     workspace_limit: int = None
     placement: str = "dynamic"
     memo: dict = field(default_factory=dict, compare=False)
+    lossy: tuple = ()

@@ -17,7 +17,7 @@ import os
 import weakref
 from dataclasses import dataclass
 
-from .steps import ACCUMULATE, BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from .steps import ACCUMULATE, BACKWARD, CODING, KINDS, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,9 @@ class CostModel:
             nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident + schedule.host_resident
                          if schedule.tensors[t].kind == "accum")
             return 3 * nbytes / self.device.bandwidth
+        if step.kind in CODING:  # memory-bound: reads what it reads, writes what it writes
+            reads, writes = KINDS[step.kind].uses(schedule.graph, step)
+            return sum(schedule.tensors[t].nbytes for t in (*reads, *writes)) / self.device.bandwidth
         return 0.0
 
     def timeline(self, schedule):

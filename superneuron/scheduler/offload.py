@@ -76,7 +76,7 @@ def _gaps(schedule, steps, model):
         reads, written = roots.uses(step)
         read, wrote = set(reads), set(written)
         for r in read | wrote:
-            if schedule.tensors[r].kind != "data":
+            if schedule.tensors[r].kind not in ("data", "encoded"):  # an encoded stash travels encoded
                 continue
             if r in wrote:
                 writes.setdefault(r, []).append(i)

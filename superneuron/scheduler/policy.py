@@ -15,17 +15,20 @@ the placement (dynamic or planned), which depends on every Alloc and Free
   host memory and prefetched back (offload.py); under a budget, only as many as needed.
 - ``superneurons``: all of SuperNeurons: recompute, liveness and offload (of the checkpoints
   recompute leaves), with the workspace choice every policy gets.
+- ``gist``: liveness, with the stashes kept encoded between the forward and the backward
+  (Gist: encode.py); lossless, or half precision too with ``--lossy fp16``.
 - ``P+params`` (``superneurons+params``, or ``--offload-params`` with any policy): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
   them; the optimiser updates on the host (params.py).
 
-Still to come: ``gist``, ``optimal`` and ``auto`` (the fastest policy that fits the budget);
+Still to come: ``optimal`` and ``auto`` (the fastest policy that fits the budget);
 each is one more entry in :data:`PRESETS`.
 """
 
 from ..errors import SNError
 from .context import Context
 from .cost import as_model
+from .encode import encode
 from .inplace import inplace
 from .liveness import liveness
 from .offload import offload
@@ -43,6 +46,7 @@ PRESETS = {
     "recompute": (recompute,) + LIVENESS + LAST,
     "offload": LIVENESS + (offload,) + LAST,
     "superneurons": (recompute,) + LIVENESS + (offload,) + LAST,
+    "gist": LIVENESS + (encode,) + LAST,
 }
 PARAMS = "+params"  # a policy name ending so keeps its parameters on the host (params.py)
 # With parameter offload: it runs after recomputation (whose Recompute steps read parameters
@@ -71,19 +75,23 @@ def passes_of(name):
 
 
 def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
-                 host_memory=None, memo=None):
+                 host_memory=None, memo=None, lossy=()):
     """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
     workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
     ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
     a measured table, or None: estimates), then placed (``placement``: ``'dynamic'`` or
     ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. ``memo``
     (a dict): the Context's memo, to read what the passes left there (``'replayed'``: see
-    workspace.fit). SNError for an unknown policy or placement."""
+    workspace.fit). ``lossy``: the lossy encodings allowed (``('fp16',)``), which only a policy
+    that encodes uses: SNError for one that does not, and for an unknown policy or placement."""
     passes = passes_of(name)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
+    if lossy and encode not in passes:
+        raise SNError(f"--lossy {','.join(lossy)} keeps stashes in a lossy encoding, which policy "
+                      f"'{name}' does not encode; use --policy gist")
     context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
-                      {} if memo is None else memo)
+                      {} if memo is None else memo, tuple(lossy))
     schedule = schedule.replace(policy=name)
     for apply in passes:
         schedule = apply(schedule, context)

@@ -2,8 +2,10 @@
 
 A step is a :class:`Step`, an immutable record whose fields are named for what they hold:
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
-acts on), ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace
-tensor it uses), ``keep`` (a Prefetch that leaves its host copy for a later one).
+acts on; the encoded form an Encode writes, or a Decode or a Backward reads), ``algorithm``
+and ``workspace`` (the algorithm a compute step runs and the workspace tensor it uses; an
+Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
+one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
 and host memory it takes and gives back. Those effects are what the passes reason about
@@ -20,11 +22,13 @@ FORWARD, BACKWARD, RECOMPUTE, UPDATE = "forward", "backward", "recompute", "upda
 ACCUMULATE = "accumulate"
 ALLOC, FREE = "alloc", "free"
 OFFLOAD, PREFETCH, WAIT = "offload", "prefetch", "wait"
+ENCODE, DECODE = "encode", "decode"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
 RESIDENT_ONLY = (ACCUMULATE, UPDATE)  # compute steps that read every gradient, all resident
 MEMORY = (ALLOC, FREE)
 COPY = (OFFLOAD, PREFETCH, WAIT)
+CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 
 
@@ -35,10 +39,16 @@ def _layer_forward(graph, step):
     return list(node.bottoms) + list(node.params.values()), node.tops
 
 
+def _operands(node):
+    """The bottoms and tops that ``node``'s backward reads."""
+    reads_b, reads_t = node.layer.backward_reads()
+    return [node.bottoms[i] for i in reads_b] + [node.tops[i] for i in reads_t]
+
+
 def _layer_backward(graph, step):
     node = graph.nodes[step.node]
-    reads_b, reads_t = node.layer.backward_reads()
-    reads = [node.bottoms[i] for i in reads_b] + [node.tops[i] for i in reads_t]
+    # a Backward that names a tensor reads that encoded form of its operands instead of them
+    reads = [step.tensor] if step.tensor is not None else _operands(node)
     reads += [g for g in node.top_grads if g is not None] + list(node.params.values())
     writes = [g for g in node.bottom_grads if g is not None] + list(node.param_grads.values())
     return reads, writes
@@ -54,6 +64,16 @@ def _writes_its_tensor(graph, step):
 
 def _nothing(graph, step):
     return (), ()
+
+
+def _encode(graph, step):
+    """An Encode reads its source (or, for a layer's own form, its backward's operands)."""
+    reads = _operands(graph.nodes[step.node]) if step.source is None else [step.source]
+    return reads, (step.tensor,)
+
+
+def _decode(graph, step):
+    return (step.tensor,), (step.source,)
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,11 @@ KINDS = {k.name: k for k in (
     Kind(PREFETCH, "tensor", _writes_its_tensor),
     # reads the tensor: its copy has ended
     Kind(WAIT, "tensor", _reads_its_tensor, frees="the host copy, after a Prefetch that does not keep it"),
+    # its source (a layer's own form: what that layer's backward reads) → its encoded form, the
+    # tensor it names (the codec in ``algorithm``)
+    Kind(ENCODE, "tensor", _encode),
+    # the encoded form it names → its source anew (a write: the source's old contents are dead)
+    Kind(DECODE, "tensor", _decode),
 )}
 
 
@@ -100,19 +125,24 @@ class Step(NamedTuple):
 
     kind: str
     node: int = None          # compute steps of one layer: the graph node's index
-    tensor: str = None        # memory and copy steps: the tensor they act on
+    tensor: str = None        # memory and copy steps: the tensor they act on; Encode, Decode: the
+    #                           encoded form; a Backward: an encoded form it reads (Layer.encodings)
     algorithm: str = None     # compute steps: the algorithm chosen
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
+    source: str = None        # Encode, Decode: the tensor the encoded form stands for
 
     def describe(self, graph):
-        """A human-readable line, e.g. ``Forward(conv1) [im2col]`` or ``Prefetch(x) [keep]``."""
+        """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
+        ``Encode(conv1#sign) [sign]``."""
         name = graph.nodes[self.node].name if self.kind in LAYER_STEPS else (self.tensor or "")
         text = f"{self.kind.capitalize()}({name})"
         if self.algorithm:
             text += f" [{self.algorithm}]"
         elif self.keep:
             text += " [keep]"
+        if self.kind == BACKWARD and self.tensor:
+            text += f" reads {self.tensor}"
         return text
 
 
@@ -120,15 +150,17 @@ _new = tuple.__new__  # memory and copy steps are made by the hundred thousand p
 
 
 def Forward(node, algorithm=None, workspace=None):
-    return _new(Step, (FORWARD, node, None, algorithm, workspace, False))
+    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None))
 
 
-def Backward(node, algorithm=None, workspace=None):
-    return _new(Step, (BACKWARD, node, None, algorithm, workspace, False))
+def Backward(node, algorithm=None, workspace=None, encoded=None):
+    """The backward of node ``node``; ``encoded``: the encoded form (a layer's own, see
+    Layer.encodings) it reads instead of its bottoms and tops."""
+    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None))
 
 
 def Recompute(node, algorithm=None, workspace=None):
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False))
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None))
 
 
 def Accumulate():
@@ -137,28 +169,39 @@ def Accumulate():
 
 
 def Update(workspace=None):
-    return _new(Step, (UPDATE, None, None, None, workspace, False))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, None))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False))
+    return _new(Step, (FREE, None, tensor, None, None, False, None))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False))
+    return _new(Step, (WAIT, None, tensor, None, None, False, None))
+
+
+def Encode(tensor, codec, source=None, node=None, workspace=None):
+    """Write ``tensor``, the ``codec`` form of ``source`` (or, with ``node`` and no source, the
+    form of what that layer's backward reads, which its backward then reads itself)."""
+    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source))
+
+
+def Decode(tensor, codec, source, workspace=None):
+    """Write ``source`` back from ``tensor``, its ``codec`` form."""
+    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source))
 
 
 def with_algorithm(step, algorithm, workspace):

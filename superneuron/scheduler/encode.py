@@ -1,0 +1,215 @@
+"""Gist's encodings (Jain et al. 2018) as steps: a feature map kept from the forward to the
+backward (a *stash*) is kept encoded in between.
+
+For every data root that lives across the forward/backward turn (used before the first
+Backward, read after it, never written after it) the pass chooses the smallest form that every
+step reading it after the turn can take, and keeps that form only where it is smaller than the
+map (layers/codecs.py has the kernels and the byte rules, which the pass learns through the
+layers: Layer.encodings, Layer.tensor_encoding):
+
+- a layer's own *direct* form (``Layer.encodings``, ``direct``): max pooling's ``argmax``, one
+  byte per output. ``Encode`` right after the layer's Forward writes it from the operands its
+  backward reads, and that Backward reads it instead of them (``Backward(..., encoded=...)``),
+  so they need not be stashed for it. Chosen where the stashes it relieves (in the smallest form
+  their other readers then allow) outweigh it: in conv → ReLU → pool, the ReLU's output is then
+  read after the turn by the ReLU's backward alone, which needs only its signs.
+- ``sign`` (1 bit a value) where every reader's backward needs only the signs (ReLU's top);
+- ``fp16`` (half the bytes), only when asked (``--lossy fp16``: Context.lossy), for any float
+  stash but labels;
+- ``sparse`` is exact for any reader, but how many values it keeps is known only at run time;
+  a plan must count what the run will use, to the byte, so it counts the worst case (every
+  value, plus the mask): never smaller than the map, so never chosen. Choosing it would need a
+  bound on the nonzeros that holds for every batch, which a plan made before the first batch
+  does not have.
+
+A tensor form is written by ``Encode(e, codec, source=r)`` right after the last use of ``r``
+before the turn and written back by ``Decode`` right before its first reader after it (a write:
+liveness frees ``r`` in between and allocates it anew, as for a Prefetch). The pass then runs
+liveness again, so it goes after liveness and before offload: an offloaded stash then travels
+encoded (offload.py takes encoded roots like data ones), which cuts host bytes and copy time.
+Lossless forms keep every result bit for bit (the backward reads the same signs, the same
+first maxima); ``fp16`` rounds the stashed values. One sweep to find the stashes, one to
+rewrite: linear in the steps.
+"""
+
+import numpy as np
+
+from ..allocator import aligned
+from ..graph import TensorInfo
+from .liveness import Roots, allocate_live
+from .schedule import add_workspace
+from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Backward, Decode, Encode
+
+TENSOR_CODECS = ("sign", "fp16", "sparse")  # forms of one tensor, each written back by a Decode
+
+
+def encode(schedule, context=None):
+    """The pass: ``schedule`` (after liveness) with its stashes kept encoded, lossy forms only
+    those in ``context.lossy``."""
+    lossy = tuple(getattr(context, "lossy", ()) or ())
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
+    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
+    if not schedule.train or turn is None:
+        return schedule
+    tensors = dict(schedule.tensors)
+    plan = _Stashes(schedule, steps, turn, lossy)
+    after, before = {}, {}  # step index → steps to put after it, before it
+    for i, node, enc in plan.direct_forms():
+        e = f"{node.name}#{enc.codec}"
+        shape, dtype = enc.form
+        tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
+        ws = _workspace(tensors, e, "encode", enc.workspace)
+        forward = plan.forward_of[node.index]
+        after.setdefault(forward, []).append(Encode(e, enc.codec, node=node.index, workspace=ws))
+        steps[i] = Backward(node.index, steps[i].algorithm, steps[i].workspace, encoded=e)
+    for r, (last, first), enc in plan.tensor_forms(steps):
+        e = f"{r}#{enc.codec}"
+        shape, dtype = enc.form
+        tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
+        ws = _workspace(tensors, e, "encode", enc.workspace)
+        after.setdefault(last, []).append(Encode(e, enc.codec, source=r, workspace=ws))
+        ws = _workspace(tensors, e, "decode", enc.decode_workspace)
+        before.setdefault(first, []).append(Decode(e, enc.codec, r, workspace=ws))
+    if not after:
+        return schedule
+    out = []
+    for i, step in enumerate(steps):
+        out += before.get(i, ())
+        out.append(step)
+        out += after.get(i, ())
+    rewritten = schedule.replace(out, tensors=tensors)
+    return allocate_live(rewritten, Roots.of(rewritten))
+
+
+def _bytes(form):
+    """The arena bytes of an encoded form's storage, ``(shape, dtype)``."""
+    shape, dtype = form
+    return aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+
+
+def _workspace(tensors, e, what, nbytes):
+    return add_workspace(tensors, f"ws:{e}:{what}", nbytes) if nbytes > 0 else None
+
+
+class _Stashes:
+    """The stashes of ``steps`` (no memory steps; ``turn``: the first Backward) and who reads
+    them after the turn: what the pass chooses from."""
+
+    def __init__(self, schedule, steps, turn, lossy):
+        self.graph, self.tensors, self.turn, self.lossy = schedule.graph, schedule.tensors, turn, lossy
+        self.roots = roots = Roots.of(schedule)
+        self.forward_of = {s.node: i for i, s in enumerate(steps[:turn]) if s.kind == FORWARD}
+        self.last, self.readers, written = {}, {}, set()
+        for i, step in enumerate(steps):
+            reads, writes = roots.uses(step)
+            for r in set(reads) | set(writes):
+                if self.tensors[r].kind != "data":
+                    continue
+                if i < turn:
+                    self.last[r] = i
+                elif r in writes:
+                    written.add(r)
+                else:
+                    self.readers.setdefault(r, []).append(i)
+        self.stashed = {r: rs for r, rs in self.readers.items() if r in self.last and r not in written}
+        self.steps = steps
+
+    def _operand_roots(self, node, which):
+        """The scheduled roots of ``node``'s operands ``which`` (bottom and top indices)."""
+        bottoms, tops = which
+        names = [node.bottoms[i] for i in bottoms] + [node.tops[i] for i in tops]
+        return {r for r in map(self.roots.scheduled, names) if r is not None}
+
+    def _reads_as(self, step, r):
+        """The forms in which ``step`` can read root ``r``: ``'sign'`` where its layer's
+        backward needs only the signs of every operand that is ``r``; ``'fp16'`` unless it
+        reads ``r`` as a label; ``'sparse'`` always (a step of no layer: none)."""
+        if step.kind not in (BACKWARD, RECOMPUTE):
+            return set()
+        forms, node = {"sparse"}, self.graph.nodes[step.node]
+        labels = {self.roots.scheduled(node.bottoms[i]) for i in node.layer.LABEL_BOTTOMS}
+        if r not in labels:
+            forms.add("fp16")
+        if step.kind == BACKWARD and step.tensor is None:
+            reads_b, reads_t = node.layer.backward_reads()
+            for enc in node.layer.encodings():
+                if enc.codec != "sign" or enc.direct:
+                    continue
+                others = ([i for i in reads_b if i not in enc.bottoms], [i for i in reads_t if i not in enc.tops])
+                if (r in self._operand_roots(node, (enc.bottoms, enc.tops))
+                        and r not in self._operand_roots(node, others)):
+                    forms.add("sign")
+        return forms
+
+    def _best(self, r, readers):
+        """``(Encoding or None, bytes)``: the smallest form of stash ``r`` that every step in
+        ``readers`` can take (None: the map itself, or no stash left when none reads it), as
+        the first reader's layer counts it."""
+        info = self.tensors[r]
+        best = (None, aligned(info.nbytes) if readers else 0)
+        if not readers:
+            return best
+        forms = set.intersection(*(self._reads_as(self.steps[i], r) for i in readers))
+        if "fp16" not in self.lossy or info.dtype.kind != "f" or info.dtype.itemsize <= 2:
+            forms.discard("fp16")
+        layer = self.graph.nodes[self.steps[readers[0]].node].layer if forms else None
+        for codec in TENSOR_CODECS:
+            if codec in forms:
+                enc = layer.tensor_encoding(codec, info.shape, info.dtype)
+                nbytes = _bytes(enc.form)
+                if nbytes < best[1]:
+                    best = (enc, nbytes)
+        return best
+
+    def direct_forms(self):
+        """``[(Backward step index, node, Encoding)]``: the layers' own forms worth keeping
+        (their Forward before the turn, their Backward after it), in step order; each one
+        chosen takes that Backward off the readers of its operands for the next."""
+        chosen = []
+        for i in range(self.turn, len(self.steps)):
+            step = self.steps[i]
+            if step.kind != BACKWARD or step.tensor is not None or step.node not in self.forward_of:
+                continue
+            node = self.graph.nodes[step.node]
+            enc = next((e for e in node.layer.encodings() if e.direct), None)
+            if enc is None:
+                continue
+            relieved = [r for r in self._operand_roots(node, node.layer.backward_reads()) if r in self.stashed]
+            without = {r: [j for j in self.stashed[r] if j != i] for r in relieved}
+            gain = sum(self._best(r, self.stashed[r])[1] - self._best(r, without[r])[1] for r in relieved)
+            if gain > _bytes(enc.form):
+                self.stashed.update(without)
+                chosen.append((i, node, enc))
+        return chosen
+
+    def tensor_forms(self, steps):
+        """``[(root, (last use before the turn, first read after it), Encoding)]`` of every stash
+        kept in a tensor form, the readers being those of ``steps`` (after
+        direct_forms)."""
+        self.steps = steps
+        out = []
+        for r, readers in self.stashed.items():
+            if readers:
+                enc = self._best(r, readers)[0]
+                if enc is not None:
+                    out.append((r, (self.last[r], readers[0]), enc))
+        return out
+
+
+def summary(schedule):
+    """What ``schedule`` keeps encoded: ``{'tensors': [(encoded tensor, codec, what it stands
+    for, its bytes)], 'stash_bytes': bytes of data and encoded tensors live across the turn}``
+    (``sn-plan`` prints it beside the same figure under liveness)."""
+    tensors, graph, live, stash = schedule.tensors, schedule.graph, {}, None
+    out = []
+    for step in schedule.steps:
+        if step.kind == ALLOC:
+            live[step.tensor] = True
+        elif step.kind == FREE:
+            live.pop(step.tensor, None)
+        elif step.kind == BACKWARD and stash is None:
+            stash = sum(aligned(tensors[t].nbytes) for t in live if tensors[t].kind in ("data", "encoded"))
+        if step.kind == ENCODE:
+            what = step.source or f"{graph.nodes[step.node].name}'s backward operands"
+            out.append((step.tensor, step.algorithm, what, tensors[step.tensor].nbytes))
+    return {"tensors": out, "stash_bytes": stash or 0}
