@@ -10,8 +10,7 @@ import copy
 from dataclasses import dataclass, field
 
 from ..allocator import Allocator, aligned
-from .cost import phase_of
-from .cost import step_seconds  # noqa: F401  (step times: the cost model; the trace imports it here)
+from .cost import phase_of, step_seconds  # noqa: F401  (step_seconds: the trace imports it here)
 from .interpret import Interpreter
 from .liveness import Roots, step_roots
 from .steps import ALLOC, COPY, FREE, LAYER_STEPS, MEMORY
