@@ -18,7 +18,7 @@ from superneuron.net import Net
 from superneuron.optim import SolverConfig, make_optimizer
 from superneuron.scheduler.liveness import liveness
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.params import offload_params
+from superneuron.scheduler.params import APPLY_LAG, offload_params
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
@@ -26,14 +26,19 @@ from superneuron.spec import load_spec
 TINY = "tests/nets/tiny.yaml"
 
 
-def test_parameters_gradients_and_optimizer_state_move_to_the_host():
+@pytest.mark.parametrize("clip", [0, 1.0], ids=["per-parameter", "clipped"])
+def test_parameters_gradients_and_optimizer_state_move_to_the_host(clip):
     g = graph_of(CHAIN)
-    opt = make_optimizer(SolverConfig(type="Adam"))
+    opt = make_optimizer(SolverConfig(type="Adam", clip_gradients=clip))
     s = offload_params(liveness(lower(g, optimizer=opt)))
     learnable = {n.params[k] for n in g.nodes for k in n.param_grads}
     grads = {n.param_grads[k] for n in g.nodes for k in n.param_grads}
     assert learnable and learnable <= set(s.host_resident)
-    assert grads <= set(s.host_resident)
+    applied = {st.tensor for st in s.steps if st.kind == "apply"}
+    if clip:  # the update needs every gradient at once: each keeps its host place
+        assert grads <= set(s.host_resident) and not applied
+    else:  # the diet: no host place, each host copy consumed by its update (an Apply)
+        assert not grads & set(s.host_resident) and applied == grads
     # only BatchNorm's running statistics stay on the device
     assert s.resident and all(g.tensors[t].kind == "state" for t in s.resident if t in g.tensors)
     assert not any(t in learnable or t in grads for t in s.resident)
@@ -66,9 +71,14 @@ def test_each_parameter_is_prefetched_before_the_step_that_reads_it_and_gradient
                 wait = [j for j in range(i, len(steps)) if steps[j].kind == "wait"
                         and steps[j].tensor == gname]
                 # copied back as soon as its backward is done: no compute step in between
-                assert off and all(steps[k].kind in ("free", "offload", "wait", "prefetch")
+                assert off and all(steps[k].kind in ("free", "offload", "wait", "prefetch", "apply")
                                    for k in range(i + 1, off[0])), (labels[i], gname)
                 assert wait and wait[0] < update, (labels[i], gname)
+                # the diet: its host copy goes once its update is done, after the copy landed and
+                # at most APPLY_LAG compute steps later, before the Update
+                (apply,) = [j for j in range(len(steps)) if steps[j].kind == "apply" and steps[j].tensor == gname]
+                between = [k for k in range(wait[0], apply) if steps[k].kind in ("forward", "backward", "recompute")]
+                assert wait[0] < apply < update and len(between) <= APPLY_LAG, (labels[i], gname)
 
 
 def _train(spec, policy, solver, iters=3):

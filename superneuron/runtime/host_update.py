@@ -7,6 +7,10 @@ the end, each parameter is updated on a worker thread as soon as its gradient ha
 main thread's layers on the CPU); the Update step then only waits for them. The arithmetic is
 the optimiser's own, parameter by parameter, as it always is, so the result is bit-identical.
 Clipping by the global gradient norm needs every gradient first: then nothing starts early.
+
+Under the host diet (scheduler/params.py) a gradient has no host place of its own: its update
+reads the host copy its offload took, and the plan's ``Apply`` step, a little later, waits here
+for that update before the copy's memory is given back (:meth:`HostUpdater.applied`).
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -29,15 +33,24 @@ class HostUpdater:
         ``workspace`` is the update's scratch (host memory)."""
         self.optimizer, self.iteration, self.workspace = optimizer, iteration, workspace
         self.entries = entries_by_grad
-        self.overlap = optimizer.cfg.clip_gradients <= 0
-        self.started, self.futures = set(), []
+        self.overlap = not optimizer.needs_every_gradient
+        self.started, self.futures = set(), {}
         self.active = True
 
-    def landed(self, grad, copy):
-        """``grad``'s device→host copy was waited for: update its parameter now."""
+    def landed(self, grad, copy, view):
+        """``grad``'s device→host copy was waited for: update its parameter now, from ``view``
+        (its host copy)."""
         if self.overlap and grad in self.entries and grad not in self.started:
             self.started.add(grad)
-            self.futures.append(self.worker.submit(self._update, copy, [self.entries[grad]]))
+            param, _, state, lr_mult, decay_mult = self.entries[grad]
+            entry = (param, view, state, lr_mult, decay_mult)
+            self.futures[grad] = self.worker.submit(self._update, copy, [entry])
+
+    def applied(self, grad):
+        """The plan gives ``grad``'s host copy back: its update must be done (it was started
+        when the copy landed; the plan has an Apply only where the update does not clip)."""
+        assert grad in self.futures, f"Apply({grad}) before its update started"
+        self.futures[grad].result()
 
     def _update(self, copy, entries):
         if copy is not None:
@@ -48,10 +61,11 @@ class HostUpdater:
     def finish(self):
         """The Update step: wait for the updates under way, then update the rest (all of them
         when clipping) here. The caller has synchronised the device."""
-        for future in self.futures:
+        for future in self.futures.values():
             future.result()
         self.early = len(self.futures)
         rest = [e for g, e in self.entries.items() if g not in self.started]
+        assert all(e[1] is not None for e in rest), "a gradient with no host place was never updated"
         if rest:
             self._update(None, rest)
         self.active = False

@@ -60,7 +60,8 @@ def lower(graph, train=True, optimizer=None):
             ws = add_workspace(tensors, "ws:update", nbytes) if nbytes > 0 else None
             steps += _with_workspace(Update(ws))
     steps += [Free(t) for t in reversed(roots)]
-    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline")
+    whole = optimizer is not None and optimizer.needs_every_gradient
+    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline", whole_update=whole)
 
 
 def _with_workspace(step):

@@ -19,10 +19,11 @@ from typing import NamedTuple
 FORWARD, BACKWARD, RECOMPUTE, UPDATE = "forward", "backward", "recompute", "update"
 ALLOC, FREE = "alloc", "free"
 OFFLOAD, PREFETCH, WAIT = "offload", "prefetch", "wait"
+APPLY = "apply"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, UPDATE)
 MEMORY = (ALLOC, FREE)
-COPY = (OFFLOAD, PREFETCH, WAIT)
+COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 
 
@@ -87,6 +88,9 @@ KINDS = {k.name: k for k in (
     Kind(PREFETCH, "tensor", _writes_its_tensor),
     # reads the tensor: its copy has ended
     Kind(WAIT, "tensor", _reads_its_tensor, frees="the host copy, after a Prefetch that does not keep it"),
+    # parameter offload: the host update of a gradient's parameter, begun when the gradient's
+    # copy landed (its Wait), is done; nothing on the device
+    Kind(APPLY, "tensor", _nothing, frees="the gradient's host copy, which the update has consumed"),
 )}
 
 
@@ -149,6 +153,11 @@ def Prefetch(tensor, keep=False):
 
 def Wait(tensor):
     return _new(Step, (WAIT, None, tensor, None, None, False))
+
+
+def Apply(grad):
+    """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
+    return _new(Step, (APPLY, None, grad, None, None, False))
 
 
 def with_algorithm(step, algorithm, workspace):
