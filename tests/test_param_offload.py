@@ -134,3 +134,52 @@ def test_policy_names_with_params():
     g = Graph(load_spec(TINY))
     s = apply_policy(lower(g, optimizer=make_optimizer(SolverConfig())), "offload+params")
     assert simulate(s).host_bytes > 0 and s.host_resident
+
+
+def _host_walk(schedule):
+    """``(host-resident bytes, most gradient bytes in flight)`` of ``schedule``, walked here:
+    a gradient's Offload takes its host copy, its Apply gives it back (256-byte aligned)."""
+    size = {t: -(-schedule.tensors[t].nbytes // 256) * 256 for t in schedule.tensors}
+    flight = most = 0
+    for step in schedule.steps:
+        if step.kind == "offload" and schedule.tensors[step.tensor].kind == "param_grad" \
+                and step.tensor not in schedule.host_resident:
+            flight += size[step.tensor]
+        elif step.kind == "apply":
+            flight -= size[step.tensor]
+        most = max(most, flight)
+    return sum(size[t] for t in schedule.host_resident), most
+
+
+@pytest.mark.parametrize("policy", ["liveness+params", "superneurons+params"])
+def test_the_host_diet_keeps_only_the_gradients_in_flight(policy):
+    """The host bytes of the plan with the diet are those without it (every gradient with a
+    host place, as when clipping needs them all) less every gradient plus the most in flight."""
+    spec = load_spec(TINY)
+    plans = {}
+    for clip in (0, 1.0):  # momentum in both: the same optimiser state
+        net = Net(spec, policy=policy, optimizer=make_optimizer(SolverConfig(momentum=0.9, clip_gradients=clip)))
+        plans[clip] = (net.schedules["train"], net.plans["train"], net)
+    (diet, after, net), (whole, before, _) = plans[0], plans[1]
+    grads = [g for n in net.graph.nodes for g in n.param_grads.values()]
+    grad_bytes = sum(-(-net.graph.tensors[g].nbytes // 256) * 256 for g in grads)
+    resident_before, in_flight_before = _host_walk(whole)
+    resident_after, in_flight = _host_walk(diet)
+    assert in_flight_before == 0 and resident_after == resident_before - grad_bytes
+    assert 0 < in_flight < grad_bytes
+    if policy == "liveness+params":  # nothing else on the host
+        assert before.host_bytes == resident_before
+        assert after.host_bytes == before.host_bytes - grad_bytes + in_flight
+    else:  # offloaded activations too, most of them at the turn, before any gradient
+        assert before.host_bytes - grad_bytes <= after.host_bytes <= before.host_bytes - grad_bytes + in_flight
+    # the run: its host peak is the plan's, and its results are the same policy's on the device
+    feed = feed_of(net.graph)
+    twin = Net(spec, policy=policy.replace("+params", ""), optimizer=make_optimizer(SolverConfig(momentum=0.9)))
+    for it in range(3):
+        assert net.train_step(feed, it) == twin.train_step(feed, it)
+    for name in net.param_names:
+        np.testing.assert_array_equal(net.param(name), twin.param(name), err_msg=name)
+    assert net.runtime.host_peak == after.host_bytes and net.runtime.stalls == 0
+    assert net.runtime.updater.early == len(net.learnable_names)
+    with raises_one_line(SNError, match="consumes each gradient as it lands"):
+        net.grad(net.learnable_names[0])
