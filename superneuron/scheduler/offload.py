@@ -87,13 +87,18 @@ def _gaps(schedule, steps, model):
     starts = [0.0]
     for step in steps:
         starts.append(starts[-1] + model.step_seconds(schedule, step))
+    # The lookahead counts steps but Applies (parameter offload's host diet), which take no
+    # time and no device memory: with them or without, a copy gets the same compute steps.
+    counted = [i for i, s in enumerate(steps) if s.kind != APPLY]
+    rank = {i: k for k, i in enumerate(counted)}
     out, d2h = [], 0.0
     for a, b, r in EVICTION_ORDER(gaps):
         seconds = model.copy_seconds(schedule.tensors[r].nbytes)
         d2h = max(d2h, starts[a + 1]) + seconds
-        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), a + LOOKAHEAD)  # after the copy
+        ahead = counted[min(rank[a] + LOOKAHEAD, len(counted) - 1)]
+        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), ahead)  # after the copy
         p = bisect.bisect_right(starts, starts[b] - seconds, hi=b + 1) - 1  # the latest in time
-        p = max(p, b - LOOKAHEAD)
+        p = max(p, counted[rank[b] - LOOKAHEAD])
         if w < p:  # else the gap is too short to be worth two copies
             out.append((r, a, w, p, b))
     return out, writes
