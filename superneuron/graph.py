@@ -39,8 +39,9 @@ from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
 from .rules import PHASES
 
 # Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
-# step will make; liveness.SCHEDULED lists those whose storage the steps manage.
-KINDS = ("data", "grad", "param", "param_grad", "state", "workspace", "encoded")
+# step will make; "accum" a parameter gradient's sum over an iteration's rounds (iter_size);
+# liveness.SCHEDULED lists those whose storage the steps manage.
+KINDS = ("data", "grad", "param", "param_grad", "state", "accum", "workspace", "encoded")
 
 
 def storage_root(tensors, name):

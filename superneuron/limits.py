@@ -67,6 +67,11 @@ MAX_PROBLEMS = 100
 MAX_SIZE_BYTES = 1 << 50
 """Largest ``--memory``, ``--host-memory`` or ``--workspace-limit``: 1 PiB."""
 
+MAX_ITER_SIZE = 1 << 16
+"""Largest ``iter_size`` (``--iter-size``): batches whose gradients one iteration accumulates.
+Caffe's examples use 2 to 32; past 65 536 an iteration is more likely a typo than a plan.
+"""
+
 MAX_SEED = 2**32 - 1
 """Largest ``--seed``: seeds are 0 .. 2**32 - 1, what NumPy's legacy seeding takes (NumPy refuses
 negative ones)."""

@@ -17,7 +17,7 @@ from .planning import min_memory, plan
 from .report import overflow_line
 from .runtime.executor import Runtime
 from .scheduler.simulate import compute_step, overflow_at
-from .scheduler.steps import APPLY, BACKWARD, UPDATE
+from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
 from .sizes import human_bytes
 from .spec import load_spec
 
@@ -180,30 +180,41 @@ class Net:
         if train is None:
             train = self.phase == "TRAIN"
         schedule = self.schedules["train" if train else "test"]
-        if train:
-            schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, UPDATE)])
+        if train:  # one round of the training steps, whatever the iter_size
+            schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, ACCUMULATE, UPDATE)],
+                                        rounds=1)
         self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=0)
         return self.outputs
 
     def forward_backward(self, feed, iteration=0):
-        """Forward and backward in training mode; returns the total weighted loss."""
+        """Forward and backward in training mode (one batch, whatever the iter_size: the
+        gradients are that batch's); returns the total weighted loss."""
         schedule = self.schedules["train"]
-        schedule = schedule.replace([s for s in schedule.steps if s.kind != UPDATE])
+        schedule = schedule.replace([s for s in schedule.steps if s.kind not in (ACCUMULATE, UPDATE)], rounds=1)
         self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=iteration)
         return self.loss
 
+    @property
+    def iter_size(self):
+        """Batches one training iteration takes (its optimiser's ``iter_size``; 1 without one)."""
+        return self.schedules["train"].rounds
+
     def train_step(self, feed, iteration):
         """One training iteration (forward, backward, update); returns the total loss. A
-        non-finite loss leaves the parameters as they were (see :meth:`first_non_finite`)."""
+        non-finite loss leaves the parameters as they were (see :meth:`first_non_finite`).
+        With ``iter_size`` K > 1, ``feed`` is a list of K feeds: the gradients of the K batches
+        are summed, the update scales them by 1 / K, and the loss and outputs are the means
+        over the K batches (Caffe's gradient accumulation)."""
         assert self.optimizer is not None, "Net was built without an optimizer"
-        self.outputs = self.runtime.run(self.schedules["train"], self._feed(feed), iteration=iteration,
+        self.outputs = self.runtime.run(self.schedules["train"], self._feeds(feed), iteration=iteration,
                                        optimizer=self.optimizer)
         return self.loss
 
     def first_non_finite(self, feed, iteration):
         """The first node, in execution order, whose top holds a NaN or an infinity in a
-        training-mode forward of ``feed`` at ``iteration`` (the same dropout masks), or None.
-        For diagnosis: it checks every top, which a training step never pays for."""
+        training-mode forward of ``feed`` at ``iteration`` (the same dropout masks; with
+        ``iter_size`` > 1, ``feed`` is the iteration's list of feeds, checked in order), or
+        None. For diagnosis: it checks every top, which a training step never pays for."""
         xp, found = self.backend.xp, []
 
         def watch(node, tops):
@@ -211,8 +222,8 @@ class Net:
                 found.append(node)
 
         schedule = self.schedules["train"]
-        schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, UPDATE)])
-        self.runtime.run(schedule, self._feed(feed), iteration=iteration, watch=watch)
+        schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, ACCUMULATE, UPDATE)])
+        self.runtime.run(schedule, self._feeds(feed), iteration=iteration, watch=watch)
         return found[0] if found else None
 
     @property
@@ -225,6 +236,15 @@ class Net:
         if name not in self.graph.tensors or self.graph.tensors[name].kind != "data":
             raise SNError(f"no top '{name}'")
         return self.runtime.to_host(name)
+
+    def _feeds(self, feed):
+        """A training iteration's feed checked: one feed, or with ``iter_size`` K > 1 a list of K."""
+        k = self.iter_size
+        if k == 1:
+            return self._feed(feed)
+        if isinstance(feed, dict) or len(feed) != k:
+            raise SNError(f"iter_size {k}: a training step takes a list of {k} feeds, one per batch")
+        return [self._feed(one) for one in feed]
 
     def _feed(self, feed):
         out = {}

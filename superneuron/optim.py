@@ -15,6 +15,10 @@ Updates follow PyTorch's formulas, so results compare one to one with ``torch.op
   and RMSProp have no momentum (Caffe refuses one in a solver.prototxt; here it is unused).
 - ``clip_gradients`` is ``torch.nn.utils.clip_grad_norm_``: when the global L2 norm of the
   gradients exceeds it, every gradient is scaled by ``clip / (norm + 1e-6)`` (Caffe omits the 1e-6).
+- ``iter_size`` K (gradient accumulation, Caffe's): an iteration runs K forward and backward
+  passes on K successive batches and sums their gradients (the runtime's Accumulate step); the
+  update then clips that sum and scales it by 1/K, in Caffe's order (see :meth:`Optimizer.update`),
+  so that K batches of b train as one batch of K·b (without clipping, BatchNorm or Dropout).
 
 Caffe's per-parameter ``lr_mult`` and ``decay_mult`` scale the learning rate and the weight
 decay, as a torch parameter group with ``lr * lr_mult`` and ``weight_decay * decay_mult`` would;
@@ -36,7 +40,7 @@ import yaml
 from . import adaptive
 from .errors import SNError, SpecError, where
 from .files import read_text_capped
-from .limits import MAX_SOLVER_FILE_BYTES
+from .limits import MAX_ITER_SIZE, MAX_SOLVER_FILE_BYTES, over
 
 TYPES = ("SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
@@ -77,6 +81,7 @@ class SolverConfig:
     snapshot_prefix: str = ""
     regularization_type: str = "L2"
     average_loss: int = 1
+    iter_size: int = 1
 
     def __post_init__(self):
         problems = [msg for _, msg in check(self)]
@@ -102,10 +107,12 @@ class SolverConfig:
 
     def with_epochs(self, samples, batch):
         """With ``epochs`` set: a copy whose ``max_iter`` covers that many passes over ``samples``
-        training samples in batches of ``batch`` (at least one iteration); else ``self``."""
+        training samples in batches of ``batch`` (``iter_size`` of them per iteration; at least
+        one iteration); else ``self``."""
         if self.epochs is None:
             return self
-        return dataclasses.replace(self, max_iter=max(1, math.ceil(self.epochs * samples / batch)))
+        per_iteration = batch * self.iter_size
+        return dataclasses.replace(self, max_iter=max(1, math.ceil(self.epochs * samples / per_iteration)))
 
     def describe(self):
         """A one-line summary, e.g. ``SGD lr 0.01 momentum 0.9 weight_decay 0.0005 (fixed)``."""
@@ -119,6 +126,8 @@ class SolverConfig:
         text += f" weight_decay {self.weight_decay:g}" + (" (L1)" if self.regularization_type == "L1" else "")
         if self.clip_gradients > 0:
             text += f" clip {self.clip_gradients:g}"
+        if self.iter_size > 1:
+            text += f" iter_size {self.iter_size}"
         text += f" ({self.lr_policy}"
         return text + (f", warm-up {self.warmup_iter})" if self.warmup_iter else ")")
 
@@ -161,6 +170,10 @@ def check(c):
         yield "gamma", f"gamma must be > 0, got {c.gamma}"
     if c.average_loss < 1:
         yield "average_loss", f"average_loss must be >= 1, got {c.average_loss}"
+    if c.iter_size < 1:
+        yield "iter_size", f"iter_size must be >= 1, got {c.iter_size}"
+    elif c.iter_size > MAX_ITER_SIZE:
+        yield "iter_size", over("iter_size", c.iter_size, MAX_ITER_SIZE, "MAX_ITER_SIZE")
     if c.delta <= 0:
         yield "delta", f"delta must be > 0, got {c.delta}"
     if c.epochs is not None and c.epochs <= 0:
@@ -388,14 +401,26 @@ class Optimizer:
         """The learning rate at 0-based iteration ``it``."""
         return learning_rate(self.cfg, it)
 
+    @property
+    def iter_size(self):
+        """Batches whose gradients one iteration accumulates before its update."""
+        return self.cfg.iter_size
+
     def update(self, xp, it, entries, scratch):
-        """One step at 0-based iteration ``it`` for every entry; grads are left overwritten."""
+        """One step at 0-based iteration ``it`` for every entry; grads are left overwritten.
+        With ``iter_size`` K > 1 the grads hold the sum of K batches' gradients."""
         cfg, lr = self.cfg, self.lr(it)
         live = [e for e in entries if e[3] != 0]  # lr_mult 0: frozen
         if not live:
             return
+        # Caffe's order (sgd_solver.cpp, SGDSolver::ApplyUpdate): ClipGradients() on the
+        # accumulated sum first, then per parameter Normalize() (diff *= 1 / iter_size),
+        # Regularize() (the weight decay) and ComputeUpdateValue()
         if cfg.clip_gradients > 0:
             self._clip(xp, [e[1] for e in live])
+        if cfg.iter_size > 1:
+            for _, g, *_ in live:
+                g *= g.dtype.type(1 / cfg.iter_size)
         buffers = []
         if self.workspace_bytes([e[0].shape for e in live], live[0][0].dtype):
             largest = max(live, key=lambda e: e[0].size)[0]

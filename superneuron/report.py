@@ -44,11 +44,18 @@ def plan_summary(info):
     """The lines sn-plan prints for the figures in ``info`` (see cli/plan.py's ``figures``)."""
     arenas = ", ".join(f"{k} {human_bytes(v)} (x{ratio(v, info['peak_bytes'])})"
                        for k, v in info["arenas"].items())
+    k = info.get("iter_size", 1)
+    rounds = f" x iter_size {k} (the steps run once per batch, the update once)" if k > 1 else ""
+    accum = ""
+    if k > 1:
+        accum = (f"; the gradients' accumulators {human_bytes(info['accumulator_bytes'])}"
+                 if info["accumulator_bytes"] else
+                 f"; the gradients' accumulators on the host, {human_bytes(info['host_accumulator_bytes'])}")
     lines = [
-        f"net {info['net']}, batch {info['batch']}, policy {info['policy']}, "
+        f"net {info['net']}, batch {info['batch']}{rounds}, policy {info['policy']}, "
         f"placement {info['placement']}: {info['steps']} steps",
         f"peak          {human_bytes(info['peak_bytes'])} at {info['peak_step']}",
-        f"resident      {human_bytes(info['resident_bytes'])} (parameters, their gradients, state)",
+        f"resident      {human_bytes(info['resident_bytes'])} (parameters, their gradients, state{accum})",
         f"lower bound   {human_bytes(info['lower_bound_bytes'])}, each step on its smallest-workspace "
         f"algorithm (peak / lower bound {ratio(info['peak_bytes'], info['lower_bound_bytes'])})",
         f"chosen bound  {human_bytes(info['chosen_bound_bytes'])}, each step on the algorithm chosen, "

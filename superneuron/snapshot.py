@@ -39,10 +39,12 @@ class BadSnapshot(SNError):
 
 def expected_arrays(net):
     """``{key: (shape, dtype)}`` of every array a snapshot of ``net`` holds: its parameters and
-    state buffers, and the optimiser's state (the resident tensors the graph does not name)."""
-    resident = net.runtime.resident
+    state buffers, and the optimiser's state (the resident tensors the graph does not name but
+    the gradients' accumulators of iter_size, which are empty between iterations)."""
+    resident, tensors = net.runtime.resident, net.runtime.tensors
     out = {f"param:{n}": resident[n] for n in net.param_names}
-    out.update({f"opt:{n}": a for n, a in resident.items() if net.graph.tensors.get(n) is None})
+    out.update({f"opt:{n}": a for n, a in resident.items()
+                if net.graph.tensors.get(n) is None and tensors[n].kind != "accum"})
     return {k: (tuple(a.shape), np.dtype(a.dtype).str) for k, a in out.items()}
 
 

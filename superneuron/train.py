@@ -83,18 +83,20 @@ class Trainer:
         warm = False  # the first step of a run plans, allocates and warms up: left out of speeds
         self.run_images, self.run_seconds = 0, 0.0
         self._log(log, "start", net=self.net.graph.name, device=self.net.backend.name,
-                  policy=self.net.policy, batch=self.train_loader.batch, start_iter=self.iteration,
-                  max_iter=s.max_iter, solver=s.type)
+                  policy=self.net.policy, batch=self.train_loader.batch, iter_size=self.net.iter_size,
+                  start_iter=self.iteration, max_iter=s.max_iter, solver=s.type)
         try:
             while self.iteration < s.max_iter:
                 it = self.iteration
                 position = self.train_loader.state()
-                try:
-                    x, y = self.train_loader.next()
+                try:  # iter_size batches: Caffe's gradient accumulation
+                    batches = [self.train_loader.next() for _ in range(self.net.iter_size)]
                 except KeyboardInterrupt:
-                    self.train_loader.restore(position)  # the batch was never trained on
+                    self.train_loader.restore(position)  # the batches were never trained on
                     raise
-                feed = {self.inputs[0]: x, self.inputs[1]: y}
+                feeds = [{self.inputs[0]: x, self.inputs[1]: y} for x, y in batches]
+                feed = feeds[0] if len(feeds) == 1 else feeds
+                images = sum(len(x) for x, _ in batches)
                 start = time.perf_counter()
                 with ctrl_c.held():  # a step is done whole or not at all
                     loss = self.net.train_step(feed, it)
@@ -104,12 +106,12 @@ class Trainer:
                 if ctrl_c.pending:
                     raise KeyboardInterrupt
                 seconds = time.perf_counter() - start
-                window.add(loss, self._accuracy(self.net.outputs), len(x), seconds, first=not warm)
+                window.add(loss, self._accuracy(self.net.outputs), images, seconds, first=not warm)
                 if warm:
-                    self.run_images += len(x)
+                    self.run_images += images
                     self.run_seconds += seconds
                 recent.append(loss)
-                on_event({"kind": "iter", "iter": self.iteration, "loss": loss, "images": len(x),
+                on_event({"kind": "iter", "iter": self.iteration, "loss": loss, "images": images,
                           "seconds": seconds, "warmup": not warm})
                 warm = True
                 if s.display and (self.iteration % s.display == 0 or self.iteration == s.max_iter):

@@ -53,7 +53,6 @@ def test_l1_regularisation_adds_the_sign_of_the_weights():
 
 
 @pytest.mark.parametrize("text,message", [
-    ("iter_size: 4\n", r"solver.prototxt:3:1: iter_size > 1 \(gradient accumulation\) is not supported"),
     ('type: "AdaGard"\n', r"solver.prototxt:3:1: solver type AdaGard is not supported"),
     ('lr_policy: "fixd"\n', r"lr_policy: expected one of .*did you mean 'fixed'"),
     ("base_lrr: 0.1\n", r"solver.prototxt:3:1: unknown field 'base_lrr'; did you mean 'base_lr'\?"),

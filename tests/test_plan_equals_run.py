@@ -15,6 +15,7 @@ from test_net import SMALL, feed_for
 
 from superneuron import load_net
 from superneuron.net import Net
+from superneuron.optim import SolverConfig, make_optimizer
 from superneuron.spec import loads_spec
 
 TINY = "tests/nets/tiny.yaml"  # in-place BatchNorm and ReLU, Dropout, Concat, Eltwise, fan-out
@@ -110,3 +111,26 @@ def test_the_witness_sees_a_value_overwritten_before_its_last_read(monkeypatch):
         net.forward_backward(feed_for(net))
     assert any(v.startswith("backward(pool)#") and "'concat' is not what was written" in v
                for v in trace.violations), trace.violations
+
+
+@pytest.mark.parametrize("policy", ["baseline", "liveness", "recompute", "offload", "superneurons",
+                                    "superneurons+params"])
+def test_each_round_of_an_iter_size_iteration_touches_what_the_plan_said(monkeypatch, policy):
+    """iter_size 3: the iteration runs its steps three times, one batch each, from an empty
+    arena; the kernels' operands stay within the one arena the plan sized (accumulators
+    included), no two clash, every read sees what was written under its name in its round
+    (a value of one round is never read in the next), and the run's peak is the plan's."""
+    optimizer = make_optimizer(SolverConfig(iter_size=3))
+    net = load_net(TINY, batch=1, policy=policy, optimizer=optimizer)
+    trace = KernelTrace(net, resident_params="+params" not in policy)
+    with monkeypatch.context() as m:
+        trace.install(m)
+        net.train_step([feed_for(net, seed=k) for k in range(3)], 0)
+    plan = net.plans["train"]
+    assert [c.phase for c in trace.calls if c.node.name == "conv1"] == ["forward", "backward"] * 3
+    base = trace.locate()
+    assert base.nbytes == net.arena_bytes == max(p.arena_bytes for p in net.plans.values())
+    assert plan.arena_bytes - ALIGN < trace.high_water <= plan.arena_bytes
+    assert net.peak_bytes == plan.peak_bytes
+    assert trace.clashes() == []
+    assert trace.violations == []

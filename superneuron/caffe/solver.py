@@ -4,11 +4,12 @@ it names (``net:``, resolved beside the solver file).
 Keys that change training map onto ours (``base_lr``, ``lr_policy`` with ``inv``, ``exp`` and
 ``sigmoid``, ``gamma``, ``power``, ``stepsize``, ``stepvalue``, ``momentum``, ``momentum2``,
 ``delta``, ``rms_decay``, ``weight_decay``, ``regularization_type``, ``clip_gradients``, ``max_iter``,
-``test_iter``, ``test_interval``, ``display``, ``average_loss``, ``snapshot``,
-``snapshot_prefix``, ``type`` or the old ``solver_type``: SGD, Nesterov, Adam, AdaGrad, RMSProp,
-AdaDelta). AdaGrad and RMSProp refuse a momentum, as Caffe does. Keys that only say how Caffe runs
-(``solver_mode``, ``device_id``, ``debug_info``, ...) are accepted and have no effect here;
-any key we cannot honour is an error naming its line, never silently dropped.
+``test_iter``, ``test_interval``, ``display``, ``average_loss``, ``iter_size`` (gradient
+accumulation), ``snapshot``, ``snapshot_prefix``, ``type`` or the old ``solver_type``: SGD,
+Nesterov, Adam, AdaGrad, RMSProp, AdaDelta). AdaGrad and RMSProp refuse a momentum, as Caffe
+does. Keys that only say how Caffe runs (``solver_mode``, ``device_id``, ``debug_info``, ...)
+are accepted and have no effect here; any key we cannot honour is an error naming its line,
+never silently dropped.
 """
 
 import os
@@ -19,7 +20,7 @@ from .textproto import parse, read_text
 
 DIRECT = ("base_lr", "lr_policy", "gamma", "power", "stepsize", "momentum", "momentum2", "delta",
           "rms_decay", "weight_decay", "regularization_type", "clip_gradients", "max_iter", "test_interval", "display",
-          "average_loss", "snapshot", "snapshot_prefix")
+          "average_loss", "snapshot", "snapshot_prefix", "iter_size")
 NO_EFFECT = ("solver_mode", "device_id", "debug_info", "test_compute_loss", "test_initialization",
              "snapshot_after_train", "snapshot_format", "layer_wise_reduce", "snapshot_diff")
 TYPES = {"SGD": "SGD", "Nesterov": "Nesterov", "Adam": "Adam", "AdaGrad": "AdaGrad", "RMSProp": "RMSProp",
@@ -55,10 +56,6 @@ def solver_mapping(path):
                                 "(SGD, Nesterov, Adam, AdaGrad, RMSProp, AdaDelta)")
                 continue
             mapping["type"] = TYPES.get(spelled, "SGD")
-        elif name == "iter_size":
-            if value != 1:
-                problems.append(at(name) + "iter_size > 1 (gradient accumulation) is not supported yet; "
-                                "train at the full batch or with a smaller one")
         elif name in ("net", "random_seed") or name in NO_EFFECT:
             continue
         else:

@@ -102,7 +102,8 @@ def solver_from_args(args, spec):
         solver = solver.with_overrides(epochs=None)  # --iters wins over the file's epochs
     for flag, key in (("lr", "base_lr"), ("iters", "max_iter"), ("epochs", "epochs"),
                       ("display", "display"),
-                      ("test_interval", "test_interval"), ("snapshot_interval", "snapshot")):
+                      ("test_interval", "test_interval"), ("snapshot_interval", "snapshot"),
+                      ("iter_size", "iter_size")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides[key] = value

@@ -33,6 +33,9 @@ def build_parser():
     p.add_argument("--solver", metavar="FILE",
                    help="solver YAML: its optimiser state is resident (default: the net's solver: "
                         "section, else SGD with momentum, as sn-train)")
+    p.add_argument("--iter-size", type=int, metavar="K",
+                   help="plan gradient accumulation over K batches (solver iter_size): the gradients' "
+                        "accumulators are resident; one batch's activations at a time")
     p.add_argument("--data", metavar="synthetic[:CxHxW]",
                    help="a Caffe .prototxt's Data layers become synthetic data of their shape "
                         "(crop_size, or CxHxW where the file does not say)")
@@ -99,6 +102,7 @@ def plan_from_args(args):
 
 def figures(schedule, plan, budget):
     """The plan's figures as a JSON-ready dict (both allocators' arenas, the fit)."""
+    from ..allocator import aligned
     from ..scheduler.placement import PLACEMENTS, arena_bytes
     from ..scheduler.simulate import compute_step, overflow_at
     graph = schedule.graph
@@ -109,8 +113,15 @@ def figures(schedule, plan, budget):
     if not fits:
         overflow = overflow_at(schedule, plan, budget)
     data = graph.inputs[0].tops[0] if graph.inputs else None
+    on_device = set(schedule.resident)
+    accums = [t for t in schedule.resident + schedule.host_resident if schedule.tensors[t].kind == "accum"]
     return {
         "net": graph.name, "batch": graph.tensors[data].shape[0] if data else None,
+        "iter_size": schedule.rounds,
+        # the gradients' accumulators (iter_size > 1): resident on the device, or on the host
+        # under +params, where they are part of host_bytes' resident masters
+        "accumulator_bytes": sum(aligned(schedule.tensors[t].nbytes) for t in accums if t in on_device),
+        "host_accumulator_bytes": sum(schedule.tensors[t].nbytes for t in accums if t not in on_device),
         "policy": schedule.policy, "placement": placement, "steps": plan.steps,
         "learnable_params": sum(math.prod(t.shape) for t in graph.tensors.values() if t.kind == "param"),
         "peak_bytes": plan.peak_bytes,

@@ -30,7 +30,7 @@ def plan_lines(trainer, net, solver):
     """The plan of the run: what it will do, and its time estimated by the net's cost model
     (measured kernel times under ``--profile`` or a cached table, else flops and bytes at the
     device's assumed rates; which one is said)."""
-    start, batch = trainer.iteration, trainer.train_loader.batch
+    start, batch, k = trainer.iteration, trainer.train_loader.batch, net.iter_size
     iterations = max(solver.max_iter - start, 0)
     samples = len(trainer.train_loader.dataset)
     tests = count_tests(start, solver.max_iter, solver.test_interval, trainer.test_loader is not None)
@@ -38,7 +38,8 @@ def plan_lines(trainer, net, solver):
     where = "the CPU" if net.backend.name == "cpu" else "the GPU"
     testing = (f"test every {solver.test_interval} iterations and at the end" if solver.test_interval
                else "test at the end")
-    lines = [f"plan: {iterations} iterations of batch {batch} ({iterations * batch / max(samples, 1):.1f} "
+    of = f"batch {batch}" if k == 1 else f"{k} batches of {batch} (iter_size {k})"
+    lines = [f"plan: {iterations} iterations of {of} ({iterations * batch * k / max(samples, 1):.1f} "
              f"epochs of {samples} samples) on {where}"
              + (f", from iteration {start}" if start else "")
              + (f"; display every {solver.display}" if solver.display else "")

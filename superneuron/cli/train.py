@@ -21,8 +21,8 @@ def build_parser():
     p = argparse.ArgumentParser(
         prog="sn-train", description="Train a superneuron network (YAML) with a Caffe-style solver.",
         epilog="Solver values come from --solver FILE, else the net file's `solver:` section, else "
-               "defaults; the flags above (--iters, --epochs, --lr, --display, --test-interval, "
-               "--snapshot-interval) override them.")
+               "defaults; the flags above (--iters, --epochs, --lr, --iter-size, --display, "
+               "--test-interval, --snapshot-interval) override them.")
     net_arguments(p)
     p.add_argument("--data", metavar="SRC",
                    help="data source: digits, synthetic, FILE.npz, a CIFAR-10 python folder or an "
@@ -31,6 +31,10 @@ def build_parser():
     length.add_argument("--iters", type=int, metavar="N", help="iterations to train (solver max_iter)")
     length.add_argument("--epochs", type=float, metavar="N", help="passes over the training data")
     p.add_argument("--lr", type=float, metavar="X", help="base learning rate")
+    p.add_argument("--iter-size", type=int, metavar="K",
+                   help="gradient accumulation (solver iter_size): each iteration sums the gradients "
+                        "of K batches of --batch, scales them by 1/K and updates once, as one batch "
+                        "of K x --batch would, at the peak memory of one batch (default 1)")
     p.add_argument("--solver", metavar="FILE", help="solver YAML (Caffe solver keys)")
     p.add_argument("--seed", type=int, default=0, help="seed for weights, shuffling and dropout (default 0)")
     p.add_argument("--display", type=int, metavar="N", help="print a line every N iterations")
@@ -88,7 +92,8 @@ def run(args):
     n_params = sum(math.prod(net.graph.tensors[t].shape) for t in net.learnable_names)
     plan = net.plans["train"]
     print(f"superneuron {__version__} | net {spec.name} ({args.net}) | {len(spec.layers)} layers, "
-          f"{n_params:,} parameters | batch {batch} | device {net.backend.name}")
+          f"{n_params:,} parameters | batch {batch}"
+          + (f" x iter_size {net.iter_size}" if net.iter_size > 1 else "") + f" | device {net.backend.name}")
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")

@@ -21,7 +21,22 @@ from ..graph import storage_root
 from ..layers.base import Context
 from ..scheduler.interpret import OFFLOADING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
-from ..scheduler.steps import ALLOC, BACKWARD, COPY, FORWARD, FREE, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from ..scheduler.lower import ACCUM
+from ..scheduler.steps import (
+    ACCUMULATE,
+    ALLOC,
+    BACKWARD,
+    COPY,
+    FORWARD,
+    FREE,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RECOMPUTE,
+    RESIDENT_ONLY,
+    UPDATE,
+    WAIT,
+)
 from .copies import copies_for
 
 
@@ -94,32 +109,52 @@ class Runtime:
         is non-finite the Update step is skipped: the parameters stay as they were, so that the
         iteration can be re-run to find where it went wrong (under parameter offload, updates
         that began during the backward are done by then). ``watch(node, tops)``, if given, is
-        called after every Forward step (diagnosis only)."""
-        arena = self.arena
-        arena.reset(schedule.offsets)
-        self.host.reset()
-        self.schedule = schedule
-        with self.backend.watch_allocations() as outside:
-            outputs = self._run_steps(schedule, feed, iteration, optimizer, watch)
-        self.outside = outside  # what the array library allocated beside the arena
-        self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
-        self.arena_bytes = max(self.arena_bytes, arena.high_water)
-        self.host_peak = max(self.host_peak, self.host.high_water)
-        return outputs
+        called after every Forward step (diagnosis only).
 
-    def _run_steps(self, schedule, feed, iteration, optimizer, watch):
+        A schedule of ``rounds`` K > 1 (Caffe's iter_size) takes ``feed`` as a sequence of K
+        feeds: its steps run once per feed, each round from an empty arena (the same allocator
+        calls as the plan's one round), with dropout masks of its own, and its Update only in
+        the last; the outputs are then their means over the rounds (the loss Caffe shows)."""
+        rounds = schedule.rounds
+        feeds = [feed] if rounds == 1 else list(feed)
+        assert len(feeds) == rounds, f"a schedule of {rounds} rounds takes {rounds} feeds, got {len(feeds)}"
+        arena = self.arena
+        self.schedule = schedule
+        totals, finite = {}, True
+        with self.backend.watch_allocations() as outside:
+            for k, one in enumerate(feeds):
+                arena.reset(schedule.offsets)
+                self.host.reset()
+                outputs = self._run_steps(schedule, one, iteration, optimizer, watch, k, finite)
+                finite = finite and all(math.isfinite(outputs[n.name]) for n in self.graph.losses
+                                        if n.name in outputs)
+                for name, value in outputs.items():
+                    totals[name] = totals.get(name, 0.0) + value
+                self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
+                self.arena_bytes = max(self.arena_bytes, arena.high_water)
+                self.host_peak = max(self.host_peak, self.host.high_water)
+        self.outside = outside  # what the array library allocated beside the arena
+        return totals if rounds == 1 else {name: total / rounds for name, total in totals.items()}
+
+    def _run_steps(self, schedule, feed, iteration, optimizer, watch, round_=0, finite=True):
+        """One round of ``schedule`` (``round_`` of its rounds; ``finite``: the losses of the
+        rounds before were finite)."""
         graph = self.graph
         self.memory = memory = Interpreter(schedule.tensors, self.arena, self.host, _Copies(self))
         pending = memory.pending
         roots = Roots(schedule)
-        update = next((s for s in schedule.steps if s.kind == UPDATE), None)
+        last = round_ == schedule.rounds - 1
+        draw = iteration * schedule.rounds + round_  # each round its own dropout masks
+        update = next((s for s in schedule.steps if s.kind == UPDATE), None) if last else None
         if self.host_update and update is not None:
             if self.updater is None:
                 from .host_update import HostUpdater
                 self.updater = HostUpdater()
             self.update_entries(optimizer)
             ws = self.view(update.workspace) if update.workspace else None
-            self.updater.begin(optimizer, iteration, self._entries_by_grad, ws)
+            # the last round of several: each gradient's sum is finished where it lands
+            accums = self._accums() if schedule.rounds > 1 else None
+            self.updater.begin(optimizer, iteration, self._entries_by_grad, ws, accums)
         outputs = {}
         for step in schedule.steps:
             kind = step.kind
@@ -129,7 +164,7 @@ class Runtime:
                 memory.run(step)
             elif kind == FORWARD or kind == RECOMPUTE:
                 node = graph.nodes[step.node]
-                ctx = self._context(step, node, iteration, schedule.train, kind == RECOMPUTE, feed)
+                ctx = self._context(step, node, draw, schedule.train, kind == RECOMPUTE, feed)
                 if not node.layer.ALIAS_TOPS:
                     params = {k: self.view(t) for k, t in node.params.items()}
                     node.layer.forward(ctx, [self.view(b) for b in node.bottoms],
@@ -140,13 +175,17 @@ class Runtime:
                     watch(node, [self.view(t) for t in node.tops])
             elif kind == BACKWARD:
                 node = graph.nodes[step.node]
-                self._backward(step, node, iteration)
+                self._backward(step, node, draw)
+            elif kind == ACCUMULATE:
+                self._accumulate(round_, schedule.rounds)
             elif kind == UPDATE:
+                if not last:
+                    continue  # the rounds before the last only accumulate
                 if self.host_update:  # the gradients' copies must have landed on the host
                     self.backend.synchronize()
                     self.updater.finish()
                     continue
-                if not all(math.isfinite(outputs[n.name]) for n in graph.losses):
+                if not (finite and all(math.isfinite(outputs[n.name]) for n in graph.losses)):
                     continue  # NaN gradients would make every parameter NaN and hide the cause
                 ctx = self._context(step, None, iteration, True, False, None)
                 optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
@@ -155,10 +194,37 @@ class Runtime:
         assert not pending, f"copies never waited for: {sorted(pending)}"
         return outputs
 
+    def _accums(self):
+        """Each parameter gradient's accumulator (resident: on the device, or on the host under
+        parameter offload), by the gradient's name."""
+        return {g: self.resident[g + ACCUM] for n in self.graph.nodes for g in n.param_grads.values()}
+
+    def _accumulate(self, round_, rounds):
+        """The Accumulate step of round ``round_``: the first round's gradients are copied into
+        the accumulators, the next ones' added to them, and in the last round the sum goes back
+        into the gradients, which the update reads (it scales them by 1 / rounds, Caffe's
+        Normalize). Under parameter offload both live on the host, where the gradients have
+        landed (the Waits before this step); there the last round's sums are made as each
+        gradient lands, by the host updater."""
+        xp = self.xp
+        if self.host_update:
+            if round_ == rounds - 1:
+                return  # host_update.HostUpdater adds each sum in before that parameter's update
+            self.backend.synchronize()  # the Waits ordered the device: the host reads them now
+            xp = np
+        for g, acc in self._accums().items():
+            grad = self.resident[g]
+            if round_ == 0:
+                xp.copyto(acc, grad)
+            elif round_ < rounds - 1:
+                acc += grad
+            else:
+                grad += acc
+
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
         have put a Wait before it)."""
-        if step.kind == UPDATE:  # it reads every parameter and gradient
+        if step.kind in RESIDENT_ONLY:  # it reads every parameter and gradient
             touched = list(self.memory.pending)
         elif step.kind == FREE or step.kind in (OFFLOAD, PREFETCH):
             touched = [step.tensor]

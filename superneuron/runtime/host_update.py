@@ -7,6 +7,8 @@ the end, each parameter is updated on a worker thread as soon as its gradient ha
 main thread's layers on the CPU); the Update step then only waits for them. The arithmetic is
 the optimiser's own, parameter by parameter, as it always is, so the result is bit-identical.
 Clipping by the global gradient norm needs every gradient first: then nothing starts early.
+With iter_size K > 1 only the last of the K rounds updates: each gradient that lands then has
+the sum of the rounds before (its accumulator) added first.
 
 Under the host diet (scheduler/params.py) a gradient has no host place of its own: its update
 reads the host copy its offload took, and the plan's ``Apply`` step, a little later, waits here
@@ -28,13 +30,15 @@ class HostUpdater:
         self.active = False
         self.early = 0   # parameters updated before the Update step, in the last iteration
 
-    def begin(self, optimizer, iteration, entries_by_grad, workspace):
-        """An iteration starts: ``entries_by_grad`` maps each gradient to its optimiser entry;
-        ``workspace`` is the update's scratch (host memory)."""
+    def begin(self, optimizer, iteration, entries_by_grad, workspace, accums=None):
+        """An iteration's update starts: ``entries_by_grad`` maps each gradient to its optimiser
+        entry; ``workspace`` is the update's scratch (host memory); ``accums`` (iter_size > 1)
+        maps each gradient to the sum of the earlier rounds' gradients, added to it before its
+        update."""
         self.optimizer, self.iteration, self.workspace = optimizer, iteration, workspace
-        self.entries = entries_by_grad
+        self.entries, self.accums = entries_by_grad, accums
         self.overlap = not optimizer.needs_every_gradient
-        self.started, self.futures = set(), {}
+        self.started, self.futures, self.views = set(), {}, {}
         self.active = True
 
     def landed(self, grad, copy, view):
@@ -42,9 +46,8 @@ class HostUpdater:
         (its host copy)."""
         if self.overlap and grad in self.entries and grad not in self.started:
             self.started.add(grad)
-            param, _, state, lr_mult, decay_mult = self.entries[grad]
-            entry = (param, view, state, lr_mult, decay_mult)
-            self.futures[grad] = self.worker.submit(self._update, copy, [entry])
+            self.views[grad] = view  # under the diet, its only place on the host
+            self.futures[grad] = self.worker.submit(self._update, copy, [grad])
 
     def applied(self, grad):
         """The plan gives ``grad``'s host copy back: its update must be done (it was started
@@ -52,9 +55,14 @@ class HostUpdater:
         assert grad in self.futures, f"Apply({grad}) before its update started"
         self.futures[grad].result()
 
-    def _update(self, copy, entries):
+    def _update(self, copy, grads):
         if copy is not None:
             copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
+        entries = [self.entries[g] for g in grads]
+        entries = [(w, self.views.get(g, grad), *rest) for g, (w, grad, *rest) in zip(grads, entries)]
+        if self.accums is not None:
+            for g, (_, grad, *_) in zip(grads, entries):
+                grad += self.accums[g]  # this round's gradient + the earlier rounds' sum
         # a fresh Context per call: its scratch carving starts over on the one workspace
         self.optimizer.update(np, self.iteration, entries, Context(np, workspace=self.workspace).scratch)
 
@@ -64,8 +72,8 @@ class HostUpdater:
         for future in self.futures.values():
             future.result()
         self.early = len(self.futures)
-        rest = [e for g, e in self.entries.items() if g not in self.started]
-        assert all(e[1] is not None for e in rest), "a gradient with no host place was never updated"
+        rest = [g for g in self.entries if g not in self.started]
+        assert all(self.entries[g][1] is not None for g in rest), "a gradient with no host place was never updated"
         if rest:
             self._update(None, rest)
         self.active = False

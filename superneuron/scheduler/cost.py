@@ -17,7 +17,7 @@ import os
 import weakref
 from dataclasses import dataclass
 
-from .steps import APPLY, BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from .steps import ACCUMULATE, APPLY, BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,10 @@ class CostModel:
         if step.kind == UPDATE:  # reads params, grads and state, writes params and state
             nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
             return 3 * nbytes / self.device.bandwidth
+        if step.kind == ACCUMULATE:  # reads each gradient and its accumulator, writes one
+            nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident + schedule.host_resident
+                         if schedule.tensors[t].kind == "accum")
+            return 3 * nbytes / self.device.bandwidth
         return 0.0
 
     def timeline(self, schedule):
@@ -134,8 +138,10 @@ class CostModel:
         on the compute stream, Offloads queued on a device→host stream and Prefetches on a
         host→device stream, each starting when issued or when its stream is free, and a Wait
         holding the compute stream until its tensor's copy is done. ``spans`` says when each
-        step ran on which stream (what sn-plan's trace draws)."""
-        now = d2h = h2d = stall = recompute = copied = 0.0
+        step ran on which stream (what sn-plan's trace draws). A schedule of several rounds
+        (iter_size) runs its steps once per round and its Update once: the figures count them
+        so, while ``starts`` and ``spans`` draw one round."""
+        now = d2h = h2d = stall = recompute = copied = update = 0.0
         done, starts, spans = {}, [], []
         for step in schedule.steps:
             starts.append(now)
@@ -163,7 +169,10 @@ class CostModel:
                 now += seconds
                 if kind == RECOMPUTE:
                     recompute += seconds
-        return Timeline(now, stall, recompute, copied, starts, spans)
+                elif kind == UPDATE:
+                    update += seconds
+        k = schedule.rounds
+        return Timeline(k * (now - update) + update, k * stall, k * recompute, k * copied, starts, spans)
 
     def iteration_seconds(self, schedule):
         """Estimated seconds of one iteration (see :meth:`timeline`)."""

@@ -7,12 +7,20 @@ in-place gradients) take no storage of their own.
 
 from ..graph import TensorInfo
 from .schedule import Schedule, add_workspace
-from .steps import Alloc, Backward, Forward, Free, Update
+from .steps import Accumulate, Alloc, Backward, Forward, Free, Update
+
+ACCUM = ".accum"  # a parameter gradient's accumulator is named after it: conv1/weight.grad.accum
+
+
+def rounds_of(optimizer):
+    """Micro-batches per iteration: the optimiser's ``iter_size`` (1 without one)."""
+    return optimizer.iter_size if optimizer is not None else 1
 
 
 def resident_tensors(graph, optimizer=None):
     """Resident tensors in placement order (params and state, their gradients, optimiser
-    state), adding the optimiser's state tensors to ``graph.tensors``' copy returned too."""
+    state, and with ``iter_size`` > 1 the gradients' accumulators), adding the optimiser's
+    tensors to ``graph.tensors``' copy returned too."""
     tensors = dict(graph.tensors)
     params = [t for n in graph.nodes for t in n.params.values()]
     grads = [g for n in graph.nodes for g in n.param_grads.values()]
@@ -27,6 +35,11 @@ def resident_tensors(graph, optimizer=None):
                     name = f"{t}.{optimizer.state_name(k)}"
                     tensors[name] = TensorInfo(name, info.shape, info.dtype, "state")
                     state.append(name)
+    if rounds_of(optimizer) > 1:  # a second copy of every gradient: the sum over the rounds
+        for g in grads:
+            info = tensors[g]
+            tensors[g + ACCUM] = TensorInfo(g + ACCUM, info.shape, info.dtype, "accum")
+            state.append(g + ACCUM)
     return tensors, params + grads + state
 
 
@@ -41,7 +54,9 @@ def _step(graph, tensors, node, phase):
 
 def lower(graph, train=True, optimizer=None):
     """The baseline schedule of one iteration: a training iteration (forward, backward and,
-    with an optimiser, the update) or, with ``train=False``, a forward pass for testing."""
+    with an optimiser, the update; with its ``iter_size`` K > 1, K rounds of them that an
+    Accumulate step ends, the update in the last) or, with ``train=False``, a forward pass for
+    testing."""
     tensors, resident = resident_tensors(graph, optimizer)
     kinds = ("data", "grad") if train else ("data",)
     roots = [t.name for t in graph.tensors.values() if t.kind in kinds and t.alias is None]
@@ -54,14 +69,20 @@ def lower(graph, train=True, optimizer=None):
         for node in reversed(nodes):
             if node.backward:
                 steps += _with_workspace(_step(graph, tensors, node, "backward"))
+        rounds = rounds_of(optimizer)
+        if rounds > 1:
+            steps.append(Accumulate())
         if optimizer is not None:
             shapes = [tensors[t].shape for t in resident if tensors[t].kind == "param"]
             nbytes = optimizer.workspace_bytes(shapes, graph.dtype)
             ws = add_workspace(tensors, "ws:update", nbytes) if nbytes > 0 else None
             steps += _with_workspace(Update(ws))
     steps += [Free(t) for t in reversed(roots)]
-    whole = optimizer is not None and optimizer.needs_every_gradient
-    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline", whole_update=whole)
+    rounds = rounds_of(optimizer) if train else 1
+    # the update needs every gradient at once: clipping by their global norm, or a sum over rounds
+    whole = optimizer is not None and (optimizer.needs_every_gradient or rounds > 1)
+    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline", whole_update=whole,
+                    rounds=rounds)
 
 
 def _with_workspace(step):

@@ -9,14 +9,17 @@ inserts, for every layer step that reads a parameter (forward, recompute, backwa
   ``Wait(p)`` right before it, unless the step just before used it too; liveness frees the
   device copy after its last use;
 - after a backward, ``Offload(g)`` of each parameter gradient it wrote, and ``Wait(g)`` after
-  the next compute step (before the update, which reads it), when its device memory is freed;
+  the next compute step (before the Accumulate or the update, which read it), when its device
+  memory is freed;
 - the host diet: when the iteration ends with an update that takes the parameters one at a
-  time (no clipping by the global norm), a gradient has no host place of its own. Its Offload
-  takes a host copy, the host optimiser updates its parameter from it as soon as it has landed
-  (its Wait), and ``Apply(g)``, :data:`APPLY_LAG` compute steps later (at the latest right
-  before the Update step), waits for that update and gives the copy back. The host then holds
-  the gradients in flight, not one per parameter. Otherwise (clipping, or no update: the
-  gradients are what the iteration is for) each gradient keeps a host place all iteration.
+  time (no clipping by the global norm, one round: no iter_size sum), a gradient has no host
+  place of its own. Its Offload takes a host copy, the host optimiser updates its parameter
+  from it as soon as it has landed (its Wait), and ``Apply(g)``, :data:`APPLY_LAG` compute
+  steps later (at the latest right before the Update step), waits for that update and gives
+  the copy back. The host then holds the gradients in flight, not one per parameter.
+  Otherwise (clipping, iter_size, or no update: the gradients are what the iteration is for)
+  each gradient keeps a host place all iteration; a schedule without backward (a test
+  forward) gives them none.
 
 The update then runs on the host (NumPy, in place, on the masters), so the device's resident
 region is only what stays there (BatchNorm's statistics), and the depth a budget allows is
@@ -25,7 +28,21 @@ schedules get the same prefetches (they share the runtime's resident layout).
 """
 
 from .liveness import liveness
-from .steps import APPLY, BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, UPDATE, WAIT, Apply, Offload, Prefetch, Wait
+from .steps import (
+    APPLY,
+    BACKWARD,
+    LAYER_STEPS,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RESIDENT_ONLY,
+    UPDATE,
+    WAIT,
+    Apply,
+    Offload,
+    Prefetch,
+    Wait,
+)
 
 # How many compute steps a gradient's host update has, after its copy landed, before the Apply
 # that gives its host copy back waits for it. More hides a slower host update behind the
@@ -42,7 +59,8 @@ def offload_params(schedule, context=None):
     if not learnable:
         return schedule
     grads = {g for n in graph.nodes for g in n.param_grads.values()}
-    # what lower() adds beyond the graph's tensors: the optimiser's state
+    # what lower() adds beyond the graph's tensors: the optimiser's state (and the gradients'
+    # accumulators: the host sums the rounds' gradients where they land)
     state = [t for t in schedule.resident if t not in graph.tensors]
     host = set(learnable) | grads | set(state)
     update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
@@ -67,8 +85,8 @@ def offload_params(schedule, context=None):
         if step.kind == BACKWARD:
             for g in node.param_grads.values():
                 behind.setdefault(i, []).append(Offload(g))
-                j = after[i]  # the update reads the gradients: their copies end before it
-                done = i if j is None or steps[j].kind == UPDATE else j
+                j = after[i]  # Accumulate and Update read the gradients: their copies end before
+                done = i if j is None or steps[j].kind in RESIDENT_ONLY else j
                 behind.setdefault(done, []).append(Wait(g))
                 if diet:  # after its Wait: the host update starts there (in the same list, later)
                     applied = compute[max(number[done], min(number[done] + APPLY_LAG, update - 1))]

@@ -15,7 +15,11 @@ class Schedule:
     """An iteration: the graph, every tensor it touches (graph tensors, workspaces, optimiser
     state), the resident tensors in placement order (on the device; ``host_resident``: in host
     memory, where parameter offload keeps parameters, gradients and optimiser state), and the
-    steps."""
+    steps. ``rounds`` > 1 (Caffe's ``iter_size``): an iteration runs its steps that many times,
+    one micro-batch each, and its Update only in the last; an Accumulate step after the
+    backward sums the rounds' parameter gradients into resident accumulators. Every round
+    starts from an empty arena and makes the same allocator calls, so one round's plan is the
+    iteration's."""
 
     graph: object
     tensors: dict
@@ -31,11 +35,14 @@ class Schedule:
     # The liveness.Roots memo of these tensors (liveness.Roots.of), handed on by replace():
     # it checks that it still serves the schedule it is asked for.
     roots: object = field(default=None, repr=False, compare=False)
+    rounds: int = 1
 
-    def replace(self, steps=None, policy=None, tensors=None, offsets=None, resident=None, host_resident=None):
+    def replace(self, steps=None, policy=None, tensors=None, offsets=None, resident=None, host_resident=None,
+                rounds=None):
         """A copy with other steps, tensors, policy name or planned offsets (what a pass
         returns). Planned offsets stay only while the Alloc and Free steps and the tensors do
-        (dropping compute steps, as a forward-only run does, keeps them)."""
+        (dropping compute steps, as a forward-only run does, keeps them); ``rounds``: see the
+        class."""
         steps = list(self.steps if steps is None else steps)
         if offsets is None and self.offsets is not None and tensors is None:
             memory = [s for s in steps if s.kind in MEMORY]
@@ -45,7 +52,7 @@ class Schedule:
                         self.resident if resident is None else resident, steps, self.train,
                         policy or self.policy, offsets,
                         self.host_resident if host_resident is None else host_resident, self.whole_update,
-                        self.roots)
+                        self.roots, self.rounds if rounds is None else rounds)
 
     @property
     def resident_bytes(self):

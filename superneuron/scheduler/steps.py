@@ -17,11 +17,13 @@ from typing import NamedTuple
 
 # The kinds, as constants: compare ``step.kind`` with these, never with a string literal.
 FORWARD, BACKWARD, RECOMPUTE, UPDATE = "forward", "backward", "recompute", "update"
+ACCUMULATE = "accumulate"
 ALLOC, FREE = "alloc", "free"
 OFFLOAD, PREFETCH, WAIT = "offload", "prefetch", "wait"
 APPLY = "apply"
 
-COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, UPDATE)
+COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
+RESIDENT_ONLY = (ACCUMULATE, UPDATE)  # compute steps that read every gradient, all resident
 MEMORY = (ALLOC, FREE)
 COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
@@ -78,6 +80,9 @@ KINDS = {k.name: k for k in (
     Kind(BACKWARD, "node", _layer_backward),
     # as its Forward; writing its tops anew makes their old contents dead
     Kind(RECOMPUTE, "node", _layer_forward),
+    # iter_size > 1: every parameter gradient → its accumulator (Schedule.rounds), all
+    # resident: nothing scheduled
+    Kind(ACCUMULATE, "", _nothing),
     # every parameter, gradient and optimiser state, all resident: nothing scheduled
     Kind(UPDATE, "", _nothing),
     Kind(ALLOC, "tensor", _nothing, allocates="the tensor's storage on the device"),
@@ -128,6 +133,11 @@ def Backward(node, algorithm=None, workspace=None):
 
 def Recompute(node, algorithm=None, workspace=None):
     return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False))
+
+
+def Accumulate():
+    """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
+    return _new(Step, (ACCUMULATE, None, None, None, None, False))
 
 
 def Update(workspace=None):
