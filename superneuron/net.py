@@ -17,7 +17,7 @@ from .planning import min_memory, plan
 from .report import overflow_line
 from .runtime.executor import Runtime
 from .scheduler.simulate import compute_step, overflow_at
-from .scheduler.steps import ACCUMULATE, BACKWARD, UPDATE
+from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
 from .sizes import human_bytes
 from .spec import load_spec
 
@@ -135,9 +135,15 @@ class Net:
         self.backend.copy_from_host(dst, value.astype(dst.dtype))
 
     def grad(self, name):
-        """A NumPy copy of the gradient of parameter ``layer/param`` after a backward."""
+        """A NumPy copy of the gradient of parameter ``layer/param`` after a backward. Under
+        parameter offload's host diet (an optimiser that updates parameter by parameter) no
+        gradient outlives its update, so there is none to read: SNError."""
         self._check_param(name)
-        return self.runtime.to_host(name + ".grad")
+        grad = name + ".grad"
+        if any(s.kind == APPLY and s.tensor == grad for s in self.schedules["train"].steps):
+            raise SNError(f"the gradient of '{name}' is not kept under policy {self.policy}: the host-side "
+                          "update consumes each gradient as it lands (a Net without an optimiser keeps them)")
+        return self.runtime.to_host(grad)
 
     def _check_param(self, name):
         if name not in self.graph.tensors or self.graph.tensors[name].kind not in ("param", "state"):

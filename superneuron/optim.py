@@ -372,6 +372,12 @@ class Optimizer:
             return len(adaptive.STATE[self.cfg.type])
         return 1 if self.cfg.momentum else 0
 
+    @property
+    def needs_every_gradient(self):
+        """Whether an update needs every gradient at once (clipping by their global norm), so
+        that no parameter can be updated as soon as its own gradient is there."""
+        return self.cfg.clip_gradients > 0
+
     def state_name(self, k):
         """The name of state array ``k`` (torch's names), for snapshots and the arena."""
         if self.cfg.type in adaptive.STATE:

@@ -56,8 +56,10 @@ def plan_summary(info):
         f"placement {info['placement']}: {info['steps']} steps",
         f"peak          {human_bytes(info['peak_bytes'])} at {info['peak_step']}",
         f"resident      {human_bytes(info['resident_bytes'])} (parameters, their gradients, state{accum})",
-        f"lower bound   {human_bytes(info['lower_bound_bytes'])} "
-        f"(peak / lower bound {ratio(info['peak_bytes'], info['lower_bound_bytes'])})",
+        f"lower bound   {human_bytes(info['lower_bound_bytes'])}, each step on its smallest-workspace "
+        f"algorithm (peak / lower bound {ratio(info['peak_bytes'], info['lower_bound_bytes'])})",
+        f"chosen bound  {human_bytes(info['chosen_bound_bytes'])}, each step on the algorithm chosen, "
+        f"the lower bound printed before (peak / it {ratio(info['peak_bytes'], info['chosen_bound_bytes'])})",
         f"arena         {human_bytes(info['arena_bytes'])} after {info['placement']} placement "
         f"(arena / peak: {arenas})",
     ]

@@ -297,7 +297,8 @@ def check_copies(schedule):
     """Walk the steps as the Runtime would, following each root's contents: an Offload copies
     allocated, current contents and is waited for before its device memory goes; a Prefetch
     brings back a host copy (waited for) of what the tensor held when last written, into
-    memory allocated for it, and is waited for before anything touches the tensor; no step
+    memory allocated for it, and is waited for before anything touches the tensor; an Apply
+    gives back a gradient's host copy that has landed (parameter offload's diet); no step
     touches a tensor while its copy runs; every copy is waited for. Returns the offloaded roots."""
     graph, roots = schedule.graph, Roots(schedule)
     on_device, pending = set(), {}
@@ -330,6 +331,10 @@ def check_copies(schedule):
                 contents[t] = host[t]
                 if what == "prefetch":
                     del host[t]
+        elif kind == "apply":  # parameter offload's diet: the host update consumed this copy
+            assert t in host and t not in pending and t not in schedule.host_resident, label
+            assert host[t] is not None, f"{label} before its copy landed"
+            del host[t]
         elif kind != "update":
             reads, writes = reads_and_writes(schedule, step, roots)
             if kind == "backward" and graph.nodes[step.node].loss_weight:  # the Runtime fills the loss gradient

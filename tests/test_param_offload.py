@@ -18,7 +18,7 @@ from superneuron.net import Net
 from superneuron.optim import SolverConfig, make_optimizer
 from superneuron.scheduler.liveness import liveness
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.params import offload_params
+from superneuron.scheduler.params import APPLY_LAG, offload_params
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
@@ -26,14 +26,19 @@ from superneuron.spec import load_spec
 TINY = "tests/nets/tiny.yaml"
 
 
-def test_parameters_gradients_and_optimizer_state_move_to_the_host():
+@pytest.mark.parametrize("clip", [0, 1.0], ids=["per-parameter", "clipped"])
+def test_parameters_gradients_and_optimizer_state_move_to_the_host(clip):
     g = graph_of(CHAIN)
-    opt = make_optimizer(SolverConfig(type="Adam"))
+    opt = make_optimizer(SolverConfig(type="Adam", clip_gradients=clip))
     s = offload_params(liveness(lower(g, optimizer=opt)))
     learnable = {n.params[k] for n in g.nodes for k in n.param_grads}
     grads = {n.param_grads[k] for n in g.nodes for k in n.param_grads}
     assert learnable and learnable <= set(s.host_resident)
-    assert grads <= set(s.host_resident)
+    applied = {st.tensor for st in s.steps if st.kind == "apply"}
+    if clip:  # the update needs every gradient at once: each keeps its host place
+        assert grads <= set(s.host_resident) and not applied
+    else:  # the diet: no host place, each host copy consumed by its update (an Apply)
+        assert not grads & set(s.host_resident) and applied == grads
     # only BatchNorm's running statistics stay on the device
     assert s.resident and all(g.tensors[t].kind == "state" for t in s.resident if t in g.tensors)
     assert not any(t in learnable or t in grads for t in s.resident)
@@ -66,9 +71,14 @@ def test_each_parameter_is_prefetched_before_the_step_that_reads_it_and_gradient
                 wait = [j for j in range(i, len(steps)) if steps[j].kind == "wait"
                         and steps[j].tensor == gname]
                 # copied back as soon as its backward is done: no compute step in between
-                assert off and all(steps[k].kind in ("free", "offload", "wait", "prefetch")
+                assert off and all(steps[k].kind in ("free", "offload", "wait", "prefetch", "apply")
                                    for k in range(i + 1, off[0])), (labels[i], gname)
                 assert wait and wait[0] < update, (labels[i], gname)
+                # the diet: its host copy goes once its update is done, after the copy landed and
+                # at most APPLY_LAG compute steps later, before the Update
+                (apply,) = [j for j in range(len(steps)) if steps[j].kind == "apply" and steps[j].tensor == gname]
+                between = [k for k in range(wait[0], apply) if steps[k].kind in ("forward", "backward", "recompute")]
+                assert wait[0] < apply < update and len(between) <= APPLY_LAG, (labels[i], gname)
 
 
 def _train(spec, policy, solver, iters=3):
@@ -124,3 +134,52 @@ def test_policy_names_with_params():
     g = Graph(load_spec(TINY))
     s = apply_policy(lower(g, optimizer=make_optimizer(SolverConfig())), "offload+params")
     assert simulate(s).host_bytes > 0 and s.host_resident
+
+
+def _host_walk(schedule):
+    """``(host-resident bytes, most gradient bytes in flight)`` of ``schedule``, walked here:
+    a gradient's Offload takes its host copy, its Apply gives it back (256-byte aligned)."""
+    size = {t: -(-schedule.tensors[t].nbytes // 256) * 256 for t in schedule.tensors}
+    flight = most = 0
+    for step in schedule.steps:
+        if step.kind == "offload" and schedule.tensors[step.tensor].kind == "param_grad" \
+                and step.tensor not in schedule.host_resident:
+            flight += size[step.tensor]
+        elif step.kind == "apply":
+            flight -= size[step.tensor]
+        most = max(most, flight)
+    return sum(size[t] for t in schedule.host_resident), most
+
+
+@pytest.mark.parametrize("policy", ["liveness+params", "superneurons+params"])
+def test_the_host_diet_keeps_only_the_gradients_in_flight(policy):
+    """The host bytes of the plan with the diet are those without it (every gradient with a
+    host place, as when clipping needs them all) less every gradient plus the most in flight."""
+    spec = load_spec(TINY)
+    plans = {}
+    for clip in (0, 1.0):  # momentum in both: the same optimiser state
+        net = Net(spec, policy=policy, optimizer=make_optimizer(SolverConfig(momentum=0.9, clip_gradients=clip)))
+        plans[clip] = (net.schedules["train"], net.plans["train"], net)
+    (diet, after, net), (whole, before, _) = plans[0], plans[1]
+    grads = [g for n in net.graph.nodes for g in n.param_grads.values()]
+    grad_bytes = sum(-(-net.graph.tensors[g].nbytes // 256) * 256 for g in grads)
+    resident_before, in_flight_before = _host_walk(whole)
+    resident_after, in_flight = _host_walk(diet)
+    assert in_flight_before == 0 and resident_after == resident_before - grad_bytes
+    assert 0 < in_flight < grad_bytes
+    if policy == "liveness+params":  # nothing else on the host
+        assert before.host_bytes == resident_before
+        assert after.host_bytes == before.host_bytes - grad_bytes + in_flight
+    else:  # offloaded activations too, most of them at the turn, before any gradient
+        assert before.host_bytes - grad_bytes <= after.host_bytes <= before.host_bytes - grad_bytes + in_flight
+    # the run: its host peak is the plan's, and its results are the same policy's on the device
+    feed = feed_of(net.graph)
+    twin = Net(spec, policy=policy.replace("+params", ""), optimizer=make_optimizer(SolverConfig(momentum=0.9)))
+    for it in range(3):
+        assert net.train_step(feed, it) == twin.train_step(feed, it)
+    for name in net.param_names:
+        np.testing.assert_array_equal(net.param(name), twin.param(name), err_msg=name)
+    assert net.runtime.host_peak == after.host_bytes and net.runtime.stalls == 0
+    assert net.runtime.updater.early == len(net.learnable_names)
+    with raises_one_line(SNError, match="consumes each gradient as it lands"):
+        net.grad(net.learnable_names[0])

@@ -76,13 +76,16 @@ def placement_row(name, p):
 
 
 def policy_row(name, p):
-    """Peak (and peak / lower bound) under each policy; superneurons' lower bound, the arena
-    sn-train allocates for it (dynamic placement, over the peak), its host memory, how far
-    under baseline it is, and its estimated time against liveness."""
+    """Peak (and peak / lower bound) under each policy; superneurons' lower bound (each step on
+    its smallest-workspace algorithm) and the bound counted with the algorithms it chose (with
+    its peak over that), the arena sn-train allocates for it (dynamic placement, over the
+    peak), its host memory, how far under baseline it is, and its estimated time against
+    liveness."""
     sn = p["superneurons"]
     cells = [f"{human_bytes(p[k]['peak_bytes'])} ({p[k]['peak_over_lower_bound']:.2f})"
              for k in POLICY_COLUMNS]
     return [name, *cells, human_bytes(sn["lower_bound_bytes"]),
+            f"{human_bytes(sn['chosen_bound_bytes'])} ({sn['peak_over_chosen_bound']:.2f})",
             f"{human_bytes(sn['arena_bytes_dynamic'])} ({sn['arena_bytes_dynamic'] / sn['peak_bytes']:.3f})",
             human_bytes(sn["host_bytes"]),
             f"{p['baseline']['peak_bytes'] / sn['peak_bytes']:.1f}x",
@@ -134,12 +137,15 @@ def main():
                    ["net", "baseline peak", "liveness peak", "baseline / liveness",
                     "liveness peak / lower bound", "liveness arena, dynamic (/ peak)",
                     "liveness arena, planned (/ peak)"]))
-    print("\nEvery policy: peak (peak / lower bound); for superneurons the lower bound, the arena "
+    print("\nEvery policy: peak (peak / lower bound); for superneurons the lower bound (each step on its "
+          "smallest-workspace algorithm), the bound counted with the algorithms it chose (the lower bound "
+          "printed before; superneurons' peak over it), the arena "
           "sn-train allocates (dynamic placement; over the peak), the host memory it offloads to, "
           "how far under baseline it is, and its estimated time over liveness's on the "
           f"{model.device.name} cost model.\n")
     print(markdown([policy_row(n["net"], n["policies"]) for n in nets],
-                   ["net", *POLICY_COLUMNS, "lower bound", "superneurons arena (/ peak)",
+                   ["net", *POLICY_COLUMNS, "lower bound", "bound with the chosen algorithms (peak / it)",
+                    "superneurons arena (/ peak)",
                     "superneurons host", "baseline / superneurons", "time / liveness (est.)"]))
     print(f"\nEstimated iteration time on the {model.device.name} cost model, in ms (ratio to "
           "liveness): superneurons with the part spent stalled on copies and recomputing and the "

@@ -143,6 +143,8 @@ def figures(schedule, plan, budget):
         "peak_step": compute_step(schedule, plan.peak_step),
         "resident_bytes": plan.resident_bytes, "lower_bound_bytes": plan.lower_bound_bytes,
         "peak_over_lower_bound": round(plan.peak_bytes / max(plan.lower_bound_bytes, 1), 4),
+        "chosen_bound_bytes": plan.chosen_bound_bytes,
+        "peak_over_chosen_bound": round(plan.peak_bytes / max(plan.chosen_bound_bytes, 1), 4),
         "arena_bytes": plan.arena_bytes,
         "arenas": arenas,
         **{f"arena_bytes_{k}": v for k, v in arenas.items()},

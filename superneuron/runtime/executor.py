@@ -20,7 +20,7 @@ import numpy as np
 from ..graph import storage_root
 from ..layers import codecs
 from ..layers.base import Context
-from ..scheduler.interpret import PREFETCHING, Copies, Interpreter
+from ..scheduler.interpret import OFFLOADING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.lower import ACCUM
 from ..scheduler.steps import (
@@ -284,7 +284,9 @@ class Runtime:
                 for k, g in node.param_grads.items():
                     t = node.params[k]
                     state = [self.resident[f"{t}.{optimizer.state_name(j)}"] for j in range(optimizer.slots)]
-                    self._entries_by_grad[g] = (self.resident[t], self.resident[g], state,
+                    # None: a gradient with no host place of its own (parameter offload's diet):
+                    # the host updater is handed its host copy when it lands
+                    self._entries_by_grad[g] = (self.resident[t], self.resident.get(g), state,
                                                 specs[k].lr_mult, specs[k].decay_mult)
             self._entries = list(self._entries_by_grad.values())
         return self._entries
@@ -317,5 +319,13 @@ class _Copies(Copies):
         if planned and not copy.done():
             runtime.blocked += 1
         copy.wait()
-        if what != PREFETCHING and runtime.updater is not None and runtime.updater.active:
-            runtime.updater.landed(name, copy)  # a parameter's gradient: its update can start
+        updater = runtime.updater
+        if what == OFFLOADING and updater is not None and updater.active and name in updater.entries:
+            # a parameter's gradient: its update can start, from its host copy
+            info = runtime.tensors[name]
+            updater.landed(name, copy, runtime.host.view(name, info.shape, info.dtype))
+
+    def applied(self, name):
+        updater = self.runtime.updater
+        if updater is not None and updater.active:
+            updater.applied(name)

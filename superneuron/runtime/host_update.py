@@ -9,6 +9,10 @@ the optimiser's own, parameter by parameter, as it always is, so the result is b
 Clipping by the global gradient norm needs every gradient first: then nothing starts early.
 With iter_size K > 1 only the last of the K rounds updates: each gradient that lands then has
 the sum of the rounds before (its accumulator) added first.
+
+Under the host diet (scheduler/params.py) a gradient has no host place of its own: its update
+reads the host copy its offload took, and the plan's ``Apply`` step, a little later, waits here
+for that update before the copy's memory is given back (:meth:`HostUpdater.applied`).
 """
 
 from concurrent.futures import ThreadPoolExecutor
@@ -33,20 +37,29 @@ class HostUpdater:
         update."""
         self.optimizer, self.iteration, self.workspace = optimizer, iteration, workspace
         self.entries, self.accums = entries_by_grad, accums
-        self.overlap = optimizer.cfg.clip_gradients <= 0
-        self.started, self.futures = set(), []
+        self.overlap = not optimizer.needs_every_gradient
+        self.started, self.futures, self.views = set(), {}, {}
         self.active = True
 
-    def landed(self, grad, copy):
-        """``grad``'s device→host copy was waited for: update its parameter now."""
+    def landed(self, grad, copy, view):
+        """``grad``'s device→host copy was waited for: update its parameter now, from ``view``
+        (its host copy)."""
         if self.overlap and grad in self.entries and grad not in self.started:
             self.started.add(grad)
-            self.futures.append(self.worker.submit(self._update, copy, [grad]))
+            self.views[grad] = view  # under the diet, its only place on the host
+            self.futures[grad] = self.worker.submit(self._update, copy, [grad])
+
+    def applied(self, grad):
+        """The plan gives ``grad``'s host copy back: its update must be done (it was started
+        when the copy landed; the plan has an Apply only where the update does not clip)."""
+        assert grad in self.futures, f"Apply({grad}) before its update started"
+        self.futures[grad].result()
 
     def _update(self, copy, grads):
         if copy is not None:
             copy.sync()  # on a GPU the Wait only ordered the device: the host reads the gradient
         entries = [self.entries[g] for g in grads]
+        entries = [(w, self.views.get(g, grad), *rest) for g, (w, grad, *rest) in zip(grads, entries)]
         if self.accums is not None:
             for g, (_, grad, *_) in zip(grads, entries):
                 grad += self.accums[g]  # this round's gradient + the earlier rounds' sum
@@ -56,10 +69,11 @@ class HostUpdater:
     def finish(self):
         """The Update step: wait for the updates under way, then update the rest (all of them
         when clipping) here. The caller has synchronised the device."""
-        for future in self.futures:
+        for future in self.futures.values():
             future.result()
         self.early = len(self.futures)
         rest = [g for g in self.entries if g not in self.started]
+        assert all(self.entries[g][1] is not None for g in rest), "a gradient with no host place was never updated"
         if rest:
             self._update(None, rest)
         self.active = False

@@ -17,7 +17,20 @@ import os
 import weakref
 from dataclasses import dataclass
 
-from .steps import ACCUMULATE, BACKWARD, CODING, KINDS, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from .steps import (
+    ACCUMULATE,
+    APPLY,
+    BACKWARD,
+    CODING,
+    KINDS,
+    LAYER_STEPS,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RECOMPUTE,
+    UPDATE,
+    WAIT,
+)
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,8 @@ class CostModel:
                 else:
                     h2d = done[step.tensor] = max(h2d, now) + seconds
                     spans.append((len(starts) - 1, H2D, h2d - seconds, h2d))
+            elif kind == APPLY:
+                pass  # the host update it waits for runs beside the backward: not modelled
             elif kind == WAIT:
                 if done[step.tensor] > now:
                     stall += done[step.tensor] - now

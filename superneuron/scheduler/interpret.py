@@ -1,5 +1,5 @@
-"""The one interpreter of memory and copy steps: what an Alloc, a Free, an Offload, a Prefetch
-and a Wait do to the device's and the host's allocators (steps.KINDS says it in words).
+"""The one interpreter of memory and copy steps: what an Alloc, a Free, an Offload, a Prefetch,
+a Wait and an Apply do to the device's and the host's allocators (steps.KINDS says it in words).
 
 The Simulator drives it with allocators alone (bytes only); the Runtime drives it with the
 arena and the host arena behind the same allocators and a :class:`Copies` that really copies;
@@ -7,7 +7,7 @@ the offload pass's fast paths drive it on the Alloc and Free steps they derive. 
 them makes the same allocator calls in the same order, so plan equals run by construction.
 """
 
-from .steps import ALLOC, FREE, OFFLOAD, PREFETCH, WAIT
+from .steps import ALLOC, APPLY, FREE, OFFLOAD, PREFETCH, WAIT
 
 # What a pending copy is: an offload, a prefetch whose host copy goes after its Wait, or one
 # whose host copy stays for a later Prefetch.
@@ -24,6 +24,10 @@ class Copies:
     def wait(self, name, handle, what, planned):
         """Wait for the copy ``handle`` of ``name`` (``what``: OFFLOADING, PREFETCHING or
         KEEPING; ``planned``: a Wait step, not a stall)."""
+
+    def applied(self, name):
+        """``name``'s host copy is about to be given back (an Apply step): whatever reads it
+        (the host-side update of a gradient's parameter) must be done."""
 
 
 NO_COPIES = Copies()
@@ -43,7 +47,8 @@ class Interpreter:
         Free gives it back; an Offload takes a host copy (unless the tensor lives on the host)
         and starts the device→host copy; a Prefetch starts the host→device copy (into storage
         an Alloc placed); a Wait waits for its tensor's copy and, after a Prefetch that keeps
-        no host copy, gives the host copy back."""
+        no host copy, gives the host copy back; an Apply gives a gradient's host copy back once
+        the host update that consumes it is done."""
         kind, name = step.kind, step.tensor
         if kind == ALLOC:
             self.device.alloc(name, self.tensors[name].nbytes)
@@ -59,6 +64,9 @@ class Interpreter:
             self.pending[name] = (KEEPING if step.keep else PREFETCHING, handle)
         elif kind == WAIT:
             self.wait(name, planned=True)
+        elif kind == APPLY:
+            self.copies.applied(name)
+            self.host.free(name)
         else:
             raise AssertionError(f"not a memory or copy step: {kind}")
 

@@ -78,8 +78,11 @@ def lower(graph, train=True, optimizer=None):
             ws = add_workspace(tensors, "ws:update", nbytes) if nbytes > 0 else None
             steps += _with_workspace(Update(ws))
     steps += [Free(t) for t in reversed(roots)]
-    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline",
-                    rounds=rounds_of(optimizer) if train else 1)
+    rounds = rounds_of(optimizer) if train else 1
+    # the update needs every gradient at once: clipping by their global norm, or a sum over rounds
+    whole = optimizer is not None and (optimizer.needs_every_gradient or rounds > 1)
+    return Schedule(graph, tensors, resident, steps, train=train, policy="baseline", whole_update=whole,
+                    rounds=rounds)
 
 
 def _with_workspace(step):

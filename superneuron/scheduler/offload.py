@@ -34,7 +34,7 @@ import math
 
 from .interpret import Interpreter
 from .liveness import Roots, allocate_live, intervals
-from .steps import ALLOC, BACKWARD, COPY, MEMORY, Alloc, Free, Offload, Prefetch, Wait
+from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, OFFLOAD, PREFETCH, Alloc, Free, Offload, Prefetch, Wait
 
 # How many steps a copy may run ahead of the compute: an offloaded tensor's device memory is
 # freed at most this many steps after its offload started, a prefetch is issued at most this
@@ -87,13 +87,18 @@ def _gaps(schedule, steps, model):
     starts = [0.0]
     for step in steps:
         starts.append(starts[-1] + model.step_seconds(schedule, step))
+    # The lookahead counts steps but Applies (parameter offload's host diet), which take no
+    # time and no device memory: with them or without, a copy gets the same compute steps.
+    counted = [i for i, s in enumerate(steps) if s.kind != APPLY]
+    rank = {i: k for k, i in enumerate(counted)}
     out, d2h = [], 0.0
     for a, b, r in EVICTION_ORDER(gaps):
         seconds = model.copy_seconds(schedule.tensors[r].nbytes)
         d2h = max(d2h, starts[a + 1]) + seconds
-        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), a + LOOKAHEAD)  # after the copy
+        ahead = counted[min(rank[a] + LOOKAHEAD, len(counted) - 1)]
+        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), ahead)  # after the copy
         p = bisect.bisect_right(starts, starts[b] - seconds, hi=b + 1) - 1  # the latest in time
-        p = max(p, b - LOOKAHEAD)
+        p = max(p, counted[rank[b] - LOOKAHEAD])
         if w < p:  # else the gap is too short to be worth two copies
             out.append((r, a, w, p, b))
     return out, writes
@@ -215,15 +220,22 @@ class _Variants:
     def host_steps(self, k):
         """The steps of :meth:`with_copies` ``(k)`` that take or give back host memory, in its
         order: an Offload of its own takes a host copy of the gap's tensor (after the use at
-        ``a``), the Wait before ``b`` gives it back unless a later gap reuses it. None when
-        the steps without copies have copies of their own that may touch the host arena
-        (parameter offload's, of host-resident tensors, never do)."""
+        ``a``), the Wait before ``b`` gives it back unless a later gap reuses it. The steps
+        without copies may have copies of their own: parameter offload's, of host-resident
+        tensors, touch no host memory, and under its diet a gradient's Offload takes a host
+        copy that its Apply gives back. None when they have others (a Prefetch of a tensor
+        not host-resident), which only a replay follows."""
         if self._host_copies is None:
             host = set(self.schedule.host_resident)
-            self._host_copies = any(s.kind in COPY and s.tensor not in host for s in self.steps)
-        if self._host_copies:
+            own = [(i, s) for i, s in enumerate(self.steps) if s.kind in COPY and s.tensor not in host]
+            if any(s.kind == PREFETCH for _, s in own):
+                self._host_copies = False
+            else:
+                self._host_copies = [((i, 0, -1), Alloc(s.tensor) if s.kind == OFFLOAD else Free(s.tensor))
+                                     for i, s in own if s.kind in (OFFLOAD, APPLY)]
+        if self._host_copies is False:
             return None
-        events = []
+        events = list(self._host_copies)
         for j in range(k):
             r, a, _, _, b = self.gaps[j]
             if not self.reuse[j]:

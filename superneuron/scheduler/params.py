@@ -8,9 +8,18 @@ inserts, for every layer step that reads a parameter (forward, recompute, backwa
 - ``Prefetch(p) [keep]`` before the compute step ahead of it (the host master stays), and
   ``Wait(p)`` right before it, unless the step just before used it too; liveness frees the
   device copy after its last use;
-- after a backward, ``Offload(g)`` of each parameter gradient it wrote, into the gradient's
-  host place, and ``Wait(g)`` after the next compute step (before the Accumulate or the
-  update, which read it), when its device memory is freed.
+- after a backward, ``Offload(g)`` of each parameter gradient it wrote, and ``Wait(g)`` after
+  the next compute step (before the Accumulate or the update, which read it), when its device
+  memory is freed;
+- the host diet: when the iteration ends with an update that takes the parameters one at a
+  time (no clipping by the global norm, one round: no iter_size sum), a gradient has no host
+  place of its own. Its Offload takes a host copy, the host optimiser updates its parameter
+  from it as soon as it has landed (its Wait), and ``Apply(g)``, :data:`APPLY_LAG` compute
+  steps later (at the latest right before the Update step), waits for that update and gives
+  the copy back. The host then holds the gradients in flight, not one per parameter.
+  Otherwise (clipping, iter_size, or no update: the gradients are what the iteration is for)
+  each gradient keeps a host place all iteration; a schedule without backward (a test
+  forward) gives them none.
 
 The update then runs on the host (NumPy, in place, on the masters), so the device's resident
 region is only what stays there (BatchNorm's statistics), and the depth a budget allows is
@@ -20,6 +29,7 @@ schedules get the same prefetches (they share the runtime's resident layout).
 
 from .liveness import liveness
 from .steps import (
+    APPLY,
     BACKWARD,
     LAYER_STEPS,
     MEMORY,
@@ -28,10 +38,16 @@ from .steps import (
     RESIDENT_ONLY,
     UPDATE,
     WAIT,
+    Apply,
     Offload,
     Prefetch,
     Wait,
 )
+
+# How many compute steps a gradient's host update has, after its copy landed, before the Apply
+# that gives its host copy back waits for it. More hides a slower host update behind the
+# backward, at the price of more gradients' host copies at once (a few MiB each on a ResNet).
+APPLY_LAG = 2
 
 
 def offload_params(schedule, context=None):
@@ -42,16 +58,20 @@ def offload_params(schedule, context=None):
     learnable = [t for n in graph.nodes for t in n.params.values() if tensors[t].kind == "param"]
     if not learnable:
         return schedule
-    grads = [g for n in graph.nodes for g in n.param_grads.values()]
+    grads = {g for n in graph.nodes for g in n.param_grads.values()}
     # what lower() adds beyond the graph's tensors: the optimiser's state (and the gradients'
     # accumulators: the host sums the rounds' gradients where they land)
     state = [t for t in schedule.resident if t not in graph.tensors]
-    host = set(learnable) | set(grads) | set(state)
+    host = set(learnable) | grads | set(state)
     update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT)]
+    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT, APPLY)]
     ahead = {i: compute[k - 1] if k else i for k, i in enumerate(compute)}   # the compute step before
     after = {i: compute[k + 1] if k + 1 < len(compute) else None for k, i in enumerate(compute)}
+    number = {i: k for k, i in enumerate(compute)}
+    update = next((number[i] for i, s in enumerate(steps) if s.kind == UPDATE), None)
+    diet = update is not None and not schedule.whole_update
+    kept = set()  # the gradients with a host place: those its backwards write, but under the diet
     before, behind, last_use = {}, {}, {}
     for i, step in enumerate(steps):
         if step.kind not in LAYER_STEPS:
@@ -68,6 +88,11 @@ def offload_params(schedule, context=None):
                 j = after[i]  # Accumulate and Update read the gradients: their copies end before
                 done = i if j is None or steps[j].kind in RESIDENT_ONLY else j
                 behind.setdefault(done, []).append(Wait(g))
+                if diet:  # after its Wait: the host update starts there (in the same list, later)
+                    applied = compute[max(number[done], min(number[done] + APPLY_LAG, update - 1))]
+                    behind.setdefault(applied, []).append(Apply(g))
+                else:
+                    kept.add(g)
     out = []
     for i, step in enumerate(steps):
         prefetches = [s for s in before.get(i, ()) if s.kind == PREFETCH]
@@ -76,5 +101,5 @@ def offload_params(schedule, context=None):
         out.append(step)
         out += behind.get(i, ())
     resident = [t for t in schedule.resident if t not in host]
-    host_resident = [t for t in schedule.resident if t in host] + update_ws
+    host_resident = [t for t in schedule.resident if t in host and (t in kept or t not in grads)] + update_ws
     return liveness(schedule.replace(out, resident=resident, host_resident=host_resident), context)

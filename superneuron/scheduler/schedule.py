@@ -29,6 +29,9 @@ class Schedule:
     policy: str = "baseline"
     offsets: dict = None      # planned placement: tensor → [offset per Alloc], None: dynamic
     host_resident: list = field(default_factory=list)  # kept in host memory (parameter offload)
+    # the update needs every gradient at once (clipping by their global norm), so none can be
+    # consumed before it (parameter offload keeps them all on the host then)
+    whole_update: bool = False
     # The liveness.Roots memo of these tensors (liveness.Roots.of), handed on by replace():
     # it checks that it still serves the schedule it is asked for.
     roots: object = field(default=None, repr=False, compare=False)
@@ -48,8 +51,8 @@ class Schedule:
         return Schedule(self.graph, self.tensors if tensors is None else tensors,
                         self.resident if resident is None else resident, steps, self.train,
                         policy or self.policy, offsets,
-                        self.host_resident if host_resident is None else host_resident, self.roots,
-                        self.rounds if rounds is None else rounds)
+                        self.host_resident if host_resident is None else host_resident, self.whole_update,
+                        self.roots, self.rounds if rounds is None else rounds)
 
     @property
     def resident_bytes(self):

@@ -10,10 +10,10 @@ import copy
 from dataclasses import dataclass, field
 
 from ..allocator import Allocator, aligned
-from .cost import step_seconds  # noqa: F401  (step times: the cost model; the trace imports it here)
+from .cost import phase_of, step_seconds  # noqa: F401  (step_seconds: the trace imports it here)
 from .interpret import Interpreter
 from .liveness import Roots, step_roots
-from .steps import ALLOC, COPY, FREE, MEMORY
+from .steps import ALLOC, COPY, FREE, LAYER_STEPS, MEMORY
 
 MEMORY_OR_COPY = frozenset(MEMORY + COPY)
 
@@ -25,11 +25,15 @@ class Plan:
     peak_bytes: int            # resident + the largest sum of scheduled bytes live at once
     resident_bytes: int
     arena_bytes: int           # resident + the scheduled region's high-water mark after placement
-    lower_bound_bytes: int     # resident + the largest working set of any step
+    lower_bound_bytes: int     # resident + the largest working set of any step, each layer step
+                               # on its algorithm of smallest workspace (DESIGN.md's lower bound)
     steps: int
     live: list = field(default_factory=list)   # scheduled bytes live after each step
     peak_step: int = 0         # index of the step where the peak is first reached
     host_bytes: int = 0        # the most host memory offloaded tensors (and host-resident ones) take
+    # resident + the largest working set with the algorithms this plan chose (the figure sn-plan
+    # called its lower bound before: the fastest algorithm's workspace flatters every ratio to it)
+    chosen_bound_bytes: int = 0
 
     def fits(self, budget):
         return budget is None or self.arena_bytes <= budget
@@ -121,19 +125,29 @@ class Replayer:
         arena.stopped_at = None
 
 
-def largest_working_set(schedule, roots=None):
-    """The largest :func:`working_set` of ``schedule``'s steps (0 when it has none)."""
+def largest_working_set(schedule, roots=None, smallest=False):
+    """The largest :func:`working_set` of ``schedule``'s steps (0 when it has none); with
+    ``smallest``, each layer step counted with the smallest workspace of its layer's algorithms
+    for its phase instead of the one chosen (what no choice of algorithms can go under)."""
     roots = roots or Roots.of(schedule)
     size, uses, scheduled = roots.size, roots.uses, roots.scheduled
+    least = {}  # (node, phase) → the smallest workspace, aligned: layers work theirs out per call
     largest = 0
     for step in schedule.steps:
         if step.kind in MEMORY:
             continue
         reads, writes = uses(step)
         touched = set(writes + reads)
-        if step.workspace and scheduled(step.workspace):
+        extra = 0
+        if smallest and step.kind in LAYER_STEPS:
+            key = (step.node, phase_of(step))
+            extra = least.get(key)
+            if extra is None:
+                algos = schedule.graph.nodes[step.node].layer.algorithms(key[1])
+                extra = least[key] = aligned(min((a.workspace for a in algos), default=0))
+        elif step.workspace and scheduled(step.workspace):
             touched.add(step.workspace)
-        largest = max(largest, sum(map(size, touched)))
+        largest = max(largest, sum(map(size, touched)) + extra)
     return largest
 
 
@@ -155,11 +169,12 @@ def simulate(schedule, replayed=None):
     arena = replayed or replay(schedule)
     live = arena.live_trace
     peak_step = live.index(max(live)) if live else 0
-    largest = largest_working_set(schedule)
+    roots = Roots.of(schedule)
+    chosen, smallest = largest_working_set(schedule, roots), largest_working_set(schedule, roots, smallest=True)
     return Plan(peak_bytes=arena.peak_bytes, resident_bytes=arena.resident_end,
-                arena_bytes=arena.high_water, lower_bound_bytes=arena.resident_end + largest,
+                arena_bytes=arena.high_water, lower_bound_bytes=arena.resident_end + smallest,
                 steps=len(schedule.steps), live=live, peak_step=peak_step,
-                host_bytes=arena.host.high_water)
+                host_bytes=arena.host.high_water, chosen_bound_bytes=arena.resident_end + chosen)
 
 
 def compute_step(schedule, index):

@@ -23,11 +23,12 @@ ACCUMULATE = "accumulate"
 ALLOC, FREE = "alloc", "free"
 OFFLOAD, PREFETCH, WAIT = "offload", "prefetch", "wait"
 ENCODE, DECODE = "encode", "decode"
+APPLY = "apply"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
 RESIDENT_ONLY = (ACCUMULATE, UPDATE)  # compute steps that read every gradient, all resident
 MEMORY = (ALLOC, FREE)
-COPY = (OFFLOAD, PREFETCH, WAIT)
+COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 
@@ -117,6 +118,9 @@ KINDS = {k.name: k for k in (
     Kind(ENCODE, "tensor", _encode),
     # the encoded form it names → its source anew (a write: the source's old contents are dead)
     Kind(DECODE, "tensor", _decode),
+    # parameter offload: the host update of a gradient's parameter, begun when the gradient's
+    # copy landed (its Wait), is done; nothing on the device
+    Kind(APPLY, "tensor", _nothing, frees="the gradient's host copy, which the update has consumed"),
 )}
 
 
@@ -165,7 +169,7 @@ def Recompute(node, algorithm=None, workspace=None):
 
 def Accumulate():
     """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
-    return _new(Step, (ACCUMULATE, None, None, None, None, False))
+    return _new(Step, (ACCUMULATE, None, None, None, None, False, None))
 
 
 def Update(workspace=None):
@@ -202,6 +206,11 @@ def Encode(tensor, codec, source=None, node=None, workspace=None):
 def Decode(tensor, codec, source, workspace=None):
     """Write ``source`` back from ``tensor``, its ``codec`` form."""
     return _new(Step, (DECODE, None, tensor, codec, workspace, False, source))
+
+
+def Apply(grad):
+    """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
+    return _new(Step, (APPLY, None, grad, None, None, False, None))
 
 
 def with_algorithm(step, algorithm, workspace):
