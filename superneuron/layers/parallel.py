@@ -90,6 +90,26 @@ def run(kernel, length, work=1, xp=None):
         f.result()
 
 
+# A constant row for NumPy's binary loops, which run 2-3x faster over two contiguous operands
+# than over an operand broadcast from a scalar (measured: ``np.maximum(x, 0)`` on 1 M float32
+# 361 us, against rows of ``x`` with a zero row 166 us; a per-channel sum as dot products with
+# a row of ones 62 us, against ``sum(axis=(0, 2))`` 168 us)
+_constants = {}
+
+
+def constant(value, length, dtype):
+    """A read-only NumPy vector of ``length`` elements all ``value``, made once (a few such
+    rows are all a net needs: one per length, value and dtype its layers ask for)."""
+    key = (value, int(length), str(dtype))
+    row = _constants.get(key)
+    if row is None:
+        import numpy
+        row = numpy.full(int(length), value, dtype)
+        row.flags.writeable = False
+        row = _constants.setdefault(key, row)
+    return row
+
+
 def copyto(xp, dst, src):
     """``xp.copyto(dst, src)`` split along axis 0 of both (arrays of one shape, any strides)."""
     run(lambda a, b: xp.copyto(dst[a:b], src[a:b]), dst.shape[0], dst[:1].size, xp)
