@@ -176,3 +176,28 @@ def test_relu_rows_give_maximum_exactly():
         y = np.full_like(x, np.nan)
         _relu(x, y)
         np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_numpy_settings_hold_for_the_block_and_this_thread_only():
+    """The kernels' NumPy buffer size is set in the calling thread for the block, put back
+    after it (an error included), and never seen by another thread; the pool's threads run
+    with it."""
+    import threading
+    before = np.getbufsize()
+    assert before != parallel.BUFSIZE
+    seen = []
+    with parallel.numpy_settings():
+        assert np.getbufsize() == parallel.BUFSIZE
+        other = threading.Thread(target=lambda: seen.append(np.getbufsize()))
+        other.start()
+        other.join()
+    assert seen == [before] and np.getbufsize() == before
+    with pytest.raises(RuntimeError), parallel.numpy_settings():
+        raise RuntimeError
+    assert np.getbufsize() == before
+    threads = parallel.threads()
+    parallel.set_threads(2)
+    try:
+        assert parallel._executor().submit(np.getbufsize).result() == parallel.BUFSIZE
+    finally:
+        parallel.set_threads(threads)
