@@ -215,6 +215,8 @@ POOL_CASES = [
     ((2, 3, 7, 6), dict(kernel_size=[3, 2], stride=[2, 1], pad=[1, 0])),
     ((2, 2, 5, 5), dict(kernel_size=2)),                    # overlapping windows
     ((2, 3, 5, 4), dict(global_pooling=True)),
+    ((2, 3, 8, 6), dict(kernel_size=2, stride=2)),          # windows tiling the image
+    ((2, 2, 6, 6), dict(kernel_size=[2, 3], stride=[2, 3])),
 ]
 
 

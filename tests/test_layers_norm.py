@@ -108,3 +108,96 @@ def test_chunks_cover_the_range_once():
             assert all(a < b for a, b in spans) and len(spans) == min(parts, length)
             assert all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
     assert parallel.chunks(1000, 1) == [(0, 1000)]  # too little work to split
+
+
+# Maps large enough for the CPU's fast paths (ReLU's zero rows with a remainder, BatchNorm's and
+# Scale's per-channel sums as dot products with a row of ones over long rows): 143,360
+# elements, more than ``activation.ROW`` and not a multiple of it
+BIG = (4, 8, 64, 70)
+
+
+def _torch_chain(kind):
+    """The PyTorch function of a layer of ``kind`` and its parameter names."""
+    import torch.nn.functional as F
+    if kind == "BatchNorm":
+        return (lambda t: F.batch_norm(t, None, None, training=True, eps=1e-5)), []
+    if kind == "Scale":
+        return (lambda t, w, b: t * w.reshape(1, -1, 1, 1) + b.reshape(1, -1, 1, 1)), ["weight", "bias"]
+    return F.relu, []
+
+
+@pytest.mark.parametrize("kind,cfg", [("BatchNorm", {}), ("Scale", dict(bias_term=True)), ("ReLU", {})])
+def test_fast_paths_on_large_maps_match_pytorch(forced_splits, kind, cfg):
+    """Float64 on two threads, every split forced: top, bottom and parameter gradients as
+    PyTorch's autograd gives them."""
+    import torch
+    parallel.set_threads(2)
+    layer, params = build(kind, [BIG], **cfg)
+    rng = np.random.default_rng(3)
+    x, dy = rng.standard_normal(BIG) * 2 + 0.5, rng.standard_normal(BIG)
+    for name in ("weight", "bias"):
+        if name in params:
+            params[name][...] = rng.standard_normal(params[name].shape)
+    tops = forward(layer, [x], params)
+    (dx,), pg = backward(layer, [x], tops, [dy], params)
+    fn, names = _torch_chain(kind)
+    ts = [torch.tensor(x, requires_grad=True)] + [torch.tensor(params[k], requires_grad=True) for k in names]
+    ty = fn(*ts)
+    ty.backward(torch.tensor(dy))
+    np.testing.assert_allclose(tops[0], ty.detach().numpy(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(dx, ts[0].grad.numpy(), rtol=1e-8, atol=1e-10)
+    for k, t in zip(names, ts[1:], strict=True):
+        np.testing.assert_allclose(pg[k], t.grad.numpy(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("kind,cfg", [("BatchNorm", {}), ("Scale", dict(bias_term=True)), ("ReLU", {})])
+def test_fast_paths_on_large_maps_same_bits_on_threads(forced_splits, kind, cfg):
+    """Float32, large maps: one, two and three threads give the same bits."""
+    results = []
+    for threads in (1, 2, 3):
+        parallel.set_threads(threads)
+        layer, params = build(kind, [BIG], np.float32, **cfg)
+        x = np.random.default_rng(1).standard_normal(BIG).astype(np.float32)
+        dy = [np.random.default_rng(2).standard_normal(BIG).astype(np.float32)]
+        results.append(_run(layer, [x], params, dy))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_relu_rows_give_maximum_exactly():
+    """ReLU's zero-row kernel against ``np.maximum(x, 0)``, for sizes below, at and around
+    multiples of its row, signed zeros and infinities included."""
+    from superneuron.layers.activation import ROW, _relu
+    rng = np.random.default_rng(4)
+    for size in (1, ROW - 1, ROW, ROW + 1, 3 * ROW + 17):
+        x = rng.standard_normal(size).astype(np.float32)
+        x[:3] = [-0.0, np.inf, -np.inf][:min(3, size)] if size >= 3 else x[:3]
+        y = np.full_like(x, np.nan)
+        _relu(x, y)
+        np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+def test_numpy_settings_hold_for_the_block_and_this_thread_only():
+    """The kernels' NumPy buffer size is set in the calling thread for the block, put back
+    after it (an error included), and never seen by another thread; the pool's threads run
+    with it."""
+    import threading
+    before = np.getbufsize()
+    assert before != parallel.BUFSIZE
+    seen = []
+    with parallel.numpy_settings():
+        assert np.getbufsize() == parallel.BUFSIZE
+        other = threading.Thread(target=lambda: seen.append(np.getbufsize()))
+        other.start()
+        other.join()
+    assert seen == [before] and np.getbufsize() == before
+    with pytest.raises(RuntimeError), parallel.numpy_settings():
+        raise RuntimeError
+    assert np.getbufsize() == before
+    threads = parallel.threads()
+    parallel.set_threads(2)
+    try:
+        assert parallel._executor().submit(np.getbufsize).result() == parallel.BUFSIZE
+    finally:
+        parallel.set_threads(threads)

@@ -16,6 +16,10 @@ whose window sees the image there (see :func:`~superneuron.layers.conv.window_ta
 - AVE divides by the window's size clipped to the padded extent, ``H + p`` (Caffe's
   ``pool_size``, computed before clipping the window to the image); its backward reads
   nothing but the top gradient.
+
+Where the windows tile the image (kernel = stride, no padding, the size a multiple of the
+kernel: LeNet's and VGG's 2x2s) each pixel lies in exactly one window, so the backward writes
+each tap's gradient straight into its pixels of dx, without zeroing dx first or adding.
 """
 
 import numpy as np
@@ -86,6 +90,7 @@ class Pooling(Layer):
         ho, wo = (pooled_size((h, w)[a], kernel[a], stride[a], pad[a], cfg["ceil_mode"]) for a in (0, 1))
         self.kernel, self.stride, self.pad = tuple(kernel), stride, pad
         self._taps = window_taps(kernel, stride, pad, (1, 1), (h, w), (ho, wo))
+        self._tiles = kernel == stride and pad == (0, 0) and (ho * stride[0], wo * stride[1]) == (h, w)
         self._sizes = [np.array(window_sizes((h, w)[a], kernel[a], stride[a], pad[a], (ho, wo)[a]),
                                 dtype=self.dtype) for a in (0, 1)]
         self.bottom_shapes, self.top_shapes = [shape], [(n, c, ho, wo)]
@@ -164,15 +169,21 @@ class Pooling(Layer):
         dx = bottom_grads[0]
         if dx is None:
             return
-        xp, dy, shape = ctx.xp, top_grads[0], self.top_shapes[0]
-        dx.fill(0)
+        xp, dy, shape, tiles = ctx.xp, top_grads[0], self.top_shapes[0], self._tiles
+        if not tiles:  # pixels in no window get 0, those in several a sum
+            dx.fill(0)
         if self.cfg["pool"] == "AVE":
             g = ctx.scratch(shape, dy.dtype)
             self._divide_by_sizes(xp, dy, g)
             for _, _, out_index, in_index in self._taps:
-                scatter_add(xp, dx, g, out_index, in_index)
+                if tiles:
+                    xp.copyto(dx[in_index], g[out_index])
+                else:
+                    scatter_add(xp, dx, g, out_index, in_index)
             return
         x, top, argmax = bottoms[0], tops[0], ctx.encoded
+        # (tiling windows leave the routed-gradient buffer unused: the plan keeps one workspace
+        # size per layer, whatever its shape)
         hit, todo, g = (ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_),
                         ctx.scratch(shape, dy.dtype))
         todo.fill(True)
@@ -184,5 +195,8 @@ class Pooling(Layer):
             else:  # the encoded form says where each window's first maximum is
                 h = hit[out_index]
                 xp.equal(argmax[out_index], tap, out=h)
-            xp.multiply(dy[out_index], h, out=g[out_index])
-            scatter_add(xp, dx, g, out_index, in_index)
+            if tiles:
+                xp.multiply(dy[out_index], h, out=dx[in_index])
+            else:
+                xp.multiply(dy[out_index], h, out=g[out_index])
+                scatter_add(xp, dx, g, out_index, in_index)

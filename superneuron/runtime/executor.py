@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..graph import storage_root
-from ..layers import codecs
+from ..layers import codecs, parallel
 from ..layers.base import Context
 from ..scheduler.interpret import OFFLOADING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
@@ -124,7 +124,7 @@ class Runtime:
         arena = self.arena
         self.schedule = schedule
         totals, finite = {}, True
-        with self.backend.watch_allocations() as outside:
+        with self.backend.watch_allocations() as outside, parallel.numpy_settings():
             for k, one in enumerate(feeds):
                 arena.reset(schedule.offsets)
                 self.host.reset()
