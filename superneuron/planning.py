@@ -27,18 +27,20 @@ def lowered(net, train=True, optimizer=None, device="cpu"):
 
 
 def plan(net, policy="baseline", budget=None, host_memory=None, device="cpu", cost=None,
-         placement="dynamic", workspace_limit=None, optimizer=None, train=True):
+         placement="dynamic", workspace_limit=None, optimizer=None, train=True, solver_seconds=None, memo=None):
     """``(schedule, simulate.Plan)`` of one iteration of ``net`` (see :func:`lowered`; with
     ``optimizer``, its state is resident and the iteration ends with the update; ``train``
     False: a forward pass for testing) under ``policy``, within ``budget`` and ``host_memory``
     (bytes; None: unbounded) where the policy can make it, no workspace over
     ``workspace_limit`` where there is a choice, placed by ``placement``. ``cost``: a
     cost.CostModel, a measured table, or None (the estimates of ``device``). SNError for an
-    unknown policy or placement."""
-    memo = {}
+    unknown policy or placement. ``solver_seconds``: the optimal policy's solver time limit
+    (None: its default). ``memo`` (a dict): gets what the passes left (``'optimal'``: what
+    the optimal policy chose, scheduler/optimal.py)."""
+    memo = {} if memo is None else memo
     schedule = apply_policy(lowered(net, train, optimizer, device), policy, placement, budget=budget,
                             workspace_limit=workspace_limit, costs=cost_model(cost, device),
-                            host_memory=host_memory, memo=memo)
+                            host_memory=host_memory, memo=memo, solver_seconds=solver_seconds)
     placed, replayed = memo.get("replayed", (None, None))
     return schedule, simulate(schedule, replayed if placed is schedule else None)
 

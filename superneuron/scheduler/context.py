@@ -17,7 +17,9 @@ class Context:
     """``budget`` and ``host_memory``: bytes (None: unbounded); ``model``: a cost.CostModel
     (default: the GPU estimates); ``workspace_limit``: bytes, the largest workspace where a
     layer has a choice (None: no limit); ``placement``: ``'dynamic'`` or ``'planned'``;
-    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit)."""
+    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit;
+    ``'optimal'``: what the optimal pass chose and why, optimal.py); ``solver_seconds``: the
+    time limit of the optimal policy's solver."""
 
     budget: int = None
     host_memory: int = None
@@ -25,3 +27,4 @@ class Context:
     workspace_limit: int = None
     placement: str = "dynamic"
     memo: dict = field(default_factory=dict, compare=False)
+    solver_seconds: float = 20.0

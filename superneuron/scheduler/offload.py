@@ -329,3 +329,18 @@ def offload(schedule, context):
     if budget is not None:  # the fewest that make the arena fit, else as many as allowed
         n = variants.fewest_within(0, n, budget, residents)
     return _Variants(schedule, steps, candidates, writes).with_copies(n)
+
+
+def offload_roots(schedule, context, chosen):
+    """``schedule`` (after liveness) with every gap of the roots in ``chosen`` offloaded and
+    prefetched back, as the pass would (the same copy steps, timed by the Context's cost
+    model), whatever the budget: the optimal policy's choice, made elsewhere. Roots without a
+    gap worth two copies stay on the device."""
+    if not schedule.train or not chosen:
+        return schedule
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
+    candidates, writes = _gaps(schedule, steps, context.model)
+    gaps = [g for g in candidates if g[0] in chosen]
+    if not gaps:
+        return schedule
+    return _Variants(schedule, steps, gaps, writes).with_copies(len(gaps))
