@@ -12,7 +12,7 @@ from .errors import SNError
 from .graph import Graph
 from .scheduler.cost import CostModel
 from .scheduler.lower import lower
-from .scheduler.policy import apply_policy
+from .scheduler.policy import SOLVED, apply_policy
 from .scheduler.schedule import Schedule
 from .scheduler.simulate import simulate
 
@@ -65,11 +65,18 @@ def min_memory(net, policy="baseline", host_memory=None, phases=(True,), **optio
     chooses what to move by the budget and need not be monotone to the byte. ``phases``: the
     plans that must fit, ``True`` for the training iteration, ``False`` for the test forward
     (a Net's arena holds both). ``options``: as for :func:`plan`. SNError when no budget fits
-    (the host memory is too small)."""
+    (the host memory is too small). For ``optimal`` and ``auto``: the smallest budget under
+    which one of the heuristic plans they weigh fits (scheduler/optimal.py)."""
     device = options.get("device", "cpu")
     optimizer = options.pop("optimizer", None)
     options["cost"] = cost_model(options.get("cost"), device)  # made once for every plan
     bases = [lowered(net, train, optimizer, device) for train in phases]
+    if policy in SOLVED:  # the smallest budget a candidate of theirs fits (each plan solves a program)
+        from .scheduler.context import Context
+        from .scheduler.optimal import smallest_budget
+        context = Context(None, host_memory, options["cost"], options.get("workspace_limit"),
+                          options.get("placement", "dynamic"))
+        return max(smallest_budget(base, context) for base in bases)
     known = {}
 
     def plans(budget):

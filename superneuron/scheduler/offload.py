@@ -63,10 +63,12 @@ def _check_order(gaps):
     assert all(g[1] <= h[1] for g, h in zip(gaps, gaps[1:])), "offload gaps must come in the order they start"
 
 
-def _gaps(schedule, steps, model):
+def _gaps(schedule, steps, model, only=None):
     """``([(root, a, w, p, b)], writes)``: the gaps worth offloading, in the order they start
     (indices into ``steps``: the earlier use, the step before which its offload is waited
-    for, the one before which it is prefetched, the later use), and each root's write indices."""
+    for, the one before which it is prefetched, the later use), and each root's write indices.
+    ``only``: ``{root: lookahead}``, the roots whose gaps to take (None: all, with
+    :data:`LOOKAHEAD`) and how many steps each root's copies may run ahead of the compute."""
     roots = Roots.of(schedule)
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
     if turn is None:
@@ -88,12 +90,15 @@ def _gaps(schedule, steps, model):
     for step in steps:
         starts.append(starts[-1] + model.step_seconds(schedule, step))
     out, d2h = [], 0.0
+    if only is not None:
+        gaps = [g for g in gaps if g[2] in only]
     for a, b, r in EVICTION_ORDER(gaps):
+        ahead = LOOKAHEAD if only is None else only[r]
         seconds = model.copy_seconds(schedule.tensors[r].nbytes)
         d2h = max(d2h, starts[a + 1]) + seconds
-        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), a + LOOKAHEAD)  # after the copy
+        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), a + ahead)  # after the copy
         p = bisect.bisect_right(starts, starts[b] - seconds, hi=b + 1) - 1  # the latest in time
-        p = max(p, b - LOOKAHEAD)
+        p = max(p, b - ahead)
         if w < p:  # else the gap is too short to be worth two copies
             out.append((r, a, w, p, b))
     return out, writes
@@ -332,15 +337,15 @@ def offload(schedule, context):
 
 
 def offload_roots(schedule, context, chosen):
-    """``schedule`` (after liveness) with every gap of the roots in ``chosen`` offloaded and
-    prefetched back, as the pass would (the same copy steps, timed by the Context's cost
-    model), whatever the budget: the optimal policy's choice, made elsewhere. Roots without a
-    gap worth two copies stay on the device."""
+    """``schedule`` (after liveness) with every gap of the roots of ``chosen`` (``{root:
+    lookahead}``: how many steps its copies may run ahead of the compute, as
+    :data:`LOOKAHEAD`) offloaded and prefetched back, as the pass would (the same copy steps,
+    timed by the Context's cost model), whatever the budget: the optimal policy's choice,
+    made elsewhere. Roots without a gap worth two copies stay on the device."""
     if not schedule.train or not chosen:
         return schedule
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    candidates, writes = _gaps(schedule, steps, context.model)
-    gaps = [g for g in candidates if g[0] in chosen]
+    gaps, writes = _gaps(schedule, steps, context.model, only=chosen)
     if not gaps:
         return schedule
     return _Variants(schedule, steps, gaps, writes).with_copies(len(gaps))

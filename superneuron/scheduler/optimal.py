@@ -31,7 +31,7 @@ from ..errors import SNError
 from ..sizes import human_bytes
 from .inplace import inplace
 from .liveness import Roots, liveness
-from .offload import offload_roots
+from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
 from .recompute import with_recomputes
 from .workspace import fit
@@ -123,13 +123,16 @@ def _candidate(name, schedule, context, passes=None):
                      context)
 
 
-def realise(schedule, context, recompute_roots, offload_roots_):
-    """``schedule`` (the baseline) with ``recompute_roots`` recomputed and ``offload_roots_``
-    offloaded (root names of the schedule before in-place reuse), by the other passes'
-    machinery, then fitted and placed under ``context``."""
+def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
+    """``schedule`` (the baseline) with ``recompute_roots`` recomputed, ``offload_roots_``
+    offloaded with the offload pass's lookahead and ``swap_roots`` with copies that run as far
+    ahead as they need (root names of the schedule before in-place reuse), by the other
+    passes' machinery, then fitted and placed under ``context``."""
     def offloaded(s, ctx):
         roots = Roots.of(s)
-        return offload_roots(s, ctx, {roots(r) for r in offload_roots_})
+        ahead = {roots(r): len(s.steps) for r in swap_roots}
+        ahead.update({roots(r): LOOKAHEAD for r in offload_roots_})
+        return offload_roots(s, ctx, ahead)
 
     def recomputed(s, ctx):
         return with_recomputes(s, ctx, only=recompute_roots)
@@ -138,37 +141,55 @@ def realise(schedule, context, recompute_roots, offload_roots_):
 
 
 def _solved(schedule, context, info):
-    """The solver's plan (a Candidate) under ``context``, solved again with a lower cap while
-    the realised plan goes over the budget; None when it finds none in time."""
-    deadline = time.perf_counter() + context.solver_seconds
+    """The solver's best plan that fits (a Candidate), else its last, else None. Two programs:
+    without swaps first (easy: most of a net's savings are recomputations), in at most half
+    the time limit, then with them in what is left, every root the first recomputes still
+    recomputed (HiGHS takes no starting point; this keeps the second program small); each
+    solved again with a lower cap while its realised plan goes over the budget (the model is
+    not exact to the byte)."""
     start = time.perf_counter()
+    deadline = start + context.solver_seconds
     model = build(schedule, context.model)
-    cap = context.budget - model.resident
-    found, solver = None, {"rounds": 0, "status": None}
-    info["solver"] = solver
-    for _ in range(ROUNDS):
-        left = deadline - time.perf_counter()
-        if left <= 0 or cap <= 0:
-            break
-        solution = solve(model, cap, left, context.host_memory)
-        solver.update(rounds=solver["rounds"] + 1, status=solution.status, objective=solution.objective,
-                      dual_bound=solution.dual_bound, gap=solution.gap,
-                      solve_seconds=solver.get("solve_seconds", 0.0) + solution.seconds)
-        if solution.recompute is None:
-            break
-        found = realise(schedule, context, solution.recompute, solution.offload)
-        solver.update(recomputed=len(solution.recompute), offloaded=len(solution.offload))
-        if found.fits:
-            break
-        cap -= found.plan.arena_bytes - context.budget
+    best, last, phases, recomputed = None, None, [], set()
+    info["solver"] = solver = {"phases": phases}
+    for swaps in (False, True):
+        cap, until = context.budget - model.resident, deadline
+        if not swaps:
+            until = start + context.solver_seconds / 2
+        phase = {"swaps": swaps, "rounds": 0}
+        phases.append(phase)
+        for _ in range(ROUNDS):
+            left = until - time.perf_counter()
+            if left <= 0 or cap <= 0:
+                break
+            solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
+            phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
+                         dual_bound=solution.dual_bound, gap=solution.gap,
+                         solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
+            if solution.recompute is None:
+                break
+            found = realise(schedule, context, solution.recompute, solution.offload, solution.swap)
+            phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
+                         swapped=len(solution.swap), realised_seconds=found.seconds, fits=_ok(found, context))
+            last = found
+            if _ok(found, context):
+                if best is None or found.seconds < best.seconds:
+                    best, solver["best"] = found, dict(phase)
+                recomputed = solution.recompute
+                break
+            cap -= found.plan.arena_bytes - context.budget
     solver["seconds"] = time.perf_counter() - start
-    return found
+    shown = solver.get("best") or (phases[-1] if phases[-1]["rounds"] else phases[0])
+    solver.update({k: shown.get(k) for k in ("status", "objective", "dual_bound", "gap")})
+    solver["rounds"] = sum(p["rounds"] for p in phases)
+    return best or last
 
 
 def smallest_budget(schedule, context):
     """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
     between the resident bytes and liveness's arena; each probe plans superneurons and
-    offload, the policies that go lowest)."""
+    offload, the policies that go lowest), to within 1/4096 of it: a budget that fits, and
+    no more than that above the smallest (deep nets plan for seconds: each probe counts)."""
     unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
     lo, hi = schedule.resident_bytes, unbounded.plan.arena_bytes
 
@@ -176,7 +197,7 @@ def smallest_budget(schedule, context):
         ctx = dataclasses.replace(context, budget=budget)
         return any(_ok(_candidate(name, schedule, ctx), ctx) for name in ("superneurons", "offload"))
 
-    while lo < hi:
+    while hi - lo > hi >> 12:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
-    return lo
+    return hi

@@ -33,6 +33,8 @@ size``), its time the Encode and Decode steps' cost; its row in the at-most-one 
 with the others, and the realisation one more set handed to the encode pass.
 """
 
+import bisect
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -44,6 +46,8 @@ from .liveness import Roots, intervals, liveness
 from .recompute import recomputable_roots
 from .steps import BACKWARD, LAYER_STEPS, MEMORY
 
+MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
+SWAP_COST = 0.02  # of a swap's copy time, its cost in the objective: copies that hide are not free
 MIB = float(1 << 20)   # the program counts bytes in MiB and seconds in milliseconds: HiGHS's
 MS = 1e3               # tolerances are absolute, and bytes by the billion would lose them
 
@@ -51,8 +55,14 @@ MS = 1e3               # tolerances are absolute, and bytes by the billion would
 @dataclass
 class Stash:
     """A stashed root: ``size`` (arena bytes), its last forward use ``a``, its first backward
-    need ``e`` (compute-step indices), and what recomputing (``recompute_seconds``) or
-    offloading it (``offload_seconds``) costs, None where that option does not apply."""
+    read ``e`` (compute-step indices; None: no backward reads it, it matters only to the
+    recomputation of roots computed from it), and what recomputing (``recompute_seconds``) or
+    offloading it (``offload_seconds``) costs, None where that option does not apply.
+    ``swap``: ``(w, p)`` when it may be *swapped*, offloaded with copies that run ahead of the
+    compute as far as their time needs (``copy_seconds`` each way), absent from w to p-1.
+    ``triggers``: ``[(step, chain)]``, one per root recomputed from this one: when every
+    root of ``chain`` (stash indices, that root first, then those between) is recomputed,
+    this root must be on the device before ``step``, where that root's backward reads it."""
 
     root: str
     size: int
@@ -60,6 +70,9 @@ class Stash:
     e: int
     recompute_seconds: float = None
     offload_seconds: float = None
+    triggers: list = field(default_factory=list)
+    swap: tuple = None           # (w, p): absent from w to p-1 when swapped (copies overlapped)
+    copy_seconds: float = 0.0
 
 
 @dataclass
@@ -87,6 +100,8 @@ class Model:
     stashes: list
     choices: list
     resident: int
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
     names: list = field(default_factory=list)
 
 
@@ -121,12 +136,14 @@ def build(schedule, model):
         else:
             fastest.append(model.step_seconds(live_schedule, step))
             fixed_seconds += fastest[-1]
+    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
     return Model(n, live, fixed_ws, fixed_seconds, _stashes(live_schedule, steps, roots, model, fastest),
-                 choices, schedule.resident_bytes)
+                 choices, schedule.resident_bytes, sum(fastest[:turn]), sum(fastest[turn:]))
 
 
 def _stashes(schedule, steps, roots, model, fastest):
-    """The :class:`Stash` of every data root that lives across the forward/backward turn."""
+    """The :class:`Stash` of every data root that lives across the forward/backward turn, or
+    from which such a root may be recomputed."""
     graph, tensors = schedule.graph, schedule.tensors
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), len(steps))
     last_forward, first_backward = {}, {}
@@ -137,45 +154,61 @@ def _stashes(schedule, steps, roots, model, fastest):
                 last_forward[r] = i
             elif r in reads:
                 first_backward.setdefault(r, i)
+    starts = list(itertools.accumulate(fastest, initial=0.0))  # each step's start, in seconds
     recomputable, source = recomputable_roots(schedule, expensive=True)
-    # A recomputable root is needed back when the first backward reading it, or any root
-    # recomputed from it, runs (its Recompute comes right before): children come later in
-    # the forward, so walk the roots in reverse forward order.
-    need = dict(first_backward)
-    for r in sorted(recomputable, key=lambda r: recomputable[r][0], reverse=True):
-        s = source[r]
-        if r in need:
-            need[s] = min(need.get(s, need[r]), need[r])
-    out = []
-    for r, a in last_forward.items():
-        e = need.get(r)
-        info = tensors[r]
-        if e is None or info.kind != "data" or e - a < 2:
+    # Walk up from each recomputable root a backward reads: every root it is recomputed from,
+    # through recomputable ones, must be back when it is recomputed (if all between are too).
+    triggers = {}
+    for d in recomputable:
+        need = first_backward.get(d)
+        if need is None:
             continue
-        size = roots.size(r)
-        stash = Stash(r, size, a, e)
+        chain, r = [d], source[d]
+        while r is not None and r in last_forward:
+            triggers.setdefault(r, []).append((need, tuple(chain)))
+            if r not in recomputable:
+                break
+            chain.append(r)
+            r = source[r]
+    out, index = [], {}
+    for r, a in last_forward.items():
+        e = first_backward.get(r)
+        info = tensors[r]
+        if info.kind != "data" or (e is None and r not in triggers) or (e is not None and e - a < 2):
+            continue
+        stash = Stash(r, roots.size(r), a, e)
         if r in recomputable:
             stash.recompute_seconds = sum(
                 min(model.algo_seconds(graph.nodes[w].layer, "forward", al)
                     for al in model.algorithms(graph.nodes[w].layer, "forward"))
                 for w in recomputable[r])
-        if e - a >= 3:
+        if e is not None and e - a >= 3:
             copy = model.copy_seconds(info.nbytes)
             stash.offload_seconds = copy + max(0.0, copy - fastest[e - 1])
-        if stash.recompute_seconds is not None or stash.offload_seconds is not None:
-            out.append(stash)
+            w = bisect.bisect_left(starts, starts[a + 1] + copy, lo=a + 1)
+            p = bisect.bisect_right(starts, starts[e] - copy, hi=e + 1) - 1
+            # A swap only for checkpoints: a recomputable root is cheaper recomputed than copied
+            # on any device the cost model knows, and each option more makes the program harder.
+            if a < w < p < e and stash.recompute_seconds is None:
+                stash.swap, stash.copy_seconds = (w, p), copy
+        index[r] = len(out)
+        out.append(stash)
+    for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept
+        stash.triggers = [(need, tuple(index.get(c) for c in chain)) for need, chain in triggers.get(stash.root, ())
+                          if all(c in index for c in chain)]
     return out
 
 
 @dataclass
 class Solution:
-    """What the solver found: ``recompute`` and ``offload`` (sets of roots), ``algorithms``
+    """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
     proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time); the sets
     are None when it found no schedule."""
 
     recompute: set
     offload: set
+    swap: set
     algorithms: dict
     objective: float
     dual_bound: float
@@ -184,14 +217,16 @@ class Solution:
     seconds: float
 
 
-def solve(m, cap, time_limit, host_memory=None):
+def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
     resident ones, the offloaded stashes' bytes within ``host_memory`` (None: unbounded), in
-    at most ``time_limit`` seconds; a :class:`Solution`."""
+    at most ``time_limit`` seconds; a :class:`Solution`. ``swaps``: offer the swap option
+    (a harder program: its copies' streams are constrained too). ``recomputed``: roots that
+    must be recomputed (an earlier solution's: the program left is much smaller)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_array
 
-    columns, cost = [], []   # column j: ("rec"|"off", stash index) or ("alg", choice, algo)
+    columns, cost = [], []  # column j: ("rec"|"off", stash), ("alg", choice, algo), ("presence", stash, tile)
     for k, s in enumerate(m.stashes):
         if s.recompute_seconds is not None:
             columns.append(("rec", k, None))
@@ -199,12 +234,14 @@ def solve(m, cap, time_limit, host_memory=None):
         if s.offload_seconds is not None:
             columns.append(("off", k, None))
             cost.append(s.offload_seconds * MS)
+        if s.swap is not None and swaps:  # hidden by the compute where the streams keep up: a token cost
+            columns.append(("swap", k, None))
+            cost.append(SWAP_COST * s.copy_seconds * MS)
     for c, choice in enumerate(m.choices):
         for a, seconds in enumerate(choice.seconds):
             columns.append(("alg", c, a))
             cost.append(seconds * MS)
-    nx, n = len(columns), m.n
-    d0 = nx  # D[i] is column d0 + i
+    n = m.n
     rows, cols, vals, lo, hi = [], [], [], [], []
 
     def row(entries, low, high):
@@ -218,16 +255,20 @@ def solve(m, cap, time_limit, host_memory=None):
 
     by_stash, opening, closing = {}, {}, {}
     for j, (what, k, _) in enumerate(columns):
-        if what == "alg":
+        if what == "alg" or m.stashes[k].e is None:  # no backward reads it: it frees nothing
             continue
         by_stash.setdefault(k, []).append(j)
         s = m.stashes[k]
-        end = s.e - 1 if what == "rec" else s.e - 2  # the last step it is absent from
-        opening.setdefault(s.a + 1, []).append((j, s.size / MIB))
+        first, end = s.a + 1, s.e - 1 if what == "rec" else s.e - 2  # the steps it is absent from
+        if what == "swap":
+            first, end = s.swap[0], s.swap[1] - 1
+        opening.setdefault(first, []).append((j, s.size / MIB))
         closing.setdefault(end + 1, []).append((j, s.size / MIB))
     for js in by_stash.values():
         if len(js) > 1:
             row([(j, 1.0) for j in js], -np.inf, 1.0)
+    nx = _triggers(m, columns, cost, row, opening, closing)
+    d0 = nx  # D[i] is column d0 + i
     by_choice = {}
     for j, (what, c, _) in enumerate(columns):
         if what == "alg":
@@ -246,28 +287,100 @@ def solve(m, cap, time_limit, host_memory=None):
     for i in range(n):  # live - D[i] + workspace <= cap
         row([(d0 + i, -1.0)] + [(j, v) for j, v in workspace_of.get(i, ()) if v], -np.inf, room[i])
     if host_memory is not None:
-        row([(j, m.stashes[k].size / MIB) for j, (what, k, _) in enumerate(columns) if what == "off"],
+        row([(j, m.stashes[k].size / MIB) for j, (what, k, _) in enumerate(columns) if what in ("off", "swap")],
             -np.inf, host_memory / MIB)
+    # One copy at a time on each stream: the swaps' copies never queue, so each ends when the
+    # model says (the offload pass times them so) and its window holds.
+    on_stream = {}
+    for j, (what, k, _) in enumerate(columns):
+        if what == "swap":
+            s = m.stashes[k]
+            w, p = s.swap
+            for i in itertools.chain(range(s.a + 1, w), range(p, s.e)):  # device→host, then host→device
+                on_stream.setdefault(("d2h" if i < w and i > s.a else "h2d", i), []).append(j)
+    for js in on_stream.values():
+        if len(js) > 1:
+            row([(j, 1.0) for j in js], -np.inf, 1.0)
 
     c = np.concatenate([np.array(cost, dtype=float), np.zeros(n)])
-    integrality = np.concatenate([np.ones(nx), np.zeros(n)])
-    bounds = Bounds(np.zeros(nx + n), np.concatenate([np.ones(nx), np.full(n, np.inf)]))
+    integrality = np.concatenate([[0.0 if what == "presence" else 1.0 for what, _, _ in columns], np.zeros(n)])
+    # D[i] is free in sign: a stash brought back early for a recomputation adds bytes
+    lower = [1.0 if what == "rec" and m.stashes[k].root in recomputed else 0.0 for what, k, _ in columns]
+    bounds = Bounds(np.concatenate([lower, np.full(n, -np.inf)]),
+                    np.concatenate([np.ones(nx), np.full(n, np.inf)]))
     matrix = coo_array((vals, (rows, cols)), shape=(len(lo), nx + n)).tocsr()
     start = time.perf_counter()
     res = milp(c, integrality=integrality, bounds=bounds,
                constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
-               options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": 1e-3})
+               options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": MIP_GAP})
     seconds = time.perf_counter() - start
     base = m.fixed_seconds
     dual = getattr(res, "mip_dual_bound", None)
     dual = None if dual is None or not np.isfinite(dual) else base + dual / MS
     gap = getattr(res, "mip_gap", None)
     if res.x is None:
-        return Solution(None, None, None, None, dual, None, res.message, seconds)
+        return Solution(None, None, None, None, None, dual, None, res.message, seconds)
     x = res.x
     recompute = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "rec" and x[j] > 0.5}
     offload = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "off" and x[j] > 0.5}
+    swap = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "swap" and x[j] > 0.5}
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
-    return Solution(recompute, offload, algorithms, base + res.fun / MS, dual,
+    return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual,
                     None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds)
+
+
+def _triggers(m, columns, cost, row, opening, closing):
+    """Add the rows and columns that bring a stash back early for the recomputation of a
+    root computed from it (Stash.triggers); the number of columns before the D[i] ones.
+
+    A stash freed (recomputed or offloaded) whose triggers are active is on the device from
+    the earliest active trigger's step (less one: a Prefetch comes a step ahead) to its own
+    read: the steps between its triggers' steps are tiles, and tile k has a continuous
+    presence ``p_k`` in [0, 1] with ``p_k >= (recompute binaries of the chain) + freed - len(chain)``
+    for every trigger at or before the tile (the least it can be is 1 exactly when one is
+    active), its bytes added over the tile. A stash that no backward reads (``e`` None) must
+    be recomputed for an active trigger (it frees nothing otherwise) and is then on the
+    device at the trigger's step; where it cannot be recomputed, the trigger may not fire."""
+    rec = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
+    off = {}
+    for j, (what, k, _) in enumerate(columns):
+        if what in ("off", "swap"):
+            off.setdefault(k, []).append(j)
+    for k, s in enumerate(m.stashes):
+        live_chains = []
+        for need, chain in s.triggers:
+            if need >= (s.e if s.e is not None else m.n) or any(c not in rec for c in chain):
+                continue  # later than its own read, or through a root that is never recomputed
+            live_chains.append((need, [rec[c] for c in chain]))
+        if not live_chains:
+            continue
+        if s.e is None:
+            for need, chain in live_chains:
+                if k in rec:  # x_rec[k] >= AND(chain)
+                    row([(rec[k], 1.0)] + [(j, -1.0) for j in chain], 1.0 - len(chain), np.inf)
+                    at = need - 1
+                    j = len(columns)
+                    columns.append(("presence", k, at))
+                    cost.append(0.0)
+                    row([(j, 1.0)] + [(c, -1.0) for c in chain], 1.0 - len(chain), np.inf)
+                    opening.setdefault(at, []).append((j, -s.size / MIB))
+                    closing.setdefault(at + 1, []).append((j, -s.size / MIB))
+                else:
+                    row([(j, 1.0) for j in chain], -np.inf, len(chain) - 1.0)
+            continue
+        freed = ([rec[k]] if k in rec else []) + off.get(k, [])
+        bounds = sorted({need for need, _ in live_chains} | {s.e}, reverse=True)
+        for upper, lower in zip(bounds, bounds[1:]):  # the tile of steps lower-1 .. upper-2
+            j = len(columns)
+            columns.append(("presence", k, lower))
+            cost.append(0.0)
+            for need, chain in live_chains:
+                if need <= lower:
+                    row([(j, 1.0)] + [(c, -1.0) for c in chain] + [(f, -1.0) for f in freed],
+                        -float(len(chain)), np.inf)
+            start, end = max(lower - 1, s.a + 1), upper - 2
+            if start <= end:
+                opening.setdefault(start, []).append((j, -s.size / MIB))
+                closing.setdefault(end + 1, []).append((j, -s.size / MIB))
+    return len(columns)
