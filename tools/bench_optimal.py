@@ -3,6 +3,7 @@ liveness's peak against ``liveness`` without a budget, taking turns in blocks of
 that machine noise hits both alike; medians reported.
 
     python tools/bench_optimal.py [--depth 56] [--batch 32] [--fraction 0.3333] [--blocks 4] [--per-block 2]
+                                  [--profile]
 """
 
 import argparse
@@ -27,12 +28,14 @@ def main():
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--per-block", type=int, default=2, help="iterations per block")
     p.add_argument("--solver-time", type=float, default=20.0)
+    p.add_argument("--profile", action="store_true",
+                   help="plan with kernels timed on this CPU (cached), as sn-train --profile")
     args = p.parse_args()
 
     def net(policy, memory=None):
         return load_net("nets/resnet_cifar.yaml", overrides={"depth": args.depth}, batch=args.batch, policy=policy,
                         memory=memory, optimizer=make_optimizer(SolverConfig(base_lr=0.01, momentum=0.9)),
-                        solver_seconds=args.solver_time)
+                        solver_seconds=args.solver_time, costs="measure" if args.profile else None)
 
     live = net("liveness")
     budget = round(live.arena_bytes * args.fraction)
