@@ -115,6 +115,8 @@ def build(schedule, model):
     n = len(steps)
     live = np.zeros(n + 1)
     for r, a, b in intervals(live_schedule, steps, roots):
+        if schedule.tensors[r].kind == "workspace":  # the lowered steps' own: the choices count them
+            continue
         live[a] += roots.size(r)
         live[b + 1] -= roots.size(r)
     live = np.cumsum(live)[:n]
