@@ -177,7 +177,11 @@ def _solved(schedule, context, info):
                     best, solver["best"] = found, dict(phase)
                 recomputed = solution.recompute
                 break
-            cap -= found.plan.arena_bytes - context.budget
+            # Lower the cap by what it went over; by half at first where only the placement's
+            # holes (the arena, not the bytes live) went over: a tighter cap may not be needed.
+            over = found.plan.arena_bytes - context.budget
+            holes_only = found.plan.peak_bytes <= context.budget
+            cap -= over // 2 if holes_only and phase["rounds"] == 1 else over
     solver["seconds"] = time.perf_counter() - start
     shown = solver.get("best") or (phases[-1] if phases[-1]["rounds"] else phases[0])
     solver.update({k: shown.get(k) for k in ("status", "objective", "dual_bound", "gap")})
