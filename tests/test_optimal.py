@@ -253,3 +253,19 @@ def test_sn_train_with_a_budget_and_no_policy_uses_auto(capsys):
     assert main(["tests/nets/tiny.yaml", "--iters", "1", "--display", "1", "--test-interval", "0",
                  "--memory", "64MiB"]) == 0
     assert "memory: policy auto" in capsys.readouterr().out
+
+
+def test_sn_plan_tradeoff_prints_the_table_and_draws_it(tmp_path, capsys):
+    from superneuron.cli.plan import main
+    out = tmp_path / "tradeoff.png"
+    assert main(["tests/nets/tiny.yaml", "--tradeoff", str(out), "--solver-time", "2", "--json"]) == 0
+    import json
+    table = json.loads(capsys.readouterr().out)["tradeoff"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r["label"] for r in table["rows"]][-1] == "smallest that fits"
+    for row in table["rows"]:  # optimal fits wherever a heuristic does, and is no slower
+        cells = row["policies"]
+        fitting = [v for k, v in cells.items() if k != "optimal" and v is not None]
+        if fitting:
+            assert cells["optimal"] is not None and cells["optimal"] <= min(fitting) * (1 + 1e-12)
+    assert table["rows"][-1]["policies"]["optimal"] is not None  # the smallest budget fits

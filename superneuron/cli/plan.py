@@ -147,6 +147,11 @@ def run(args):
         check_output_path(args.tradeoff, "tradeoff")
     keep = {}
     schedule, plan, info, model = plan_from_args(args, keep)
+    if args.tradeoff:
+        from ..tradeoff import tradeoff
+        info["tradeoff"] = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
+                                    host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
+                                    solver_seconds=args.solver_time)
     if args.json:
         print(json.dumps(info, indent=1))
     else:
@@ -170,15 +175,10 @@ def run(args):
     if args.trace:
         _write(args, args.trace, report.write_trace, schedule, plan, model)
     if args.tradeoff:
-        from ..tradeoff import tradeoff
-        table = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
-                         host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
-                         solver_seconds=args.solver_time)
-        info["tradeoff"] = table
         if not args.json:
             print()
-            print(report.tradeoff_table(table))
-        _write(args, args.tradeoff, report.write_tradeoff, table)
+            print(report.tradeoff_table(info["tradeoff"]))
+        _write(args, args.tradeoff, report.write_tradeoff, info["tradeoff"])
     return 0 if info["fits"] and info["host_fits"] else 3
 
 
