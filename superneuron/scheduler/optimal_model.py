@@ -6,15 +6,21 @@ estimated time is least and the bytes live at every step, workspace included, fi
 The model is read off the liveness schedule of the net (no in-place reuse: the realised
 schedule gets it on top, which only frees more). Its compute steps are numbered 0..n-1, and:
 
-- a *stash* is a data root used in the forward (last at step ``a``) and needed again in the
-  backward (first at step ``e``: its first backward read, or the Recompute of a root computed
-  from it, which comes before the backward of that root). Each stash has up to two options,
-  binaries summing to at most 1 (neither: keep it):
+- a *stash* is a data root used in the forward (last at step ``a``) and read again in the
+  backward (first at step ``e``). Each stash has up to three options, binaries summing to
+  at most 1 (none: keep it):
   ``recompute`` (a single-input layer's output; recompute.py's chains, each root recomputed
   once, speed-centric): absent from steps a+1 .. e-1, costs its writers' forward time;
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
-  step before ``e`` does not hide.
+  step before ``e`` does not hide;
+  ``swap`` (checkpoints only: offload.py's copies, as far ahead as their time needs):
+  absent from the step its copy is done to the step its copy back must start, costs a token
+  share of the copies; one copy at a time per stream, so none queues and the window holds.
+- a stash from which a chosen root is recomputed must be back before that root's backward:
+  for each root recomputed from it (``triggers``), when that root and every root between are
+  recomputed, the stash is on the device from that step on (continuous presence variables
+  per stretch between such steps, at least the AND of the binaries: see :func:`_triggers`).
 - a *choice* is a compute step whose layer offers algorithms: one binary per algorithm,
   summing to 1, with its time and its workspace, live at that step only.
 
