@@ -145,8 +145,8 @@ def run(args):
     if args.tradeoff:
         report.timeline_format(args.tradeoff)
         check_output_path(args.tradeoff, "tradeoff")
-    keep = {}
-    schedule, plan, info, model = plan_from_args(args, keep)
+    keep = {}  # the baseline schedule, for --tradeoff to plan again
+    schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
     if args.tradeoff:
         from ..tradeoff import tradeoff
         info["tradeoff"] = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
