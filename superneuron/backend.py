@@ -173,3 +173,13 @@ def planning_kernels(device):
         return get_backend("gpu").kernels()
     return None
 
+
+
+def free_device_bytes(device):
+    """The device memory free now on ``device`` (bytes): what ``--policy auto`` fits by default
+    on a GPU; None on the CPU (no device memory apart from the host's) or where it cannot be
+    told."""
+    if device != "gpu" or not gpu_available()[0]:
+        return None
+    import cupy
+    return int(cupy.cuda.runtime.memGetInfo()[0])

@@ -36,12 +36,13 @@ class Net:
     them: a scheduler.cost.CostModel, a measured table, ``"measure"`` (time this net's kernels on
     ``device`` now, or read the cached table: what ``sn-train --profile`` does), or None: the
     cached table of this net on ``device`` if there is one, else estimates. ``lossy``: the lossy
-    encodings a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``).
+    encodings a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``). ``solver_seconds``:
+    the time limit of the optimal policy's solver (None: its default).
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
                  policy="baseline", placement="dynamic", workspace_limit=None, host_memory=None,
-                 costs=None, lossy=()):
+                 costs=None, lossy=(), solver_seconds=None):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype), kernels=self.backend.kernels())
@@ -56,7 +57,7 @@ class Net:
             self.schedules[k], self.plans[k] = plan(
                 self.graph, policy, budget=memory, host_memory=host_memory, cost=costs,
                 placement=placement, workspace_limit=workspace_limit, optimizer=optimizer,
-                train=k == "train", lossy=self.lossy)
+                train=k == "train", lossy=self.lossy, solver_seconds=solver_seconds)
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
             k = "train" if self.plans["train"].arena_bytes > memory else "test"

@@ -12,7 +12,7 @@ from .errors import SNError
 from .graph import Graph
 from .scheduler.cost import CostModel
 from .scheduler.lower import lower
-from .scheduler.policy import apply_policy
+from .scheduler.policy import SOLVED, apply_policy
 from .scheduler.schedule import Schedule
 from .scheduler.simulate import simulate
 
@@ -27,19 +27,22 @@ def lowered(net, train=True, optimizer=None, device="cpu"):
 
 
 def plan(net, policy="baseline", budget=None, host_memory=None, device="cpu", cost=None,
-         placement="dynamic", workspace_limit=None, optimizer=None, train=True, lossy=()):
+         placement="dynamic", workspace_limit=None, optimizer=None, train=True, lossy=(), solver_seconds=None,
+         memo=None):
     """``(schedule, simulate.Plan)`` of one iteration of ``net`` (see :func:`lowered`; with
     ``optimizer``, its state is resident and the iteration ends with the update; ``train``
     False: a forward pass for testing) under ``policy``, within ``budget`` and ``host_memory``
     (bytes; None: unbounded) where the policy can make it, no workspace over
     ``workspace_limit`` where there is a choice, placed by ``placement``. ``cost``: a
     cost.CostModel, a measured table, or None (the estimates of ``device``). ``lossy``: the
-    lossy encodings a policy that encodes may use (``('fp16',)``). SNError for an unknown
-    policy or placement."""
-    memo = {}
+    lossy encodings a policy that encodes may use (``('fp16',)``). ``solver_seconds``: the
+    optimal policy's solver time limit (None: its default). ``memo`` (a dict): gets what the
+    passes left (``'optimal'``: what the optimal policy chose, scheduler/optimal.py). SNError
+    for an unknown policy or placement."""
+    memo = {} if memo is None else memo
     schedule = apply_policy(lowered(net, train, optimizer, device), policy, placement, budget=budget,
                             workspace_limit=workspace_limit, costs=cost_model(cost, device),
-                            host_memory=host_memory, memo=memo, lossy=lossy)
+                            host_memory=host_memory, memo=memo, lossy=lossy, solver_seconds=solver_seconds)
     placed, replayed = memo.get("replayed", (None, None))
     return schedule, simulate(schedule, replayed if placed is schedule else None)
 
@@ -64,11 +67,18 @@ def min_memory(net, policy="baseline", host_memory=None, phases=(True,), **optio
     chooses what to move by the budget and need not be monotone to the byte. ``phases``: the
     plans that must fit, ``True`` for the training iteration, ``False`` for the test forward
     (a Net's arena holds both). ``options``: as for :func:`plan`. SNError when no budget fits
-    (the host memory is too small)."""
+    (the host memory is too small). For ``optimal`` and ``auto``: the smallest budget under
+    which one of the heuristic plans they weigh fits (scheduler/optimal.py)."""
     device = options.get("device", "cpu")
     optimizer = options.pop("optimizer", None)
     options["cost"] = cost_model(options.get("cost"), device)  # made once for every plan
     bases = [lowered(net, train, optimizer, device) for train in phases]
+    if policy in SOLVED:  # the smallest budget a candidate of theirs fits (each plan solves a program)
+        from .scheduler.context import Context
+        from .scheduler.optimal import smallest_budget
+        context = Context(None, host_memory, options["cost"], options.get("workspace_limit"),
+                          options.get("placement", "dynamic"))
+        return max(smallest_budget(base, context) for base in bases)
     known = {}
 
     def plans(budget):

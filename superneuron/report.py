@@ -249,3 +249,66 @@ def write_trace(path, schedule, plan, model):
     import json
     text = json.dumps({"traceEvents": trace_events(schedule, plan, model), "displayTimeUnit": "ms"})
     write_bytes(path, text.encode(), "trace")
+
+
+def optimal_line(info):
+    """The line sn-plan prints for the optimal and auto policies (the pass's memo, optimal.py):
+    which plan won, the others' estimates, and what the solver proved."""
+    ms = 1e3
+    others = ", ".join(f"{k} {v * ms:.2f} ms" if v is not None else f"{k} does not fit"
+                       for k, v in info["candidates"].items())
+    line = f"optimal       {info['winner']}'s plan won ({info['seconds'] * ms:.2f} ms)"
+    if info.get("proven"):
+        return line + f": {info['proven']}"
+    line += f"; candidates: {others}"
+    solver = info.get("solver")
+    if solver:
+        gap = "-" if solver.get("gap") is None else f"{solver['gap'] * 100:.2f} %"
+        bound = "-" if solver.get("dual_bound") is None else f"{solver['dual_bound'] * ms:.2f} ms"
+        status = (solver.get("status") or "not run").split(" (")[0].rstrip(".")
+        line += (f"; solver: {status}, gap {gap}, bound {bound} (its own model), {solver['rounds']} "
+                 f"round(s), {solver.get('seconds', 0.0):.2f} s")
+    return line
+
+
+def tradeoff_table(figures):
+    """The table of ``sn-plan --tradeoff`` (tradeoff.tradeoff's dict): per budget, each
+    policy's estimated time and its ratio to liveness's (``-``: does not fit)."""
+    base = figures["liveness_seconds"]
+    policies = list(figures["rows"][0]["policies"]) if figures["rows"] else []
+    rows = []
+    for row in figures["rows"]:
+        cells = [f"{v * 1e3:.2f} ms (x{v / base:.2f})" if v is not None else "-" for v in row["policies"].values()]
+        rows.append([human_bytes(row["budget_bytes"]), row["label"], *cells])
+    return (f"estimated time per iteration against the budget (liveness: {human_bytes(figures['liveness_bytes'])}, "
+            f"{base * 1e3:.2f} ms)\n" + table(rows, ["budget", "", *policies]))
+
+
+def write_tradeoff(path, table):
+    """A PNG of each policy's estimated time against the budget (tradeoff.tradeoff's dict);
+    SNError when matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SNError("--tradeoff draws with matplotlib, which is not installed: pip install matplotlib") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    gib = 2.0 ** 30
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    policies = list(table["rows"][0]["policies"]) if table["rows"] else []
+    for policy in policies:
+        points = sorted((r["budget_bytes"] / gib, r["policies"][policy] * 1e3) for r in table["rows"]
+                        if r["policies"][policy] is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", label=policy)
+    ax.axhline(table["liveness_seconds"] * 1e3, color="tab:gray", lw=1, ls=":", label="liveness, no budget")
+    ax.set_xlabel("budget (GiB)")
+    ax.set_ylabel("estimated ms per iteration")
+    ax.set_title("time against memory")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    import io
+    image = io.BytesIO()
+    fig.savefig(image, format=timeline_format(path))
+    plt.close(fig)
+    write_bytes(path, image.getvalue(), "tradeoff")

@@ -19,7 +19,7 @@ from superneuron.net import Net
 from superneuron.runtime.profile import measure_costs
 from superneuron.scheduler.cost import CostModel, entry_key
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.policy import POLICIES, apply_policy
+from superneuron.scheduler.policy import POLICIES, SOLVED, apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.workspace import choose, choose_workspaces
 from superneuron.spec import load_spec
@@ -151,7 +151,8 @@ def test_same_results_as_baseline_and_plan_equals_run_under_a_budget(net_file, p
     free = simulate(apply_policy(lower(g), policy, placement))
     budget = free.arena_bytes - 1
     net, loss, grads = _train(net_file, memory=budget, policy=policy, placement=placement)
-    assert {st.algorithm for _, st, _ in choices(net.schedules["train"])} > {"im2col"}
+    if policy not in SOLVED:  # optimal and auto may recompute instead, if that is faster
+        assert {st.algorithm for _, st, _ in choices(net.schedules["train"])} > {"im2col"}
     assert net.runtime.peak_bytes == net.plans["train"].peak_bytes <= budget
     assert net.runtime.arena_bytes == net.plans["train"].arena_bytes <= budget
     np.testing.assert_allclose(loss, base_loss, rtol=1e-5)

@@ -21,8 +21,9 @@ def net_arguments(parser):
                         help="device memory budget for the arena, e.g. 12GiB or 500MB (default: the plan's peak)")
     from ..scheduler.placement import PLACEMENTS
     from ..scheduler.policy import POLICIES
-    parser.add_argument("--policy", default="baseline", metavar="P",
-                        help=f"memory policy: {', '.join(POLICIES)} (default baseline)")
+    parser.add_argument("--policy", metavar="P",
+                        help=f"memory policy: {', '.join(POLICIES)} (default baseline; sn-train with "
+                             f"--memory: auto)")
     parser.add_argument("--offload-params", action="store_true",
                         help="keep parameters, gradients and optimiser state in host memory and update "
                              "there (adds +params to the policy; not with baseline)")
@@ -37,12 +38,14 @@ def net_arguments(parser):
     parser.add_argument("--lossy", choices=("fp16",), action="append", default=[], metavar="fp16",
                         help="also keep stashed feature maps in half precision between the forward and "
                              "the backward (Gist's delayed precision reduction; policies that encode: gist)")
+    parser.add_argument("--solver-time", type=float, default=20.0, metavar="SECONDS",
+                        help="time limit of the optimal and auto policies' solver (default 20)")
 
 
 def policy_from_args(args):
-    """The policy name: --policy, with ``+params`` for --offload-params."""
+    """The policy name: --policy (default ``baseline``), with ``+params`` for --offload-params."""
     from ..scheduler.policy import PARAMS
-    policy = args.policy
+    policy = args.policy or "baseline"
     if getattr(args, "offload_params", False) and not policy.endswith(PARAMS):
         policy += PARAMS
     return policy

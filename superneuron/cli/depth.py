@@ -29,7 +29,7 @@ from .common import check_batch, run_cli
 
 def build_parser():
     from ..depth import MAX_DEPTH
-    from ..scheduler.policy import POLICIES
+    from ..scheduler.policy import POLICIES, SOLVED
     p = argparse.ArgumentParser(
         prog="sn-depth", description="Find the deepest ResNet that trains in a memory budget, per policy.",
         epilog="Exit status: 0 found, 3 not even depth 50 fits, 1 --verify mismatch, 2 bad input.")
@@ -43,7 +43,7 @@ def build_parser():
     p.add_argument("--batch", type=int, metavar="N", required=True, help="batch size")
     p.add_argument("--policies", metavar="A,B,...",
                    help=f"memory policies to search, any of {', '.join(POLICIES)}, or one of them + "
-                        f"'+params' (default: those {len(POLICIES)})")
+                        f"'+params' (default: those but {', '.join(SOLVED)})")
     p.add_argument("--size", type=int, metavar="H", help="input height and width (the net's 'size')")
     p.add_argument("--set", action="append", default=[], metavar="K=V",
                    help="override a network parameter, e.g. --set classes=10 (repeatable)")
@@ -65,9 +65,9 @@ def main(argv=None):
 def policies_from(text):
     """``'baseline,liveness'`` → the list (None: every policy); any preset or preset + ``'+params'``
     (``liveness+params``); SNError for an unknown one."""
-    from ..scheduler.policy import POLICIES, passes_of
+    from ..scheduler.policy import POLICIES, SOLVED, passes_of
     if text is None:
-        return list(POLICIES)
+        return [p for p in POLICIES if p not in SOLVED]
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise SNError(f"unknown policy '{text}'; known: {', '.join(POLICIES)}")

@@ -47,6 +47,9 @@ def build_parser():
     p.add_argument("--min-memory", action="store_true",
                    help="also find the smallest --memory under which the policy's plan fits (plans "
                         "at that budget fit, one byte less does not; a bisection over budgets)")
+    p.add_argument("--tradeoff", metavar="FILE.png",
+                   help="plot estimated time against budget (2/3, 1/2, 1/3, 1/4 of liveness's peak and the "
+                        "smallest that fits) for each policy, and print the table")
     p.add_argument("--profile", action="store_true",
                    help="time each layer's algorithms on the CPU backend (cached) and plan with "
                         "those times instead of estimates")
@@ -57,10 +60,11 @@ def main(argv=None):
     return run_cli(build_parser(), run, argv)
 
 
-def plan_from_args(args):
+def plan_from_args(args, keep=None):
     """``(schedule, plan, figures, cost model)`` for the network, policy, placement, budget and
     workspace limit in ``args``; with ``args.profile``, algorithms are ranked and timed by
-    measurement (the cost model is then the measured one, else the estimates of --device)."""
+    measurement (the cost model is then the measured one, else the estimates of --device).
+    ``keep`` (a dict) gets ``'base'``: the baseline schedule planned."""
     from ..graph import Graph
     from ..planning import lowered, min_memory, plan
     from ..scheduler.cost import CostModel
@@ -81,10 +85,15 @@ def plan_from_args(args):
         model = CostModel(backend.name, table)
         profile = {"cache": path, "measured": measured, "entries": len(table)}
     base = lowered(graph, optimizer=optimizer)
+    if keep is not None:
+        keep["base"] = base
     policy = policy_from_args(args)
+    memo = {}
     schedule, the_plan = plan(base, policy, budget, host_memory, cost=model, placement=args.placement,
-                              workspace_limit=limit, lossy=tuple(args.lossy))
+                              workspace_limit=limit, lossy=tuple(args.lossy), solver_seconds=args.solver_time,
+                              memo=memo)
     info = figures(schedule, the_plan, budget)
+    info["optimal"] = memo.get("optimal")
     timeline = model.timeline(schedule)
     live = schedule if policy == "liveness" else plan(base, "liveness", cost=model, placement=args.placement,
                                                       workspace_limit=limit)[0]
@@ -162,7 +171,16 @@ def run(args):
         check_output_path(args.timeline, "timeline")
     if args.trace:
         check_output_path(args.trace, "trace")
-    schedule, plan, info, model = plan_from_args(args)
+    if args.tradeoff:
+        report.timeline_format(args.tradeoff)
+        check_output_path(args.tradeoff, "tradeoff")
+    keep = {}  # the baseline schedule, for --tradeoff to plan again
+    schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
+    if args.tradeoff:
+        from ..tradeoff import tradeoff
+        info["tradeoff"] = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
+                                    host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
+                                    solver_seconds=args.solver_time)
     if args.json:
         print(json.dumps(info, indent=1))
     else:
@@ -170,6 +188,8 @@ def run(args):
         print(report.time_summary(info))
         if info["encoded"]:
             print(report.encoded_summary(info["encoded"]))
+        if info.get("optimal"):
+            print(report.optimal_line(info["optimal"]))
         if "min_memory_bytes" in info:
             print(report.min_memory_line(info))
         if info["profile"]:
@@ -185,6 +205,11 @@ def run(args):
         _write(args, args.timeline, report.write_timeline, schedule, plan, info["budget_bytes"])
     if args.trace:
         _write(args, args.trace, report.write_trace, schedule, plan, model)
+    if args.tradeoff:
+        if not args.json:
+            print()
+            print(report.tradeoff_table(info["tradeoff"]))
+        _write(args, args.tradeoff, report.write_tradeoff, info["tradeoff"])
     return 0 if info["fits"] and info["host_fits"] else 3
 
 

@@ -72,10 +72,15 @@ def run(args):
     data_cfg = data_config(spec, args.data)
     optimizer = make_optimizer(solver)
     memory, host_memory, limit = sizes_from_args(args)
+    if args.policy is None and memory is not None:
+        args.policy = "auto"  # a budget and no policy named: the fastest schedule that fits it
+    if args.policy == "auto" and memory is None:
+        from ..backend import free_device_bytes
+        memory = free_device_bytes(args.device)  # on a GPU, what is free; on the CPU, none (liveness)
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
               host_memory=host_memory, lossy=tuple(args.lossy),
-              costs="measure" if args.profile else None)
+              costs="measure" if args.profile else None, solver_seconds=args.solver_time)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
     batch = net.batch
     solver = optimizer.for_epochs(len(train_set), batch)

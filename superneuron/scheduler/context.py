@@ -17,8 +17,10 @@ class Context:
     """``budget`` and ``host_memory``: bytes (None: unbounded); ``model``: a cost.CostModel
     (default: the GPU estimates); ``workspace_limit``: bytes, the largest workspace where a
     layer has a choice (None: no limit); ``placement``: ``'dynamic'`` or ``'planned'``;
-    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit);
-    ``lossy``: the lossy encodings the encode pass may use (``('fp16',)``: ``--lossy fp16``)."""
+    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit;
+    ``'optimal'``: what the optimal pass chose and why, optimal.py); ``lossy``: the lossy
+    encodings the encode pass may use (``('fp16',)``: ``--lossy fp16``); ``solver_seconds``:
+    the time limit of the optimal policy's solver."""
 
     budget: int = None
     host_memory: int = None
@@ -27,3 +29,4 @@ class Context:
     placement: str = "dynamic"
     memo: dict = field(default_factory=dict, compare=False)
     lossy: tuple = ()
+    solver_seconds: float = 20.0

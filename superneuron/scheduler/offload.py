@@ -63,10 +63,12 @@ def _check_order(gaps):
     assert all(g[1] <= h[1] for g, h in zip(gaps, gaps[1:])), "offload gaps must come in the order they start"
 
 
-def _gaps(schedule, steps, model):
+def _gaps(schedule, steps, model, only=None):
     """``([(root, a, w, p, b)], writes)``: the gaps worth offloading, in the order they start
     (indices into ``steps``: the earlier use, the step before which its offload is waited
-    for, the one before which it is prefetched, the later use), and each root's write indices."""
+    for, the one before which it is prefetched, the later use), and each root's write indices.
+    ``only``: ``{root: lookahead}``, the roots whose gaps to take (None: all, with
+    :data:`LOOKAHEAD`) and how many steps each root's copies may run ahead of the compute."""
     roots = Roots.of(schedule)
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
     if turn is None:
@@ -92,13 +94,17 @@ def _gaps(schedule, steps, model):
     counted = [i for i, s in enumerate(steps) if s.kind != APPLY]
     rank = {i: k for k, i in enumerate(counted)}
     out, d2h = [], 0.0
+    if only is not None:
+        gaps = [g for g in gaps if g[2] in only]
     for a, b, r in EVICTION_ORDER(gaps):
+        ahead = LOOKAHEAD if only is None else only[r]
         seconds = model.copy_seconds(schedule.tensors[r].nbytes)
         d2h = max(d2h, starts[a + 1]) + seconds
-        ahead = counted[min(rank[a] + LOOKAHEAD, len(counted) - 1)]
-        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), ahead)  # after the copy
+        limit = counted[min(rank[a] + ahead, len(counted) - 1)]
+        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), limit)  # after the copy
         p = bisect.bisect_right(starts, starts[b] - seconds, hi=b + 1) - 1  # the latest in time
-        p = max(p, counted[rank[b] - LOOKAHEAD])
+        if rank[b] >= ahead:
+            p = max(p, counted[rank[b] - ahead])
         if w < p:  # else the gap is too short to be worth two copies
             out.append((r, a, w, p, b))
     return out, writes
@@ -341,3 +347,18 @@ def offload(schedule, context):
     if budget is not None:  # the fewest that make the arena fit, else as many as allowed
         n = variants.fewest_within(0, n, budget, residents)
     return _Variants(schedule, steps, candidates, writes).with_copies(n)
+
+
+def offload_roots(schedule, context, chosen):
+    """``schedule`` (after liveness) with every gap of the roots of ``chosen`` (``{root:
+    lookahead}``: how many steps its copies may run ahead of the compute, as
+    :data:`LOOKAHEAD`) offloaded and prefetched back, as the pass would (the same copy steps,
+    timed by the Context's cost model), whatever the budget: the optimal policy's choice,
+    made elsewhere. Roots without a gap worth two copies stay on the device."""
+    if not schedule.train or not chosen:
+        return schedule
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
+    gaps, writes = _gaps(schedule, steps, context.model, only=chosen)
+    if not gaps:
+        return schedule
+    return _Variants(schedule, steps, gaps, writes).with_copies(len(gaps))

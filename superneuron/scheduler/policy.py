@@ -17,13 +17,17 @@ the placement (dynamic or planned), which depends on every Alloc and Free
   recompute leaves), with the workspace choice every policy gets.
 - ``gist``: liveness, with the stashes kept encoded between the forward and the backward
   (Gist: encode.py); lossless, or half precision too with ``--lossy fp16``.
+- ``optimal``: the fastest schedule under the cost model that fits the budget: a
+  mixed-integer program (HiGHS) chooses per stashed tensor keep, offload or recompute and
+  per step its algorithm, against the heuristics above as incumbents (optimal.py; the pass
+  plans its candidates to the end, workspace choice and placement included).
+- ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
 - ``P+params`` (``superneurons+params``, or ``--offload-params`` with any policy): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
   them; the optimiser updates on the host (params.py).
-
-Still to come: ``optimal`` and ``auto`` (the fastest policy that fits the budget);
-each is one more entry in :data:`PRESETS`.
 """
+
+from dataclasses import replace
 
 from ..errors import SNError
 from .context import Context
@@ -32,6 +36,7 @@ from .encode import encode
 from .inplace import inplace
 from .liveness import liveness
 from .offload import offload
+from .optimal import auto, optimal
 from .params import offload_params
 from .placement import PLACEMENTS
 from .recompute import recompute
@@ -47,6 +52,8 @@ PRESETS = {
     "offload": LIVENESS + (offload,) + LAST,
     "superneurons": (recompute,) + LIVENESS + (offload,) + LAST,
     "gist": LIVENESS + (encode,) + LAST,
+    "optimal": (optimal,),  # it plans every candidate to the end (LAST included) and keeps the best
+    "auto": (auto,),
 }
 PARAMS = "+params"  # a policy name ending so keeps its parameters on the host (params.py)
 # With parameter offload: it runs after recomputation (whose Recompute steps read parameters
@@ -60,6 +67,8 @@ WITH_PARAMS = {
 # The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
 # with parameter offload; any preset but baseline takes "+params".
 POLICIES = {**PRESETS, "superneurons" + PARAMS: WITH_PARAMS["superneurons" + PARAMS]}
+# Policies that solve a program per plan: not in sn-depth's default scan (a plan per depth).
+SOLVED = ("optimal", "auto")
 
 
 def passes_of(name):
@@ -75,15 +84,17 @@ def passes_of(name):
 
 
 def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
-                 host_memory=None, memo=None, lossy=()):
+                 host_memory=None, memo=None, lossy=(), solver_seconds=None):
     """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
     workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
     ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
     a measured table, or None: estimates), then placed (``placement``: ``'dynamic'`` or
     ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. ``memo``
     (a dict): the Context's memo, to read what the passes left there (``'replayed'``: see
-    workspace.fit). ``lossy``: the lossy encodings allowed (``('fp16',)``), which only a policy
-    that encodes uses: SNError for one that does not, and for an unknown policy or placement."""
+    workspace.fit; ``'optimal'``: see optimal.py). ``lossy``: the lossy encodings allowed
+    (``('fp16',)``), which only a policy that encodes uses: SNError for one that does not.
+    ``solver_seconds``: the time limit of the optimal policy's solver (None: the Context's
+    default). SNError for an unknown policy or placement."""
     passes = passes_of(name)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
@@ -92,6 +103,8 @@ def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_lim
                       f"'{name}' does not encode; use --policy gist")
     context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
                       {} if memo is None else memo, tuple(lossy))
+    if solver_seconds is not None:
+        context = replace(context, solver_seconds=solver_seconds)
     schedule = schedule.replace(policy=name)
     for apply in passes:
         schedule = apply(schedule, context)

@@ -35,9 +35,11 @@ from .schedule import add_workspace
 from .steps import BACKWARD, Alloc, Free, Recompute
 
 
-def _recomputable(graph, roots):
+def _recomputable(graph, roots, expensive=False):
     """``{root: [writer node indices, forward order]}`` for every recomputable root, and
-    ``{root: source root}`` (the root its first writer reads)."""
+    ``{root: source root}`` (the root its first writer reads). ``expensive``: single-input
+    layers that are not cheap (convolutions, inner products) may be recomputed too (the
+    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not)."""
     writers = {}
     for node in graph.nodes:
         if node.layer.ALIAS_TOPS:
@@ -51,7 +53,7 @@ def _recomputable(graph, roots):
     def cheap(node):
         layer = node.layer
         data_bottoms = [b for i, b in enumerate(node.bottoms) if i not in layer.LABEL_BOTTOMS]
-        return (layer.CHEAP and not layer.LOSS and node.backward and len(data_bottoms) == 1
+        return ((layer.CHEAP or expensive) and not layer.LOSS and node.backward and len(data_bottoms) == 1
                 and len(node.bottoms) == 1 and len(node.tops) == 1)
 
     ok, source = {}, {}
@@ -66,6 +68,13 @@ def _recomputable(graph, roots):
             continue
         ok[r], source[r] = ws, src
     return ok, source
+
+
+def recomputable_roots(schedule, expensive=False):
+    """``({root: [writer node indices]}, {root: source root})``: the roots of ``schedule`` that
+    recomputation may free between the forward and the backward (``expensive``: those of
+    convolutions and inner products too), and the root each is recomputed from."""
+    return _recomputable(schedule.graph, Roots.of(schedule), expensive)
 
 
 def _chain(r, recomputable, source, have):
@@ -85,19 +94,24 @@ def recompute(schedule, context=None):
     return with_recomputes(schedule, context)
 
 
-def with_recomputes(schedule, context=None, largest=None):
+def with_recomputes(schedule, context=None, largest=None, only=None):
     """:func:`recompute`, with ``largest`` (bytes; default: measured on ``schedule``) the
-    working set a segment must fit under to be recomputed speed-centric."""
+    working set a segment must fit under to be recomputed speed-centric. ``only``: recompute
+    just these roots (any of :func:`recomputable_roots` with ``expensive``), each segment
+    speed-centric (each root recomputed once: the optimal policy's cost model counts it so);
+    a root left out is a checkpoint."""
     from .simulate import largest_working_set
     model = (context or Context()).model
     graph = schedule.graph
     if not schedule.train:
         return schedule
     roots = Roots.of(schedule)
-    recomputable, source = _recomputable(graph, roots)
+    recomputable, source = _recomputable(graph, roots, expensive=only is not None)
+    if only is not None:
+        recomputable = {r: ws for r, ws in recomputable.items() if r in only}
     if not recomputable:
         return schedule
-    if largest is None:
+    if largest is None and only is None:
         largest = largest_working_set(schedule, roots)
 
     def checkpoint(r):
@@ -109,7 +123,7 @@ def with_recomputes(schedule, context=None, largest=None):
     for r in recomputable:
         segments.setdefault(checkpoint(r), []).append(r)
     nbytes = {r: schedule.tensors[r].nbytes for r in recomputable}
-    speed = {c: sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
+    speed = {c: only is not None or sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
              for c, rs in segments.items()}
 
     tensors = dict(schedule.tensors)

@@ -1,0 +1,207 @@
+"""The ``optimal`` and ``auto`` policies: the fastest schedule that fits the budget, under the
+cost model.
+
+``optimal`` solves the mixed-integer program of optimal_model.py (which stashed tensors to
+keep, offload or recompute, which algorithm each step runs) with HiGHS within the Context's
+``solver_seconds``, and realises the answer with the machinery of the other passes, so the
+Simulator and the Runtime run it unchanged and every guarantee of theirs holds (plan equals
+run; baseline's losses bit for bit where the algorithms are baseline's): recompute.py
+recomputes the chosen roots (each once), then in-place reuse and liveness, offload.py copies
+the chosen roots out and back, and workspace.fit gives each step the fastest algorithm that
+fits what the tensors leave (at least the solver's choice, which fitted). The program's
+memory model is conservative but not exact (a recomputation's own workspace, the placement's
+holes): where the realised plan still goes over, the program is solved again with the
+budget lowered by the excess.
+
+HiGHS through scipy takes no starting solution, so the heuristic policies (liveness,
+recompute, offload, superneurons) are planned under the same budget too, and the fastest of
+all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never slower than
+``superneurons``. The Context's memo gets ``'optimal'``: the winner, every candidate's
+estimate, the solver's status, objective, proven bound and gap, and its time.
+
+``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
+where it fits at full speed, without solving anything; the best heuristic that fits when
+the solver runs out of time).
+"""
+
+import dataclasses
+import time
+
+from ..errors import SNError
+from ..sizes import human_bytes
+from .inplace import inplace
+from .liveness import Roots, liveness
+from .offload import LOOKAHEAD, offload_roots
+from .optimal_model import build, solve
+from .recompute import with_recomputes
+from .workspace import fit
+
+# The incumbents: presets of policy.py whose plans the solver's must beat.
+HEURISTICS = ("liveness", "recompute", "offload", "superneurons")
+ROUNDS = 4  # solves at most, each with the budget lowered by what the last plan went over
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A plan considered: its ``name``, the placed ``schedule``, its Plan, its estimated
+    ``seconds``, whether it ``fits`` and the ``context`` it was made under."""
+
+    name: str
+    schedule: object
+    plan: object
+    seconds: float
+    fits: bool
+    context: object
+
+
+def optimal(schedule, context):
+    """The pass ``optimal``: see the module's docstring. It takes the baseline schedule and
+    ends placed, as every policy does. SNError when no plan fits the budget, naming the
+    smallest budget that does."""
+    return _fastest(schedule, context, solve_always=True)
+
+
+def auto(schedule, context):
+    """The pass ``auto``: liveness without a budget, else :func:`optimal`'s choice."""
+    return _fastest(schedule, context, solve_always=False)
+
+
+def _fastest(schedule, context, solve_always):
+    info = {"winner": None, "candidates": {}, "solver": None}
+    context.memo["optimal"] = info
+    live = _candidate("liveness", schedule, context)
+    info["candidates"]["liveness"] = live.seconds if _ok(live, context) else None
+    if context.budget is None or not schedule.train:
+        return _win(live, info, context, "no budget: liveness at full speed is the fastest")
+    unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
+    if _ok(live, context) and live.seconds <= unbounded.seconds:
+        return _win(live, info, context, "liveness at full speed fits: nothing is faster")
+    if _ok(live, context) and not solve_always:
+        return _win(live, info, context, None)
+    best = [live] if _ok(live, context) else []
+    for name in HEURISTICS:
+        if name != "liveness":
+            found = _candidate(name, schedule, context)
+            info["candidates"][name] = found.seconds if _ok(found, context) else None
+            best += [found] if _ok(found, context) else []
+    found = _solved(schedule, context, info)
+    if found is not None:
+        info["candidates"]["solver"] = found.seconds if _ok(found, context) else None
+        best += [found] if _ok(found, context) else []
+    if not best:
+        raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)}: the smallest that "
+                      f"fits is {human_bytes(smallest_budget(schedule, context))} (policy {schedule.policy})")
+    return _win(min(best, key=lambda c: (c.seconds, c.plan.arena_bytes)), info, context, None)
+
+
+def _ok(candidate, context):
+    host = context.host_memory
+    return candidate.fits and (host is None or candidate.plan.host_bytes <= host)
+
+
+def _win(candidate, info, context, proven):
+    """``candidate``'s schedule, noted in ``info`` as the winner (``proven``: why nothing can
+    be faster, where that is known without the solver)."""
+    info.update(winner=candidate.name, seconds=candidate.seconds, proven=proven)
+    replayed = candidate.context.memo.get("replayed")
+    if replayed is not None:
+        context.memo["replayed"] = replayed
+    return candidate.schedule
+
+
+def _candidate(name, schedule, context, passes=None):
+    """Plan ``schedule`` with ``passes`` (default: the heuristic ``name``'s) under a Context
+    like ``context`` (its own memo) and weigh it."""
+    from .policy import PRESETS  # policy.py lists this module's passes: import it when planning
+    from .simulate import simulate
+    context = dataclasses.replace(context, memo={})
+    for apply in passes or PRESETS[name]:
+        schedule = apply(schedule, context)
+    placed, replayed = context.memo.get("replayed", (None, None))
+    plan = simulate(schedule, replayed if placed is schedule else None)
+    return Candidate(name, schedule, plan, context.model.iteration_seconds(schedule), plan.fits(context.budget),
+                     context)
+
+
+def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
+    """``schedule`` (the baseline) with ``recompute_roots`` recomputed, ``offload_roots_``
+    offloaded with the offload pass's lookahead and ``swap_roots`` with copies that run as far
+    ahead as they need (root names of the schedule before in-place reuse), by the other
+    passes' machinery, then fitted and placed under ``context``."""
+    def offloaded(s, ctx):
+        roots = Roots.of(s)
+        ahead = {roots(r): len(s.steps) for r in swap_roots}
+        ahead.update({roots(r): LOOKAHEAD for r in offload_roots_})
+        return offload_roots(s, ctx, ahead)
+
+    def recomputed(s, ctx):
+        return with_recomputes(s, ctx, only=recompute_roots)
+
+    return _candidate("solver", schedule, context, (recomputed, inplace, liveness, offloaded, fit))
+
+
+def _solved(schedule, context, info):
+    """The solver's best plan that fits (a Candidate), else its last, else None. Two programs:
+    without swaps first (easy: most of a net's savings are recomputations), in at most half
+    the time limit, then with them in what is left, every root the first recomputes still
+    recomputed (HiGHS takes no starting point; this keeps the second program small); each
+    solved again with a lower cap while its realised plan goes over the budget (the model is
+    not exact to the byte)."""
+    start = time.perf_counter()
+    deadline = start + context.solver_seconds
+    model = build(schedule, context.model)
+    best, last, phases, recomputed = None, None, [], set()
+    info["solver"] = solver = {"phases": phases}
+    for swaps in (False, True):
+        cap, until = context.budget - model.resident, deadline
+        if not swaps:
+            until = start + context.solver_seconds / 2
+        phase = {"swaps": swaps, "rounds": 0}
+        phases.append(phase)
+        for _ in range(ROUNDS):
+            left = until - time.perf_counter()
+            if left <= 0 or cap <= 0:
+                break
+            solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
+            phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
+                         dual_bound=solution.dual_bound, gap=solution.gap,
+                         solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
+            if solution.recompute is None:
+                break
+            found = realise(schedule, context, solution.recompute, solution.offload, solution.swap)
+            phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
+                         swapped=len(solution.swap), realised_seconds=found.seconds, fits=_ok(found, context))
+            last = found
+            if _ok(found, context):
+                if best is None or found.seconds < best.seconds:
+                    best, solver["best"] = found, dict(phase)
+                recomputed = solution.recompute
+                break
+            # Lower the cap by what it went over; by half at first where only the placement's
+            # holes (the arena, not the bytes live) went over: a tighter cap may not be needed.
+            over = found.plan.arena_bytes - context.budget
+            holes_only = found.plan.peak_bytes <= context.budget
+            cap -= over // 2 if holes_only and phase["rounds"] == 1 else over
+    solver["seconds"] = time.perf_counter() - start
+    shown = solver.get("best") or (phases[-1] if phases[-1]["rounds"] else phases[0])
+    solver.update({k: shown.get(k) for k in ("status", "objective", "dual_bound", "gap")})
+    solver["rounds"] = sum(p["rounds"] for p in phases)
+    return best or last
+
+
+def smallest_budget(schedule, context):
+    """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
+    between the resident bytes and liveness's arena; each probe plans superneurons and
+    offload, the policies that go lowest), to within 1/4096 of it: a budget that fits, and
+    no more than that above the smallest (deep nets plan for seconds: each probe counts)."""
+    unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
+    lo, hi = schedule.resident_bytes, unbounded.plan.arena_bytes
+
+    def fits(budget):
+        ctx = dataclasses.replace(context, budget=budget)
+        return any(_ok(_candidate(name, schedule, ctx), ctx) for name in ("superneurons", "offload"))
+
+    while hi - lo > hi >> 12:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+    return hi

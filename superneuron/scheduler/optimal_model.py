@@ -1,0 +1,394 @@
+"""The optimal policy's mixed-integer program (MONeT's joint choice, Steiner et al. 2021, solved
+by HiGHS through ``scipy.optimize.milp``): for a budget, which stashed tensors to keep, to
+offload or to recompute, and which algorithm each step runs, so that the iteration's
+estimated time is least and the bytes live at every step, workspace included, fit.
+
+The model is read off the liveness schedule of the net (no in-place reuse: the realised
+schedule gets it on top, which only frees more). Its compute steps are numbered 0..n-1, and:
+
+- a *stash* is a data root used in the forward (last at step ``a``) and read again in the
+  backward (first at step ``e``). Each stash has up to three options, binaries summing to
+  at most 1 (none: keep it):
+  ``recompute`` (a single-input layer's output; recompute.py's chains, each root recomputed
+  once, speed-centric): absent from steps a+1 .. e-1, costs its writers' forward time;
+  ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
+  device→host copy, whose Wait comes right after it, and what of the host→device copy the
+  step before ``e`` does not hide;
+  ``swap`` (checkpoints only: offload.py's copies, as far ahead as their time needs):
+  absent from the step its copy is done to the step its copy back must start, costs a token
+  share of the copies; one copy at a time per stream, so none queues and the window holds.
+- a stash from which a chosen root is recomputed must be back before that root's backward:
+  for each root recomputed from it (``triggers``), when that root and every root between are
+  recomputed, the stash is on the device from that step on (continuous presence variables
+  per stretch between such steps, at least the AND of the binaries: see :func:`_triggers`).
+- a *choice* is a compute step whose layer offers algorithms: one binary per algorithm,
+  summing to 1, with its time and its workspace, live at that step only.
+
+Every step has one memory row: the bytes liveness keeps live there, less what the options
+chosen free there, plus its workspace, at most the budget less the resident bytes. What the
+options free at a step is carried by one continuous variable per step, ``D[i] = D[i-1] +
+(bytes of options whose window opens at i) - (bytes of those whose window closed at i-1)``,
+so the matrix has O(n + stashes + algorithms) nonzeros, not one per (stash, step) pair. It is
+MONeT's segment structure: a stash is one window between its checkpoint's uses, and nothing
+in the model is quadratic in the steps (Checkmate's n² recompute variables are not needed,
+since the recompute machinery decides where a recomputation runs: right before its backward).
+
+An ``encode`` option (Gist) is one more binary per stash: a window like keep's in which the
+stash takes its encoded bytes rather than its own (the window's D entry adds ``size - encoded
+size``), its time the Encode and Decode steps' cost; its row in the at-most-one constraint
+with the others, and the realisation one more set handed to the encode pass.
+"""
+
+import bisect
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..allocator import aligned
+from .cost import phase_of
+from .liveness import Roots, intervals, liveness
+from .recompute import recomputable_roots
+from .steps import BACKWARD, LAYER_STEPS, MEMORY
+
+MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
+SWAP_COST = 0.02  # of a swap's copy time, its cost in the objective: copies that hide are not free
+MIB = float(1 << 20)   # the program counts bytes in MiB and seconds in milliseconds: HiGHS's
+MS = 1e3               # tolerances are absolute, and bytes by the billion would lose them
+
+
+@dataclass
+class Stash:
+    """A stashed root: ``size`` (arena bytes), its last forward use ``a``, its first backward
+    read ``e`` (compute-step indices; None: no backward reads it, it matters only to the
+    recomputation of roots computed from it), and what recomputing (``recompute_seconds``) or
+    offloading it (``offload_seconds``) costs, None where that option does not apply.
+    ``swap``: ``(w, p)`` when it may be *swapped*, offloaded with copies that run ahead of the
+    compute as far as their time needs (``copy_seconds`` each way), absent from w to p-1.
+    ``triggers``: ``[(step, chain)]``, one per root recomputed from this one: when every
+    root of ``chain`` (stash indices, that root first, then those between) is recomputed,
+    this root must be on the device before ``step``, where that root's backward reads it."""
+
+    root: str
+    size: int
+    a: int
+    e: int
+    recompute_seconds: float = None
+    offload_seconds: float = None
+    triggers: list = field(default_factory=list)
+    swap: tuple = None           # (w, p): absent from w to p-1 when swapped (copies overlapped)
+    copy_seconds: float = 0.0
+
+
+@dataclass
+class Choice:
+    """A compute step ``step`` (index) whose layer offers ``algos``, each with ``seconds`` and
+    ``workspace`` (arena bytes)."""
+
+    step: int
+    algos: list
+    seconds: list
+    workspace: list
+
+
+@dataclass
+class Model:
+    """What the program is built from (see the module's docstring): ``live`` (bytes live at
+    each compute step under liveness, workspaces aside), ``fixed_workspace`` and
+    ``fixed_seconds`` (of the steps without a choice), the stashes, the choices and the
+    resident bytes."""
+
+    n: int
+    live: np.ndarray
+    fixed_workspace: np.ndarray
+    fixed_seconds: float
+    stashes: list
+    choices: list
+    resident: int
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
+    names: list = field(default_factory=list)
+
+
+def build(schedule, model):
+    """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
+    ``model`` (a cost.CostModel)."""
+    live_schedule = liveness(schedule)
+    roots = Roots.of(live_schedule)
+    graph = schedule.graph
+    steps = [s for s in live_schedule.steps if s.kind not in MEMORY]
+    n = len(steps)
+    live = np.zeros(n + 1)
+    for r, a, b in intervals(live_schedule, steps, roots):
+        if schedule.tensors[r].kind == "workspace":  # the lowered steps' own: the choices count them
+            continue
+        live[a] += roots.size(r)
+        live[b + 1] -= roots.size(r)
+    live = np.cumsum(live)[:n]
+
+    fastest = []   # each step's time with its fastest algorithm (the offload costs use it)
+    fixed_ws, fixed_seconds, choices = np.zeros(n), 0.0, []
+    for i, step in enumerate(steps):
+        if step.kind in LAYER_STEPS:
+            layer = graph.nodes[step.node].layer
+            phase = phase_of(step)
+            algos = model.algorithms(layer, phase)
+            seconds = [model.algo_seconds(layer, phase, a) for a in algos]
+            fastest.append(min(seconds))
+            if len(algos) > 1:
+                choices.append(Choice(i, algos, seconds, [aligned(a.workspace) for a in algos]))
+                continue
+            fixed_ws[i] = aligned(algos[0].workspace) if algos[0].workspace > 0 else 0
+            fixed_seconds += seconds[0]
+        else:
+            fastest.append(model.step_seconds(live_schedule, step))
+            fixed_seconds += fastest[-1]
+    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
+    return Model(n, live, fixed_ws, fixed_seconds, _stashes(live_schedule, steps, roots, model, fastest),
+                 choices, schedule.resident_bytes, sum(fastest[:turn]), sum(fastest[turn:]))
+
+
+def _stashes(schedule, steps, roots, model, fastest):
+    """The :class:`Stash` of every data root that lives across the forward/backward turn, or
+    from which such a root may be recomputed."""
+    graph, tensors = schedule.graph, schedule.tensors
+    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), len(steps))
+    last_forward, first_backward = {}, {}
+    for i, step in enumerate(steps):
+        reads, writes = roots.uses(step)
+        for r in reads + writes:
+            if i < turn:
+                last_forward[r] = i
+            elif r in reads:
+                first_backward.setdefault(r, i)
+    starts = list(itertools.accumulate(fastest, initial=0.0))  # each step's start, in seconds
+    recomputable, source = recomputable_roots(schedule, expensive=True)
+    # Walk up from each recomputable root a backward reads: every root it is recomputed from,
+    # through recomputable ones, must be back when it is recomputed (if all between are too).
+    triggers = {}
+    for d in recomputable:
+        need = first_backward.get(d)
+        if need is None:
+            continue
+        chain, r = [d], source[d]
+        while r is not None and r in last_forward:
+            triggers.setdefault(r, []).append((need, tuple(chain)))
+            if r not in recomputable:
+                break
+            chain.append(r)
+            r = source[r]
+    out, index = [], {}
+    for r, a in last_forward.items():
+        e = first_backward.get(r)
+        info = tensors[r]
+        if info.kind != "data" or (e is None and r not in triggers) or (e is not None and e - a < 2):
+            continue
+        stash = Stash(r, roots.size(r), a, e)
+        if r in recomputable:
+            stash.recompute_seconds = sum(
+                min(model.algo_seconds(graph.nodes[w].layer, "forward", al)
+                    for al in model.algorithms(graph.nodes[w].layer, "forward"))
+                for w in recomputable[r])
+        if e is not None and e - a >= 3:
+            copy = model.copy_seconds(info.nbytes)
+            stash.offload_seconds = copy + max(0.0, copy - fastest[e - 1])
+            w = bisect.bisect_left(starts, starts[a + 1] + copy, lo=a + 1)
+            p = bisect.bisect_right(starts, starts[e] - copy, hi=e + 1) - 1
+            # A swap only for checkpoints: a recomputable root is cheaper recomputed than copied
+            # on any device the cost model knows, and each option more makes the program harder.
+            if a < w < p < e and stash.recompute_seconds is None:
+                stash.swap, stash.copy_seconds = (w, p), copy
+        index[r] = len(out)
+        out.append(stash)
+    for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept
+        stash.triggers = [(need, tuple(index.get(c) for c in chain)) for need, chain in triggers.get(stash.root, ())
+                          if all(c in index for c in chain)]
+    return out
+
+
+@dataclass
+class Solution:
+    """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
+    ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
+    proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time); the sets
+    are None when it found no schedule."""
+
+    recompute: set
+    offload: set
+    swap: set
+    algorithms: dict
+    objective: float
+    dual_bound: float
+    gap: float
+    status: str
+    seconds: float
+
+
+def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
+    """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
+    resident ones, the offloaded stashes' bytes within ``host_memory`` (None: unbounded), in
+    at most ``time_limit`` seconds; a :class:`Solution`. ``swaps``: offer the swap option
+    (a harder program: its copies' streams are constrained too). ``recomputed``: roots that
+    must be recomputed (an earlier solution's: the program left is much smaller)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_array
+
+    columns, cost = [], []  # column j: ("rec"|"off", stash), ("alg", choice, algo), ("presence", stash, tile)
+    for k, s in enumerate(m.stashes):
+        if s.recompute_seconds is not None:
+            columns.append(("rec", k, None))
+            cost.append(s.recompute_seconds * MS)
+        if s.offload_seconds is not None:
+            columns.append(("off", k, None))
+            cost.append(s.offload_seconds * MS)
+        if s.swap is not None and swaps:  # hidden by the compute where the streams keep up: a token cost
+            columns.append(("swap", k, None))
+            cost.append(SWAP_COST * s.copy_seconds * MS)
+    for c, choice in enumerate(m.choices):
+        for a, seconds in enumerate(choice.seconds):
+            columns.append(("alg", c, a))
+            cost.append(seconds * MS)
+    n = m.n
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def row(entries, low, high):
+        r = len(lo)
+        for j, v in entries:
+            rows.append(r)
+            cols.append(j)
+            vals.append(v)
+        lo.append(low)
+        hi.append(high)
+
+    by_stash, opening, closing = {}, {}, {}
+    for j, (what, k, _) in enumerate(columns):
+        if what == "alg" or m.stashes[k].e is None:  # no backward reads it: it frees nothing
+            continue
+        by_stash.setdefault(k, []).append(j)
+        s = m.stashes[k]
+        first, end = s.a + 1, s.e - 1 if what == "rec" else s.e - 2  # the steps it is absent from
+        if what == "swap":
+            first, end = s.swap[0], s.swap[1] - 1
+        opening.setdefault(first, []).append((j, s.size / MIB))
+        closing.setdefault(end + 1, []).append((j, s.size / MIB))
+    for js in by_stash.values():
+        if len(js) > 1:
+            row([(j, 1.0) for j in js], -np.inf, 1.0)
+    nx = _triggers(m, columns, cost, row, opening, closing)
+    d0 = nx  # D[i] is column d0 + i
+    by_choice = {}
+    for j, (what, c, _) in enumerate(columns):
+        if what == "alg":
+            by_choice.setdefault(c, []).append(j)
+    for js in by_choice.values():
+        row([(j, 1.0) for j in js], 1.0, 1.0)
+    for i in range(n):  # D[i] - D[i-1] - opening + closing = 0
+        entries = [(d0 + i, 1.0)] + ([(d0 + i - 1, -1.0)] if i else [])
+        entries += [(j, -v) for j, v in opening.get(i, ())] + [(j, v) for j, v in closing.get(i, ())]
+        row(entries, 0.0, 0.0)
+    workspace_of = {}
+    for j, (what, c, a) in enumerate(columns):
+        if what == "alg":
+            workspace_of.setdefault(m.choices[c].step, []).append((j, m.choices[c].workspace[a] / MIB))
+    room = (cap - m.live - m.fixed_workspace) / MIB
+    for i in range(n):  # live - D[i] + workspace <= cap
+        row([(d0 + i, -1.0)] + [(j, v) for j, v in workspace_of.get(i, ()) if v], -np.inf, room[i])
+    if host_memory is not None:
+        row([(j, m.stashes[k].size / MIB) for j, (what, k, _) in enumerate(columns) if what in ("off", "swap")],
+            -np.inf, host_memory / MIB)
+    # One copy at a time on each stream: the swaps' copies never queue, so each ends when the
+    # model says (the offload pass times them so) and its window holds.
+    on_stream = {}
+    for j, (what, k, _) in enumerate(columns):
+        if what == "swap":
+            s = m.stashes[k]
+            w, p = s.swap
+            for i in itertools.chain(range(s.a + 1, w), range(p, s.e)):  # device→host, then host→device
+                on_stream.setdefault(("d2h" if i < w and i > s.a else "h2d", i), []).append(j)
+    for js in on_stream.values():
+        if len(js) > 1:
+            row([(j, 1.0) for j in js], -np.inf, 1.0)
+
+    c = np.concatenate([np.array(cost, dtype=float), np.zeros(n)])
+    integrality = np.concatenate([[0.0 if what == "presence" else 1.0 for what, _, _ in columns], np.zeros(n)])
+    # D[i] is free in sign: a stash brought back early for a recomputation adds bytes
+    lower = [1.0 if what == "rec" and m.stashes[k].root in recomputed else 0.0 for what, k, _ in columns]
+    bounds = Bounds(np.concatenate([lower, np.full(n, -np.inf)]),
+                    np.concatenate([np.ones(nx), np.full(n, np.inf)]))
+    matrix = coo_array((vals, (rows, cols)), shape=(len(lo), nx + n)).tocsr()
+    start = time.perf_counter()
+    res = milp(c, integrality=integrality, bounds=bounds,
+               constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
+               options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": MIP_GAP})
+    seconds = time.perf_counter() - start
+    base = m.fixed_seconds
+    dual = getattr(res, "mip_dual_bound", None)
+    dual = None if dual is None or not np.isfinite(dual) else base + dual / MS
+    gap = getattr(res, "mip_gap", None)
+    if res.x is None:
+        return Solution(None, None, None, None, None, dual, None, res.message, seconds)
+    x = res.x
+    recompute = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "rec" and x[j] > 0.5}
+    offload = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "off" and x[j] > 0.5}
+    swap = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "swap" and x[j] > 0.5}
+    algorithms = {m.choices[c].step: m.choices[c].algos[a].name
+                  for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
+    return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual,
+                    None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds)
+
+
+def _triggers(m, columns, cost, row, opening, closing):
+    """Add the rows and columns that bring a stash back early for the recomputation of a
+    root computed from it (Stash.triggers); the number of columns before the D[i] ones.
+
+    A stash freed (recomputed or offloaded) whose triggers are active is on the device from
+    the earliest active trigger's step (less one: a Prefetch comes a step ahead) to its own
+    read: the steps between its triggers' steps are tiles, and tile k has a continuous
+    presence ``p_k`` in [0, 1] with ``p_k >= (recompute binaries of the chain) + freed - len(chain)``
+    for every trigger at or before the tile (the least it can be is 1 exactly when one is
+    active), its bytes added over the tile. A stash that no backward reads (``e`` None) must
+    be recomputed for an active trigger (it frees nothing otherwise) and is then on the
+    device at the trigger's step; where it cannot be recomputed, the trigger may not fire."""
+    rec = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
+    off = {}
+    for j, (what, k, _) in enumerate(columns):
+        if what in ("off", "swap"):
+            off.setdefault(k, []).append(j)
+    for k, s in enumerate(m.stashes):
+        live_chains = []
+        for need, chain in s.triggers:
+            if need >= (s.e if s.e is not None else m.n) or any(c not in rec for c in chain):
+                continue  # later than its own read, or through a root that is never recomputed
+            live_chains.append((need, [rec[c] for c in chain]))
+        if not live_chains:
+            continue
+        if s.e is None:
+            for need, chain in live_chains:
+                if k in rec:  # x_rec[k] >= AND(chain)
+                    row([(rec[k], 1.0)] + [(j, -1.0) for j in chain], 1.0 - len(chain), np.inf)
+                    at = need - 1
+                    j = len(columns)
+                    columns.append(("presence", k, at))
+                    cost.append(0.0)
+                    row([(j, 1.0)] + [(c, -1.0) for c in chain], 1.0 - len(chain), np.inf)
+                    opening.setdefault(at, []).append((j, -s.size / MIB))
+                    closing.setdefault(at + 1, []).append((j, -s.size / MIB))
+                else:
+                    row([(j, 1.0) for j in chain], -np.inf, len(chain) - 1.0)
+            continue
+        freed = ([rec[k]] if k in rec else []) + off.get(k, [])
+        bounds = sorted({need for need, _ in live_chains} | {s.e}, reverse=True)
+        for upper, lower in zip(bounds, bounds[1:]):  # the tile of steps lower-1 .. upper-2
+            j = len(columns)
+            columns.append(("presence", k, lower))
+            cost.append(0.0)
+            for need, chain in live_chains:
+                if need <= lower:
+                    row([(j, 1.0)] + [(c, -1.0) for c in chain] + [(f, -1.0) for f in freed],
+                        -float(len(chain)), np.inf)
+            start, end = max(lower - 1, s.a + 1), upper - 2
+            if start <= end:
+                opening.setdefault(start, []).append((j, -s.size / MIB))
+                closing.setdefault(end + 1, []).append((j, -s.size / MIB))
+    return len(columns)

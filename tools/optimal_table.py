@@ -1,0 +1,77 @@
+"""The optimal policy against liveness and superneurons on the H100 cost model (estimates):
+classic ImageNet nets at batch 32, 224x224, at budgets of 2/3, 1/2, 1/3 and 1/4 of
+liveness's peak and the smallest that fits, each figure as
+
+    sn-plan NET.yaml [--set depth=D] --batch 32 --device gpu --policy P --memory B
+
+prints (planned in this process through planning.plan), with how long optimal took.
+
+    python tools/optimal_table.py [--nets resnet50,resnet101,resnet152,vgg16,googlenet] [--solver-time 20]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from superneuron.backend import planning_kernels  # noqa: E402
+from superneuron.errors import SNError  # noqa: E402
+from superneuron.graph import Graph  # noqa: E402
+from superneuron.optim import SolverConfig, make_optimizer  # noqa: E402
+from superneuron.planning import lowered, plan  # noqa: E402
+from superneuron.report import human_bytes, table  # noqa: E402
+from superneuron.scheduler.context import Context  # noqa: E402
+from superneuron.scheduler.cost import CostModel  # noqa: E402
+from superneuron.scheduler.optimal import smallest_budget  # noqa: E402
+from superneuron.spec import load_spec  # noqa: E402
+
+NETS = {"resnet50": ("nets/resnet.yaml", {"depth": 50}), "resnet101": ("nets/resnet.yaml", {"depth": 101}),
+        "resnet152": ("nets/resnet.yaml", {"depth": 152}), "vgg16": ("nets/vgg16.yaml", {}),
+        "googlenet": ("nets/googlenet.yaml", {})}
+FRACTIONS = (("2/3", 2 / 3), ("1/2", 1 / 2), ("1/3", 1 / 3), ("1/4", 1 / 4))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nets", default=",".join(NETS))
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--solver-time", type=float, default=20.0)
+    args = p.parse_args()
+    model = CostModel("gpu")
+    for name in args.nets.split(","):
+        path, overrides = NETS[name]
+        spec = load_spec(path, overrides=overrides, batch=args.batch)
+        base = lowered(Graph(spec, kernels=planning_kernels("gpu")),
+                       optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
+        live_schedule, live = plan(base, "liveness", cost=model)
+        live_seconds = model.iteration_seconds(live_schedule)
+        budgets = [(f, round(live.arena_bytes * x)) for f, x in FRACTIONS]
+        budgets.append(("smallest", smallest_budget(base, Context(model=model))))
+        rows = []
+        for label, budget in budgets:
+            cells = [label, human_bytes(budget)]
+            for policy in ("superneurons", "optimal"):
+                memo, start = {}, time.perf_counter()
+                try:
+                    schedule, p_ = plan(base, policy, budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+                except SNError:
+                    cells += ["-", ""] if policy == "optimal" else ["-"]
+                    continue
+                took = time.perf_counter() - start
+                seconds = model.iteration_seconds(schedule)
+                cells.append(f"x{seconds / live_seconds:.3f}" if p_.fits(budget) else "-")
+                if policy == "optimal":
+                    info = memo["optimal"]
+                    solver = info.get("solver") or {}
+                    gap = solver.get("gap")
+                    cells.append(f"{info['winner']}, gap {'-' if gap is None else f'{gap * 100:.2f} %'}, "
+                                 f"{took:.1f} s")
+            rows.append(cells)
+        print(f"\n{name}, batch {args.batch}: liveness {human_bytes(live.arena_bytes)}, "
+              f"{live_seconds * 1e3:.2f} ms (H100 estimates)")
+        print(table(rows, ["budget", "bytes", "superneurons", "optimal", "optimal: winner, solver gap, plan time"]))
+
+
+if __name__ == "__main__":
+    main()
