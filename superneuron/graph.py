@@ -39,8 +39,9 @@ from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
 from .rules import PHASES
 
 # Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
-# step will make; liveness.SCHEDULED lists those whose storage the steps manage.
-KINDS = ("data", "grad", "param", "param_grad", "state", "workspace", "encoded")
+# step will make; "bucket" the gradients of a data-parallel all-reduce, packed
+# (scheduler/allreduce.py); liveness.SCHEDULED lists those whose storage the steps manage.
+KINDS = ("data", "grad", "param", "param_grad", "state", "workspace", "encoded", "bucket")
 
 
 def storage_root(tensors, name):

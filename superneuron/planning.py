@@ -10,6 +10,7 @@ choice and placement → the Simulator).
 from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
+from .scheduler.allreduce import DEFAULT_BUCKET_BYTES
 from .scheduler.cost import CostModel
 from .scheduler.lower import lower
 from .scheduler.policy import apply_policy
@@ -27,18 +28,20 @@ def lowered(net, train=True, optimizer=None, device="cpu"):
 
 
 def plan(net, policy="baseline", budget=None, host_memory=None, device="cpu", cost=None,
-         placement="dynamic", workspace_limit=None, optimizer=None, train=True):
+         placement="dynamic", workspace_limit=None, optimizer=None, train=True, ranks=1,
+         bucket_bytes=DEFAULT_BUCKET_BYTES):
     """``(schedule, simulate.Plan)`` of one iteration of ``net`` (see :func:`lowered`; with
     ``optimizer``, its state is resident and the iteration ends with the update; ``train``
     False: a forward pass for testing) under ``policy``, within ``budget`` and ``host_memory``
     (bytes; None: unbounded) where the policy can make it, no workspace over
     ``workspace_limit`` where there is a choice, placed by ``placement``. ``cost``: a
-    cost.CostModel, a measured table, or None (the estimates of ``device``). SNError for an
-    unknown policy or placement."""
+    cost.CostModel, a measured table, or None (the estimates of ``device``). ``ranks`` > 1:
+    data-parallel, the gradients all-reduced in buckets of ``bucket_bytes`` (scheduler/
+    allreduce.py). SNError for an unknown policy or placement."""
     memo = {}
     schedule = apply_policy(lowered(net, train, optimizer, device), policy, placement, budget=budget,
                             workspace_limit=workspace_limit, costs=cost_model(cost, device),
-                            host_memory=host_memory, memo=memo)
+                            host_memory=host_memory, memo=memo, ranks=ranks, bucket_bytes=bucket_bytes)
     placed, replayed = memo.get("replayed", (None, None))
     return schedule, simulate(schedule, replayed if placed is schedule else None)
 

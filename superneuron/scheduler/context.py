@@ -9,6 +9,7 @@ in a module: it goes when the Context goes.
 
 from dataclasses import dataclass, field
 
+from .allreduce import DEFAULT_BUCKET_BYTES
 from .cost import CostModel
 
 
@@ -17,7 +18,9 @@ class Context:
     """``budget`` and ``host_memory``: bytes (None: unbounded); ``model``: a cost.CostModel
     (default: the GPU estimates); ``workspace_limit``: bytes, the largest workspace where a
     layer has a choice (None: no limit); ``placement``: ``'dynamic'`` or ``'planned'``;
-    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit)."""
+    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit);
+    ``ranks``: data-parallel ranks, whose gradients are all-reduced in buckets of
+    ``bucket_bytes`` (allreduce.py)."""
 
     budget: int = None
     host_memory: int = None
@@ -25,3 +28,5 @@ class Context:
     workspace_limit: int = None
     placement: str = "dynamic"
     memo: dict = field(default_factory=dict, compare=False)
+    ranks: int = 1
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES

@@ -10,7 +10,8 @@ inserts, for every layer step that reads a parameter (forward, recompute, backwa
   device copy after its last use;
 - after a backward, ``Offload(g)`` of each parameter gradient it wrote, into the gradient's
   host place, and ``Wait(g)`` after the next compute step (before the update, which reads it),
-  when its device memory is freed.
+  when its device memory is freed; with data-parallel buckets (allreduce.py), after the
+  ``WaitReduce`` of its bucket instead: reduce, then copy to the host.
 
 The update then runs on the host (NumPy, in place, on the masters), so the device's resident
 region is only what stays there (BatchNorm's statistics), and the depth a budget allows is
@@ -19,7 +20,20 @@ schedules get the same prefetches (they share the runtime's resident layout).
 """
 
 from .liveness import liveness
-from .steps import BACKWARD, LAYER_STEPS, MEMORY, OFFLOAD, PREFETCH, UPDATE, WAIT, Offload, Prefetch, Wait
+from .steps import (
+    BACKWARD,
+    COMMUNICATION,
+    LAYER_STEPS,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    UPDATE,
+    WAIT,
+    WAIT_REDUCE,
+    Offload,
+    Prefetch,
+    Wait,
+)
 
 
 def offload_params(schedule, context=None):
@@ -36,9 +50,14 @@ def offload_params(schedule, context=None):
     host = set(learnable) | set(grads) | set(state)
     update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT)]
+    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT) + COMMUNICATION]
     ahead = {i: compute[k - 1] if k else i for k, i in enumerate(compute)}   # the compute step before
-    after = {i: compute[k + 1] if k + 1 < len(compute) else None for k, i in enumerate(compute)}
+    after, following = {}, None  # each step → the compute step after it
+    for i in range(len(steps) - 1, -1, -1):
+        after[i] = following
+        if i in ahead:
+            following = i
+    reduced = {g: i for i, s in enumerate(steps) if s.kind == WAIT_REDUCE for g in s.grads}
     before, behind, last_use = {}, {}, {}
     for i, step in enumerate(steps):
         if step.kind not in LAYER_STEPS:
@@ -51,9 +70,10 @@ def offload_params(schedule, context=None):
             last_use[t] = i
         if step.kind == BACKWARD:
             for g in node.param_grads.values():
-                behind.setdefault(i, []).append(Offload(g))
-                j = after[i]  # the update reads the gradients: their copies end before it
-                done = i if j is None or steps[j].kind == UPDATE else j
+                at = reduced.get(g, i)  # its bucket's average, where there are ranks
+                behind.setdefault(at, []).append(Offload(g))
+                j = after[at]  # the update reads the gradients: their copies end before it
+                done = at if j is None or steps[j].kind == UPDATE else j
                 behind.setdefault(done, []).append(Wait(g))
     out = []
     for i, step in enumerate(steps):

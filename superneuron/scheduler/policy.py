@@ -24,6 +24,7 @@ each is one more entry in :data:`PRESETS`.
 """
 
 from ..errors import SNError
+from .allreduce import DEFAULT_BUCKET_BYTES, allreduce
 from .context import Context
 from .cost import as_model
 from .inplace import inplace
@@ -71,19 +72,23 @@ def passes_of(name):
 
 
 def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
-                 host_memory=None, memo=None):
+                 host_memory=None, memo=None, ranks=1, bucket_bytes=DEFAULT_BUCKET_BYTES):
     """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
     workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
     ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
     a measured table, or None: estimates), then placed (``placement``: ``'dynamic'`` or
     ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. ``memo``
     (a dict): the Context's memo, to read what the passes left there (``'replayed'``: see
-    workspace.fit). SNError for an unknown policy or placement."""
+    workspace.fit). ``ranks`` > 1: the gradients are all-reduced across that many ranks in
+    buckets of ``bucket_bytes``, the first pass (allreduce.py), so that every later one sees
+    the buckets. SNError for an unknown policy or placement."""
     passes = passes_of(name)
+    if ranks > 1:
+        passes.insert(0, allreduce)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
     context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
-                      {} if memo is None else memo)
+                      {} if memo is None else memo, ranks, bucket_bytes)
     schedule = schedule.replace(policy=name)
     for apply in passes:
         schedule = apply(schedule, context)

@@ -3,7 +3,8 @@
 A step is a :class:`Step`, an immutable record whose fields are named for what they hold:
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
 acts on), ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace
-tensor it uses), ``keep`` (a Prefetch that leaves its host copy for a later one).
+tensor it uses), ``keep`` (a Prefetch that leaves its host copy for a later one), ``grads``
+(the parameter gradients a data-parallel bucket holds, in its order).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
 and host memory it takes and gives back. Those effects are what the passes reason about
@@ -19,11 +20,14 @@ from typing import NamedTuple
 FORWARD, BACKWARD, RECOMPUTE, UPDATE = "forward", "backward", "recompute", "update"
 ALLOC, FREE = "alloc", "free"
 OFFLOAD, PREFETCH, WAIT = "offload", "prefetch", "wait"
+# Data-parallel training: a bucket's all-reduce across ranks starts, and is waited for.
+ALLREDUCE, WAIT_REDUCE = "allreduce", "waitreduce"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, UPDATE)
 MEMORY = (ALLOC, FREE)
 COPY = (OFFLOAD, PREFETCH, WAIT)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
+COMMUNICATION = (ALLREDUCE, WAIT_REDUCE)
 
 
 def _layer_forward(graph, step):
@@ -52,6 +56,14 @@ def _writes_its_tensor(graph, step):
 
 def _nothing(graph, step):
     return (), ()
+
+
+def _packs_bucket(graph, step):
+    return step.grads, (step.tensor,)
+
+
+def _unpacks_bucket(graph, step):
+    return (step.tensor,), step.grads
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,11 @@ KINDS = {k.name: k for k in (
     Kind(PREFETCH, "tensor", _writes_its_tensor),
     # reads the tensor: its copy has ended
     Kind(WAIT, "tensor", _reads_its_tensor, frees="the host copy, after a Prefetch that does not keep it"),
+    # reads its gradients (packed into the bucket, which it writes): the bucket's all-reduce
+    # across the ranks starts (MPI or NCCL; none runs in the Simulator)
+    Kind(ALLREDUCE, "tensor", _packs_bucket),
+    # reads the bucket: its all-reduce has ended; writes its gradients, the ranks' average
+    Kind(WAIT_REDUCE, "tensor", _unpacks_bucket),
 )}
 
 
@@ -99,11 +116,12 @@ class Step(NamedTuple):
     algorithm: str = None     # compute steps: the algorithm chosen
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
+    grads: tuple = ()         # AllReduce, WaitReduce: the gradients in the bucket, in order
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]`` or ``Prefetch(x) [keep]``."""
         name = graph.nodes[self.node].name if self.kind in LAYER_STEPS else (self.tensor or "")
-        text = f"{self.kind.capitalize()}({name})"
+        text = f"{_TITLES.get(self.kind) or self.kind.capitalize()}({name})"
         if self.algorithm:
             text += f" [{self.algorithm}]"
         elif self.keep:
@@ -111,44 +129,55 @@ class Step(NamedTuple):
         return text
 
 
+_TITLES = {ALLREDUCE: "AllReduce", WAIT_REDUCE: "WaitReduce"}
 _new = tuple.__new__  # memory and copy steps are made by the hundred thousand per plan: no keywords
 
 
 def Forward(node, algorithm=None, workspace=None):
-    return _new(Step, (FORWARD, node, None, algorithm, workspace, False))
+    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, ()))
 
 
 def Backward(node, algorithm=None, workspace=None):
-    return _new(Step, (BACKWARD, node, None, algorithm, workspace, False))
+    return _new(Step, (BACKWARD, node, None, algorithm, workspace, False, ()))
 
 
 def Recompute(node, algorithm=None, workspace=None):
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False))
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, ()))
 
 
 def Update(workspace=None):
-    return _new(Step, (UPDATE, None, None, None, workspace, False))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, ()))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, ()))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False))
+    return _new(Step, (FREE, None, tensor, None, None, False, ()))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, ()))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, ()))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False))
+    return _new(Step, (WAIT, None, tensor, None, None, False, ()))
+
+
+def AllReduce(bucket, grads):
+    """Start the all-reduce of ``bucket`` (a tensor), once ``grads`` are packed into it."""
+    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, tuple(grads)))
+
+
+def WaitReduce(bucket, grads):
+    """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
+    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, tuple(grads)))
 
 
 def with_algorithm(step, algorithm, workspace):
