@@ -18,7 +18,7 @@ holds at most two buckets' gradients at once, and the host optimiser still overl
 """
 
 from ..graph import TensorInfo
-from .steps import BACKWARD, FREE, UPDATE, AllReduce, Alloc, Free, WaitReduce
+from .steps import BACKWARD, FREE, UPDATE, Alloc, AllReduce, Free, WaitReduce
 
 DEFAULT_BUCKET_BYTES = 25 << 20  # PyTorch DDP's bucket_cap_mb default, 25 MiB
 
