@@ -351,15 +351,38 @@ def check_labels(dataset, num_classes, source_name):
 # ---------------------------------------------------------------- batches
 
 
+class _ShardDraws:
+    """The random draws of one rank's shard of a global batch: each draw of ``n`` values (one
+    per sample: dataset.crop_mirror's crops and flips) is the rank's part of the draw the whole
+    batch would make, so a shard's samples come out as they would in the global batch."""
+
+    def __init__(self, rng, rank, ranks):
+        self.rng, self.rank, self.ranks = rng, rank, ranks
+
+    def _part(self, values, n):
+        return values[self.rank * n:(self.rank + 1) * n]
+
+    def integers(self, low, high, n):
+        return self._part(self.rng.integers(low, high, n * self.ranks), n)
+
+    def random(self, n):
+        return self._part(self.rng.random(n * self.ranks), n)
+
+
 class Loader:
     """Batches of a dataset. ``next()`` for training: a seeded shuffle per epoch, wrapping across
     epochs (a batch that runs past the end is completed from the next epoch's order); ``epoch()``
     for testing: every sample once, in order, the last batch padded.
 
     The shuffle of epoch ``e`` and the augmentation of the batch starting at ``(e, position)`` come
-    from seeds made of ``(seed, e, position)``, so ``state()`` needs only those numbers."""
+    from seeds made of ``(seed, e, position)``, so ``state()`` needs only those numbers.
 
-    def __init__(self, dataset, batch, shuffle=True, seed=0, train=True):
+    ``shard``: ``(rank, ranks)`` of data-parallel training: ``batch`` is then the global batch,
+    and :meth:`next` gives rank ``rank``'s ``batch // ranks`` samples of it, so that the ranks
+    together see the samples one rank would at the global batch, with the same random crops
+    and flips (:class:`_ShardDraws`)."""
+
+    def __init__(self, dataset, batch, shuffle=True, seed=0, train=True, shard=(0, 1)):
         if batch < 1:
             raise SNError(f"{dataset.name}: batch size must be >= 1, got {batch}")
         if seed < 0:
@@ -367,6 +390,7 @@ class Loader:
         self.dataset, self.batch, self.shuffle, self.seed, self.train = dataset, batch, shuffle, seed, train
         self.epoch_index, self.position = 0, 0
         self._order_of = None, None  # (epoch, its order)
+        self.shard = shard
 
     def _order(self):
         if self._order_of[0] != self.epoch_index:
@@ -391,6 +415,11 @@ class Loader:
             if self.position == n:
                 self.epoch_index, self.position = self.epoch_index + 1, 0
         idx = np.concatenate(parts)
+        rank, ranks = self.shard
+        if ranks > 1:
+            per_rank = self.batch // ranks
+            idx = idx[rank * per_rank:(rank + 1) * per_rank]
+            rng = _ShardDraws(rng, rank, ranks)
         return self.dataset.batch(idx, rng, self.train), self.dataset.labels[idx].astype(np.float32)
 
     def __len__(self):

@@ -183,14 +183,17 @@ def trace_events(schedule, plan, model):
     the plan's device: its :meth:`timeline`): one track per stream, each step a span
     (``ph: X``): compute steps on the compute track, Offloads on the device→host track,
     Prefetches on the host→device track, and a ``stall`` span on the compute track wherever a
-    Wait holds it for a copy; and a counter (``ph: C``) of the device bytes live."""
-    from .scheduler.cost import COMPUTE_STREAM, D2H, H2D, STALL
+    Wait holds it for a copy; data-parallel all-reduces on a track of their own, and an
+    ``exposed`` span wherever a WaitReduce holds the compute track; and a counter (``ph: C``)
+    of the device bytes live."""
+    from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
     graph, steps = schedule.graph, schedule.steps
-    tids = {COMPUTE_STREAM: 0, STALL: 0, D2H: 1, H2D: 2}
+    tids = {COMPUTE_STREAM: 0, STALL: 0, EXPOSED: 0, D2H: 1, H2D: 2, NETWORK: 3}
+    marked = {STALL: "stall", EXPOSED: "exposed"}  # spans on the compute track that wait
     events = [{"name": "process_name", "ph": "M", "pid": 0,
                "args": {"name": f"{graph.name} ({schedule.policy}, {model.device.name})"}}]
     events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": stream}}
-               for stream, tid in tids.items() if stream != STALL]
+               for stream, tid in tids.items() if stream not in marked]
     timeline, last = model.timeline(schedule), None
     for i, stream, start, end in timeline.spans:
         ts = round(start * 1e6, 3)
@@ -206,8 +209,8 @@ def trace_events(schedule, plan, model):
         if step.tensor:
             args["bytes"] = human_bytes(schedule.tensors[step.tensor].nbytes)
         name = step.describe(graph)
-        events.append({"name": f"stall: {name}" if stream == STALL else name,
-                       "cat": STALL if stream == STALL else step.kind, "ph": "X", "pid": 0,
+        events.append({"name": f"{marked[stream]}: {name}" if stream in marked else name,
+                       "cat": stream if stream in marked else step.kind, "ph": "X", "pid": 0,
                        "tid": tids[stream], "ts": ts, "dur": round(max((end - start) * 1e6, 0.001), 3),
                        "args": args})
     if plan.live:

@@ -11,6 +11,10 @@ copy queues (runtime/copies.py): an Offload or a Prefetch starts a copy, a Wait
 blocks until it is done. A step that touches a tensor whose copy is still running without a
 Wait before it is a *stall*: the Runtime waits for the copy (results stay right) and counts
 it in ``stalls``; a correct plan has none. ``blocked`` counts the Waits that really had to wait.
+
+Data-parallel (a ``group`` of ranks, runtime/collective.py): an AllReduce packs its
+gradients into its bucket (a tensor of the arena) and starts the bucket's sum over the ranks;
+its WaitReduce waits for it and writes the ranks' average back into the gradients.
 """
 
 import math
@@ -21,8 +25,28 @@ from ..graph import storage_root
 from ..layers.base import Context
 from ..scheduler.interpret import PREFETCHING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
-from ..scheduler.steps import ALLOC, BACKWARD, COPY, FORWARD, FREE, MEMORY, OFFLOAD, PREFETCH, RECOMPUTE, UPDATE, WAIT
+from ..scheduler.steps import (
+    ALLOC,
+    ALLREDUCE,
+    BACKWARD,
+    COPY,
+    FORWARD,
+    FREE,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    RECOMPUTE,
+    UPDATE,
+    WAIT,
+    WAIT_REDUCE,
+)
 from .copies import copies_for
+
+
+def rank_seed(seed, rank):
+    """The seed of ``rank``'s dropout masks: ``seed`` itself on rank 0 (one rank trains as it
+    always did), another for every other rank (each rank drops its own units, as in Caffe)."""
+    return seed if rank == 0 else (int(seed) * 7_919 + int(rank) * 104_729 + 1) & (2**63 - 1)
 
 
 def step_seed(seed, iteration, node_index):
@@ -36,10 +60,12 @@ class Runtime:
 
     ``schedules`` are the schedules it will run (they share the resident layout); the arena
     holds ``capacity`` bytes and the host arena of offloaded tensors ``host_capacity`` (by
-    default what the schedules need).
+    default what the schedules need). ``group``: the ranks of data-parallel training
+    (runtime/collective.py), or None.
     """
 
-    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None):
+    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None, group=None):
+        self.group = group
         self.backend, self.xp, self.seed = backend, backend.xp, seed
         first = schedules[0]
         self.graph = first.graph
@@ -111,6 +137,7 @@ class Runtime:
         graph = self.graph
         self.memory = memory = Interpreter(schedule.tensors, self.arena, self.host, _Copies(self))
         pending = memory.pending
+        reducing = {}  # bucket → the handle of its all-reduce
         roots = Roots(schedule)
         update = next((s for s in schedule.steps if s.kind == UPDATE), None)
         if self.host_update and update is not None:
@@ -141,6 +168,12 @@ class Runtime:
             elif kind == BACKWARD:
                 node = graph.nodes[step.node]
                 self._backward(step, node, iteration)
+                if reducing:
+                    self.group.progress()
+            elif kind == ALLREDUCE:
+                reducing[step.tensor] = self._start_reduce(step)
+            elif kind == WAIT_REDUCE:
+                self._finish_reduce(step, reducing.pop(step.tensor), iteration)
             elif kind == UPDATE:
                 if self.host_update:  # the gradients' copies must have landed on the host
                     self.backend.synchronize()
@@ -153,7 +186,27 @@ class Runtime:
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
+        assert not reducing, f"all-reduces never waited for: {sorted(reducing)}"
         return outputs
+
+    def _start_reduce(self, step):
+        """Pack the gradients of ``step``'s bucket into it and start its sum over the ranks."""
+        bucket, at = self.view(step.tensor), 0
+        for g in step.grads:
+            grad = self.view(g)
+            bucket[at:at + grad.size] = grad.reshape(-1)
+            at += grad.size
+        return self.group.start(bucket)
+
+    def _finish_reduce(self, step, handle, iteration):
+        """Wait for the bucket's sum, then write the ranks' average into its gradients."""
+        self.group.wait(handle, f"the all-reduce of {step.tensor} in iteration {iteration}")
+        bucket, at = self.view(step.tensor), 0
+        bucket /= self.group.size
+        for g in step.grads:
+            grad = self.view(g)
+            grad[...] = bucket[at:at + grad.size].reshape(grad.shape)
+            at += grad.size
 
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
