@@ -99,6 +99,26 @@ def time_summary(info):
     return "\n".join(lines)
 
 
+def data_parallel_summary(dp):
+    """sn-plan's lines on a data-parallel plan (cli/plan.py's ``data_parallel`` figures): the
+    buckets, the communication overlapped and exposed, and the estimated scaling efficiency."""
+    ms = 1e3
+    rows = [(b["bucket"], b["gradients"], human_bytes(b["bytes"]), b["after"], f"{b['seconds'] * ms:.3f}",
+             f"{b['exposed_seconds'] * ms:.3f}") for b in dp["buckets"]]
+    total = dp["communication_seconds"]
+    lines = [
+        f"ranks         {dp['ranks']}, link {human_bytes(dp['link_bytes_per_s'])}/s, latency "
+        f"{dp['link_latency_s'] * 1e6:g} us: {len(rows)} buckets, ring all-reduce "
+        f"{total * ms:.3f} ms per iteration, {dp['overlapped_seconds'] * ms:.3f} ms overlapped with the "
+        f"backward, {dp['exposed_seconds'] * ms:.3f} ms exposed",
+        f"scaling       one rank {dp['one_rank_seconds'] * ms:.3f} ms per iteration; "
+        f"{dp['ranks']} ranks at the same batch each: efficiency {100 * dp['scaling_efficiency']:.1f} % "
+        f"({dp['ranks'] * dp['scaling_efficiency']:.2f}x the images per second)",
+        table(rows, ["bucket", "grads", "bytes", "starts after", "all-reduce ms", "exposed ms"]),
+    ]
+    return "\n".join(lines)
+
+
 def layers_table(schedule, plan):
     """Per layer: forward and backward working sets, the bytes live on the device while each
     runs (resident included), and for a layer written in place (``top == bottom``) whether it
