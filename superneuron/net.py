@@ -41,19 +41,20 @@ class Net:
     cached table of this net on ``device`` if there is one, else estimates. ``group``: the ranks
     of data-parallel training (runtime/collective.py; None: one rank), whose gradients are
     averaged in buckets of ``bucket_bytes`` (scheduler/allreduce.py); each rank has its own
-    dropout masks, and the same initial parameters (the same ``seed``).
+    dropout masks, and the same initial parameters (the same ``seed``); with ``sync_bn``,
+    BatchNorm normalises by the statistics of every rank's batch together.
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
                  policy="baseline", placement="dynamic", workspace_limit=None, host_memory=None,
-                 costs=None, group=None, bucket_bytes=DEFAULT_BUCKET_BYTES):
+                 costs=None, group=None, bucket_bytes=DEFAULT_BUCKET_BYTES, sync_bn=False):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype), kernels=self.backend.kernels())
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
-        self.group = group
+        self.group, self.sync_bn = group, sync_bn
         self.ranks = 1 if group is None else group.size
         costs = self.costs = self._cost_model(costs)  # kept: sn-train estimates the run's time
         self.placement, self.workspace_limit, self.host_memory = placement, workspace_limit, host_memory
@@ -91,7 +92,8 @@ class Net:
         try:
             rank = 0 if self.group is None else self.group.rank
             return Runtime(list(self.schedules.values()), self.backend, capacity=capacity,
-                           seed=rank_seed(seed, rank), host_capacity=host, group=self.group)
+                           seed=rank_seed(seed, rank), host_capacity=host, group=self.group,
+                           sync_bn=self.sync_bn)
         except MemoryError:  # cupy's OutOfMemoryError is one too
             raise SNError(f"cannot allocate the arena of {human_bytes(capacity)} on {self.backend.name}"
                           + (f" and {human_bytes(host)} on the host" if host else "")

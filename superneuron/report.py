@@ -107,7 +107,7 @@ def data_parallel_summary(dp):
              f"{b['exposed_seconds'] * ms:.3f}") for b in dp["buckets"]]
     total = dp["communication_seconds"]
     lines = [
-        f"ranks         {dp['ranks']}, link {human_bytes(dp['link_bytes_per_s'])}/s, latency "
+        f"ranks         {dp['ranks']}, link {dp['link_bytes_per_s'] / 1e9:g} GB/s, latency "
         f"{dp['link_latency_s'] * 1e6:g} us: {len(rows)} buckets, ring all-reduce "
         f"{total * ms:.3f} ms per iteration, {dp['overlapped_seconds'] * ms:.3f} ms overlapped with the "
         f"backward, {dp['exposed_seconds'] * ms:.3f} ms exposed",

@@ -7,9 +7,11 @@ subprocess. Two ranks at batch b against one at 2b: the all-reduce itself is exa
 two is the same in either order, and halving is exact), but each rank's backward sums its
 b samples before the two halves are added, where one rank sums all 2b in one GEMM: the
 gradients differ by float32 rounding of those sums, a few ulps, which the updates carry on.
-The bound used, 2e-6 of each parameter's largest value after 4 iterations and 1e-6 on the
-losses, is about 10x what was measured (3e-8 on weights up to 0.35) and thousands of times
-below what a wrong shard, a missing average or a lost bucket gives (1e-2 and more)."""
+The bound used, 2e-6 of each array's largest value (or of 1, the order of the largest weights
+and gradients, for arrays that are rounding noise: a bias before a BatchNorm, whose true
+gradient is 0) after 4 iterations and 1e-6 on the losses, is about 10x what was measured (3e-8
+on weights up to 0.35) and thousands of times below what a wrong shard, a missing average, a
+lost bucket or per-rank BatchNorm statistics give (1e-2 and more)."""
 
 import json
 import os
@@ -33,6 +35,20 @@ from superneuron.spec import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MPIEXEC = shutil.which("mpiexec", path=str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+
+BATCH_NORM = """
+name: bnnet
+params: {batch: 4, size: 8, classes: 5, width: 4}
+input: {data: ['${batch}', 3, '${size}', '${size}'], label: ['${batch}']}
+layers:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: '${width}', kernel_size: 3, pad: 1}
+  - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
+  - {name: scale1, type: Scale, bottom: conv1, top: conv1, bias_term: true}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: pool, type: Pooling, bottom: conv1, top: pool, pool: MAX, kernel_size: 2, stride: 2}
+  - {name: ip, type: InnerProduct, bottom: pool, top: ip, num_output: '${classes}'}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+"""
 
 FORK_JOIN = """
 name: forkjoin
@@ -152,7 +168,7 @@ def assert_same_training(one, two):
     (p1, l1), (p2, l2) = results(one), results(two)
     assert set(p1) == set(p2)
     for k in p1:
-        bound = 2e-6 * max(float(np.abs(p1[k]).max()), 1e-3)
+        bound = 2e-6 * max(float(np.abs(p1[k]).max()), 1.0)
         assert np.abs(p1[k].astype(np.float64) - p2[k]).max() <= bound, k
     assert np.allclose(l1, l2, rtol=0, atol=1e-6), (l1, l2)
     assert "parameters identical on every rank" in two.stdout
@@ -164,16 +180,42 @@ def lenet_one_rank(tmp_path_factory):
     return train(tmp_path_factory.mktemp("one"), "one", ROOT / "nets/lenet.yaml", 1, 16)
 
 
-def test_two_ranks_train_lenet_as_one_rank_at_twice_the_batch(tmp_path, lenet_one_rank):
-    two = train(tmp_path, "two", ROOT / "nets/lenet.yaml", 2, 8)
-    assert "batch 16 (8 per rank x 2 ranks)" in two.stdout
-    assert_same_training(lenet_one_rank, two)
+@pytest.fixture(scope="module")
+def lenet_two_ranks(tmp_path_factory):
+    return train(tmp_path_factory.mktemp("two"), "two", ROOT / "nets/lenet.yaml", 2, 8)
+
+
+def test_two_ranks_train_lenet_as_one_rank_at_twice_the_batch(lenet_one_rank, lenet_two_ranks):
+    assert "batch 16 (8 per rank x 2 ranks)" in lenet_two_ranks.stdout
+    assert_same_training(lenet_one_rank, lenet_two_ranks)
+
+
+def test_resume_restores_every_rank(tmp_path, lenet_two_ranks):
+    lenet = ROOT / "nets/lenet.yaml"
+    first = train(tmp_path, "part", lenet, 2, 8, "--iters", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = train(tmp_path, "part", lenet, 2, 8, "--resume", str(first.out))
+    assert "resumed from" in resumed.stdout
+    (p_full, l_full), (p_resumed, l_resumed) = results(lenet_two_ranks), results(resumed)
+    assert l_resumed == l_full  # both runs' losses, appended to one log
+    assert all(np.array_equal(p_full[k], p_resumed[k]) for k in p_full)
 
 
 def test_two_ranks_train_a_fork_and_a_join_as_one_rank(tmp_path):
     net = tmp_path / "forkjoin.yaml"
     net.write_text(FORK_JOIN)
     assert_same_training(train(tmp_path, "one", net, 1, 8), train(tmp_path, "two", net, 2, 4))
+
+
+def test_batchnorm_statistics_per_rank_unless_synchronised(tmp_path):
+    net = tmp_path / "bn.yaml"
+    net.write_text(BATCH_NORM)
+    one = train(tmp_path, "one", net, 1, 8)
+    synced = train(tmp_path, "synced", net, 2, 4, "--sync-bn", "--policy", "recompute")  # BN recomputed too
+    assert "BatchNorm statistics of the global batch" in synced.stdout
+    assert_same_training(one, synced)
+    per_rank = results(train(tmp_path, "per_rank", net, 2, 4))  # Caffe's: each rank's batch of 4
+    assert np.abs(per_rank[0]["param:bn1/mean"] - results(one)[0]["param:bn1/mean"]).max() > 1e-3
 
 
 @pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "superneurons", "superneurons+params"])
@@ -205,7 +247,7 @@ def test_sn_plan_shows_buckets_overlap_and_scaling():
            "--bucket-size", "100kB"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     text = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=60).stdout
-    assert "ranks         8, link 93.1 GiB/s, latency 5 us: 3 buckets" in text
+    assert "ranks         8, link 100 GB/s, latency 5 us: 3 buckets" in text
     assert "bucket:0" in text and "starts after" in text and "efficiency" in text
     info = json.loads(subprocess.run(cmd + ["--json"], cwd=ROOT, capture_output=True, text=True, env=env,
                                      timeout=60).stdout)["data_parallel"]

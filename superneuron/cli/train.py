@@ -59,6 +59,9 @@ def build_parser():
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"under mpiexec: seconds a rank waits for the others in a collective before it "
                         f"stops every rank (default {DEFAULT_TIMEOUT:g}; more than a test pass takes)")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="under mpiexec: BatchNorm's statistics of every rank's batch together (default: "
+                        "each rank's own, as Caffe)")
     p.add_argument("--bucket-size", metavar="SIZE", default="25MiB",
                    help="under mpiexec: gradients all-reduced per bucket (default 25MiB, as PyTorch DDP)")
     return p
@@ -103,7 +106,8 @@ def _train(args, group):
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
               host_memory=host_memory,
-              costs="measure" if args.profile else None, group=group, bucket_bytes=parse_size(args.bucket_size))
+              costs="measure" if args.profile else None, group=group, bucket_bytes=parse_size(args.bucket_size),
+              sync_bn=args.sync_bn)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
     batch = net.batch * ranks  # the global batch: --batch is per rank
     solver = optimizer.for_epochs(len(train_set), batch)
@@ -130,7 +134,8 @@ def _train(args, group):
     if group is not None:
         buckets = sum(1 for s in net.schedules["train"].steps if s.kind == "allreduce")
         print(f"ranks: {group.describe()}; gradients averaged in {buckets} buckets of up to "
-              f"{args.bucket_size}, timeout {args.timeout:g} s")
+              f"{args.bucket_size}, timeout {args.timeout:g} s; BatchNorm statistics "
+              + ("of the global batch (--sync-bn)" if args.sync_bn else "per rank"))
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")

@@ -74,6 +74,7 @@ class MpiGroup:
         self.MPI, self.timeout = MPI, float(timeout)
         self.comm = MPI.COMM_WORLD
         self.control = self.comm.Dup()
+        self.layers = self.comm.Dup()  # synchronised BatchNorm's sums, in the midst of the steps
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.pending = []  # requests started, polled by progress()
         me = np.array([os.getpid()], np.int64)
@@ -131,6 +132,17 @@ class MpiGroup:
         buffer = np.array(values, np.float64)
         self._poll(self.control.Iallreduce(self.MPI.IN_PLACE, buffer, op=self.MPI.SUM), what)
         return [float(v) / self.size for v in buffer]
+
+    def sum(self, array, what):
+        """``array`` (a few floats, on the host or a GPU) summed over the ranks: a new array
+        where ``array`` is (all ranks call it, in the same order)."""
+        on_gpu = hasattr(array, "get")
+        host = np.array(array.get() if on_gpu else array)
+        self._poll(self.layers.Iallreduce(self.MPI.IN_PLACE, host, op=self.MPI.SUM), what)
+        if on_gpu:
+            import cupy
+            return cupy.asarray(host)
+        return host
 
     def gather(self, value, what):
         """Every rank's integer ``value``, in rank order (all ranks call it)."""

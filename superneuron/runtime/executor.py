@@ -61,11 +61,13 @@ class Runtime:
     ``schedules`` are the schedules it will run (they share the resident layout); the arena
     holds ``capacity`` bytes and the host arena of offloaded tensors ``host_capacity`` (by
     default what the schedules need). ``group``: the ranks of data-parallel training
-    (runtime/collective.py), or None.
+    (runtime/collective.py), or None; ``sync_bn``: BatchNorm pools the statistics of every
+    rank's batch.
     """
 
-    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None, group=None):
+    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None, group=None, sync_bn=False):
         self.group = group
+        self.sync_bn = group if sync_bn and group is not None else None
         self.backend, self.xp, self.seed = backend, backend.xp, seed
         first = schedules[0]
         self.graph = first.graph
@@ -226,7 +228,7 @@ class Runtime:
         ws = self.view(step.workspace) if step.workspace else None
         return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
                        seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
-                       feed=feed, backend=self.backend)
+                       feed=feed, backend=self.backend, ranks=self.sync_bn)
 
     def _backward(self, step, node, iteration):
         bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
