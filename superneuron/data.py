@@ -18,7 +18,7 @@ import stat
 import numpy as np
 
 from .array_files import check_memory, npz_describe, read_cifar, read_npz
-from .dataset import Dataset, crop_mirror, one_line
+from .dataset import Dataset, ShardDraws, crop_mirror, one_line
 from .errors import SNError
 from .limits import MAX_DATA_SIDE, MAX_SPEC_INT, over
 
@@ -351,24 +351,6 @@ def check_labels(dataset, num_classes, source_name):
 # ---------------------------------------------------------------- batches
 
 
-class _ShardDraws:
-    """The random draws of one rank's shard of a global batch: each draw of ``n`` values (one
-    per sample: dataset.crop_mirror's crops and flips) is the rank's part of the draw the whole
-    batch would make, so a shard's samples come out as they would in the global batch."""
-
-    def __init__(self, rng, rank, ranks):
-        self.rng, self.rank, self.ranks = rng, rank, ranks
-
-    def _part(self, values, n):
-        return values[self.rank * n:(self.rank + 1) * n]
-
-    def integers(self, low, high, n):
-        return self._part(self.rng.integers(low, high, n * self.ranks), n)
-
-    def random(self, n):
-        return self._part(self.rng.random(n * self.ranks), n)
-
-
 class Loader:
     """Batches of a dataset. ``next()`` for training: a seeded shuffle per epoch, wrapping across
     epochs (a batch that runs past the end is completed from the next epoch's order); ``epoch()``
@@ -380,7 +362,7 @@ class Loader:
     ``shard``: ``(rank, ranks)`` of data-parallel training: ``batch`` is then the global batch,
     and :meth:`next` gives rank ``rank``'s ``batch // ranks`` samples of it, so that the ranks
     together see the samples one rank would at the global batch, with the same random crops
-    and flips (:class:`_ShardDraws`)."""
+    and flips (dataset.ShardDraws)."""
 
     def __init__(self, dataset, batch, shuffle=True, seed=0, train=True, shard=(0, 1)):
         if batch < 1:
@@ -419,7 +401,7 @@ class Loader:
         if ranks > 1:
             per_rank = self.batch // ranks
             idx = idx[rank * per_rank:(rank + 1) * per_rank]
-            rng = _ShardDraws(rng, rank, ranks)
+            rng = ShardDraws(rng, rank, ranks)
         return self.dataset.batch(idx, rng, self.train), self.dataset.labels[idx].astype(np.float32)
 
     def __len__(self):

@@ -106,11 +106,11 @@ class Trainer:
                 start = time.perf_counter()
                 with ctrl_c.held():  # a step is done whole or not at all
                     loss = self.net.train_step(feed, it)
-                accuracy = self._accuracy(self.net.outputs)
-                if self.group is not None:  # the global batch's: the mean of the ranks' shards
-                    loss, *rest = self.group.mean([loss] + ([accuracy] if accuracy is not None else []),
-                                                  f"the loss of iteration {it}")
-                    accuracy = rest[0] if rest else None
+                    accuracy = self._accuracy(self.net.outputs)
+                    if self.group is not None:  # the global batch's: the mean of the ranks' shards
+                        loss, *rest = self.group.mean([loss] + ([accuracy] if accuracy is not None else []),
+                                                      f"the loss of iteration {it}")
+                        accuracy = rest[0] if rest else None
                 if not np.isfinite(loss):
                     raise SNError(self._non_finite_loss(loss, feed, it))
                 self.iteration = it + 1

@@ -82,7 +82,7 @@ def run(args):
     if group is None:
         return _train(args, None)
     if group.rank != 0:  # only rank 0 prints; the others' errors still go to stderr
-        sys.stdout = sys.stderr if os.environ.get("SN_DEBUG_RANKS") else open(os.devnull, "w")
+        sys.stdout = open(os.devnull, "w")
     try:
         return _train(args, group)
     except SNError as e:
@@ -112,10 +112,8 @@ def _train(args, group):
     batch = net.batch * ranks  # the global batch: --batch is per rank
     solver = optimizer.for_epochs(len(train_set), batch)
     train_loader, test_loader = loaders(data_cfg, train_set, test_set, batch, seed=args.seed, shard=(rank, ranks))
-    if group is not None:  # rank 0 tests at its own batch
-        test_loader = loaders(data_cfg, train_set, test_set, net.batch)[1] if rank == 0 else None
-    if rank != 0:  # rank 0 alone logs
-        args.log = None
+    if rank != 0:  # rank 0 alone tests and logs
+        test_loader, args.log = None, None
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log,
                       group=group)
     if args.weights:
