@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 from .. import __version__
 from ..errors import SNError
@@ -68,8 +69,15 @@ def build_parser():
 
 
 def main(argv=None):
-    from ..runtime.collective import end
-    return end(run_cli(build_parser(), run, argv))  # a rank that fails stops the others
+    from ..runtime import collective
+    try:
+        status = run_cli(build_parser(), run, argv)
+    except Exception:
+        if not collective.running():
+            raise
+        traceback.print_exc()  # a bug: said as Python says it, and the other ranks stopped
+        status = 1
+    return collective.end(status)  # a rank that fails stops the others
 
 
 def run(args):
@@ -131,7 +139,7 @@ def _train(args, group):
           f"{n_params:,} parameters | batch {batch}{per_rank} | device {net.backend.name}")
     if group is not None:
         buckets = sum(1 for s in net.schedules["train"].steps if s.kind == "allreduce")
-        print(f"ranks: {group.describe()}; gradients averaged in {buckets} buckets of up to "
+        print(f"ranks: {group.describe()}; gradients averaged in {buckets} bucket{'s' if buckets != 1 else ''} of up to "
               f"{args.bucket_size}, timeout {args.timeout:g} s; BatchNorm statistics "
               + ("of the global batch (--sync-bn)" if args.sync_bn else "per rank"))
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "

@@ -54,10 +54,16 @@ def world(device="cpu", timeout=DEFAULT_TIMEOUT):
     return _world
 
 
+def running():
+    """Whether this process is one of several ranks."""
+    return _world is not None
+
+
 def end(status):
-    """The rank is ending with ``status``: when it failed (not 0) while others run, abort them
-    all (they would wait for it until their timeout). Returns ``status``."""
-    if _world is not None and status not in (0, None):
+    """The rank is ending with ``status``: when it failed (not 0, nor 130 after a Ctrl-C, which
+    mpiexec gave every rank) while others run, abort them all (they would wait for it until
+    their timeout). Returns ``status``."""
+    if _world is not None and status not in (0, 130, None):
         sys.stdout.flush()
         sys.stderr.flush()
         time.sleep(0.5)  # for the launcher to pass the message on before it kills the ranks
@@ -77,11 +83,11 @@ class MpiGroup:
         self.layers = self.comm.Dup()  # synchronised BatchNorm's sums, in the midst of the steps
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.pending = []  # requests started, polled by progress()
-        me = np.array([os.getpid()], np.int64)
-        pids = np.zeros(self.size, np.int64)
-        self.control.Allgather(me, pids)  # once, at start-up, when every rank is there
-        self.pids = [int(p) for p in pids]
-        self.hosts = self.control.allgather(socket.gethostname())
+        self.pids = self.gather(os.getpid(), "start-up")
+        name = np.frombuffer(socket.gethostname().encode()[:64].ljust(64), np.uint8)
+        names = np.zeros((self.size, 64), np.uint8)
+        self._poll(self.control.Iallgather(name, names), "start-up")
+        self.hosts = [bytes(n).rstrip(b" ").decode(errors="replace") for n in names]
 
     def describe(self):
         """``rank 0 pid 123 on host, rank 1 pid 124 on host``: which process is which rank
