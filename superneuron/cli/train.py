@@ -138,8 +138,10 @@ def _train(args, group):
     print(f"superneuron {__version__} | net {spec.name} ({args.net}) | {len(spec.layers)} layers, "
           f"{n_params:,} parameters | batch {batch}{per_rank} | device {net.backend.name}")
     if group is not None:
-        buckets = sum(1 for s in net.schedules["train"].steps if s.kind == "allreduce")
-        print(f"ranks: {group.describe()}; gradients averaged in {buckets} bucket{'s' if buckets != 1 else ''} of up to "
+        from ..scheduler.steps import ALLREDUCE
+        buckets = sum(1 for s in net.schedules["train"].steps if s.kind == ALLREDUCE)
+        print(f"ranks: {group.describe()}; gradients averaged in {buckets} "
+              f"bucket{'s' if buckets != 1 else ''} of up to "
               f"{args.bucket_size}, timeout {args.timeout:g} s; BatchNorm statistics "
               + ("of the global batch (--sync-bn)" if args.sync_bn else "per rank"))
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
