@@ -108,7 +108,7 @@ def data_parallel_summary(dp):
     total = dp["communication_seconds"]
     lines = [
         f"ranks         {dp['ranks']}, link {dp['link_bytes_per_s'] / 1e9:g} GB/s, latency "
-        f"{dp['link_latency_s'] * 1e6:g} us: {len(rows)} buckets, ring all-reduce "
+        f"{dp['link_latency_s'] * 1e6:g} us: {len(rows)} bucket{'s' if len(rows) != 1 else ''}, ring all-reduce "
         f"{total * ms:.3f} ms per iteration, {dp['overlapped_seconds'] * ms:.3f} ms overlapped with the "
         f"backward, {dp['exposed_seconds'] * ms:.3f} ms exposed",
         f"scaling       one rank {dp['one_rank_seconds'] * ms:.3f} ms per iteration; "

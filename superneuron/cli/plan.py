@@ -139,7 +139,7 @@ def _seconds(text):
     for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("ns", 1e-9), ("s", 1.0)):
         if text.endswith(unit):
             value = float(text[:-len(unit)])
-            if value < 0:
+            if not 0 <= value < float("inf"):  # NaN too
                 raise ValueError(text)
             return value * scale
     raise ValueError(text)
