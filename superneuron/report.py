@@ -5,7 +5,7 @@ import os
 from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
-from .scheduler.steps import BACKWARD, FORWARD
+from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
@@ -213,7 +213,8 @@ def trace_events(schedule, plan, model):
     events = [{"name": "process_name", "ph": "M", "pid": 0,
                "args": {"name": f"{graph.name} ({schedule.policy}, {model.device.name})"}}]
     events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": stream}}
-               for stream, tid in tids.items() if stream not in marked]
+               for stream, tid in tids.items() if stream not in marked
+               and (stream != NETWORK or any(s.kind == ALLREDUCE for s in steps))]  # a track of its own when used
     timeline, last = model.timeline(schedule), None
     for i, stream, start, end in timeline.spans:
         ts = round(start * 1e6, 3)
