@@ -18,7 +18,7 @@ import stat
 import numpy as np
 
 from .array_files import check_memory, npz_describe, read_cifar, read_npz
-from .dataset import Dataset, crop_mirror, one_line
+from .dataset import Dataset, ShardDraws, crop_mirror, one_line
 from .errors import SNError
 from .limits import MAX_DATA_SIDE, MAX_SPEC_INT, over
 
@@ -357,9 +357,14 @@ class Loader:
     for testing: every sample once, in order, the last batch padded.
 
     The shuffle of epoch ``e`` and the augmentation of the batch starting at ``(e, position)`` come
-    from seeds made of ``(seed, e, position)``, so ``state()`` needs only those numbers."""
+    from seeds made of ``(seed, e, position)``, so ``state()`` needs only those numbers.
 
-    def __init__(self, dataset, batch, shuffle=True, seed=0, train=True):
+    ``shard``: ``(rank, ranks)`` of data-parallel training: ``batch`` is then the global batch,
+    and :meth:`next` gives rank ``rank``'s ``batch // ranks`` samples of it, so that the ranks
+    together see the samples one rank would at the global batch, with the same random crops
+    and flips (dataset.ShardDraws)."""
+
+    def __init__(self, dataset, batch, shuffle=True, seed=0, train=True, shard=(0, 1)):
         if batch < 1:
             raise SNError(f"{dataset.name}: batch size must be >= 1, got {batch}")
         if seed < 0:
@@ -367,6 +372,7 @@ class Loader:
         self.dataset, self.batch, self.shuffle, self.seed, self.train = dataset, batch, shuffle, seed, train
         self.epoch_index, self.position = 0, 0
         self._order_of = None, None  # (epoch, its order)
+        self.shard = shard
 
     def _order(self):
         if self._order_of[0] != self.epoch_index:
@@ -391,6 +397,11 @@ class Loader:
             if self.position == n:
                 self.epoch_index, self.position = self.epoch_index + 1, 0
         idx = np.concatenate(parts)
+        rank, ranks = self.shard
+        if ranks > 1:
+            per_rank = self.batch // ranks
+            idx = idx[rank * per_rank:(rank + 1) * per_rank]
+            rng = ShardDraws(rng, rank, ranks)
         return self.dataset.batch(idx, rng, self.train), self.dataset.labels[idx].astype(np.float32)
 
     def __len__(self):

@@ -73,3 +73,21 @@ def crop_mirror(x, idx, crop, mirror, rng, train):
         cols[flip] = cols[flip, ::-1]
     channels = np.arange(c)[:, None, None]
     return x[idx[:, None, None, None], channels, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+class ShardDraws:
+    """The random draws of one rank's shard of a global batch: each draw of ``n`` values (one
+    per sample: crop_mirror's crops and flips) is the rank's part of the draw the whole
+    batch would make, so a shard's samples come out as they would in the global batch."""
+
+    def __init__(self, rng, rank, ranks):
+        self.rng, self.rank, self.ranks = rng, rank, ranks
+
+    def _part(self, values, n):
+        return values[self.rank * n:(self.rank + 1) * n]
+
+    def integers(self, low, high, n):
+        return self._part(self.rng.integers(low, high, n * self.ranks), n)
+
+    def random(self, n):
+        return self._part(self.rng.random(n * self.ranks), n)

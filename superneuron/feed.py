@@ -91,13 +91,16 @@ def open_data(net, cfg):
     return cfg, train_set, test_set
 
 
-def loaders(cfg, train_set, test_set, batch, seed=0):
+def loaders(cfg, train_set, test_set, batch, seed=0, shard=(0, 1)):
     """``(train loader, test loader or None)`` of ``batch`` samples: the training set
     shuffled (unless ``cfg`` says ``shuffle: false``) by ``seed`` and read ahead on a thread
-    where its source decodes per batch; the test set in order, None when it is empty."""
-    train = Loader(train_set, batch, shuffle=cfg.get("shuffle", True), seed=seed, train=True)
+    where its source decodes per batch; the test set in order, None when it is empty.
+    ``shard``: ``(rank, ranks)``: ``batch`` is the global batch, of which the training loader
+    gives rank ``rank``'s part (data.Loader); the test loader's batch is then one rank's."""
+    train = Loader(train_set, batch, shuffle=cfg.get("shuffle", True), seed=seed, train=True, shard=shard)
     if source_kind(cfg["source"]) in READ_AHEAD:
         from .readahead import ReadAhead
         train = ReadAhead(train)
-    test = Loader(test_set, batch, shuffle=False, seed=seed, train=False) if len(test_set) else None
+    test_batch = batch // shard[1]
+    test = Loader(test_set, test_batch, shuffle=False, seed=seed, train=False) if len(test_set) else None
     return train, test

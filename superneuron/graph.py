@@ -40,8 +40,9 @@ from .rules import PHASES
 
 # Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
 # step will make; "accum" a parameter gradient's sum over an iteration's rounds (iter_size);
+# "bucket" the gradients of a data-parallel all-reduce, packed (scheduler/allreduce.py);
 # liveness.SCHEDULED lists those whose storage the steps manage.
-KINDS = ("data", "grad", "param", "param_grad", "state", "accum", "workspace", "encoded")
+KINDS = ("data", "grad", "param", "param_grad", "state", "accum", "workspace", "encoded", "bucket")
 
 
 def storage_root(tensors, name):

@@ -8,6 +8,8 @@ name, run forward and backward on given arrays, read the loss, any top and every
     top = net.blob("pool1")
 """
 
+import dataclasses
+
 import numpy as np
 
 from .backend import get_backend
@@ -15,7 +17,8 @@ from .errors import SNError
 from .graph import Graph
 from .planning import min_memory, plan
 from .report import overflow_line
-from .runtime.executor import Runtime
+from .runtime.executor import Runtime, rank_seed
+from .scheduler.allreduce import DEFAULT_BUCKET_BYTES
 from .scheduler.simulate import compute_step, overflow_at
 from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
 from .sizes import human_bytes
@@ -36,19 +39,26 @@ class Net:
     them: a scheduler.cost.CostModel, a measured table, ``"measure"`` (time this net's kernels on
     ``device`` now, or read the cached table: what ``sn-train --profile`` does), or None: the
     cached table of this net on ``device`` if there is one, else estimates. ``lossy``: the lossy
-    encodings a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``). ``solver_seconds``:
-    the time limit of the optimal policy's solver (None: its default).
+    encodings a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``).
+    ``solver_seconds``: the time limit of the optimal policy's solver (None: its default).
+    ``group``: the ranks of data-parallel training (runtime/collective.py; None: one rank),
+    whose gradients are averaged in buckets of ``bucket_bytes`` (scheduler/allreduce.py); each rank has its own
+    dropout masks, and the same initial parameters (the same ``seed``); with ``sync_bn``,
+    BatchNorm normalises by the statistics of every rank's batch together.
     """
 
     def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
                  policy="baseline", placement="dynamic", workspace_limit=None, host_memory=None,
-                 costs=None, lossy=(), solver_seconds=None):
+                 costs=None, lossy=(), solver_seconds=None, group=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
+                 sync_bn=False):
         self.spec = spec
         self.backend = get_backend(device) if isinstance(device, str) else device
         self.graph = Graph(spec, dtype=np.dtype(dtype), kernels=self.backend.kernels())
         self.optimizer = optimizer
         self.seed = seed
         self.policy = policy
+        self.group, self.sync_bn = group, sync_bn
+        self.ranks = 1 if group is None else group.size
         costs = self.costs = self._cost_model(costs)  # kept: sn-train estimates the run's time
         self.placement, self.workspace_limit, self.host_memory = placement, workspace_limit, host_memory
         self.lossy = tuple(lossy)
@@ -57,7 +67,8 @@ class Net:
             self.schedules[k], self.plans[k] = plan(
                 self.graph, policy, budget=memory, host_memory=host_memory, cost=costs,
                 placement=placement, workspace_limit=workspace_limit, optimizer=optimizer,
-                train=k == "train", lossy=self.lossy, solver_seconds=solver_seconds)
+                train=k == "train", lossy=self.lossy, solver_seconds=solver_seconds, ranks=self.ranks,
+                bucket_bytes=bucket_bytes)
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
             k = "train" if self.plans["train"].arena_bytes > memory else "test"
@@ -84,8 +95,10 @@ class Net:
                           f"machine's {human_bytes(total)}: a smaller --batch or net, or a policy that "
                           f"needs less")
         try:
-            return Runtime(list(self.schedules.values()), self.backend, capacity=capacity, seed=seed,
-                           host_capacity=host)
+            rank = 0 if self.group is None else self.group.rank
+            return Runtime(list(self.schedules.values()), self.backend, capacity=capacity,
+                           seed=rank_seed(seed, rank), host_capacity=host, group=self.group,
+                           sync_bn=self.sync_bn)
         except MemoryError:  # cupy's OutOfMemoryError is one too
             raise SNError(f"cannot allocate the arena of {human_bytes(capacity)} on {self.backend.name}"
                           + (f" and {human_bytes(host)} on the host" if host else "")
@@ -93,14 +106,17 @@ class Net:
 
     def _cost_model(self, costs):
         from .runtime.profile import load_or_measure
-        from .scheduler.cost import CostModel, cached_table
+        from .scheduler.cost import LINKS, CostModel, cached_table
         name = self.backend.name
         if costs == "measure":
             costs = load_or_measure(self.graph, self.backend, name)[0]
         elif costs is None:
             costs = cached_table(self.graph, name)
         self.costs_measured = isinstance(costs, dict) and bool(costs)
-        return costs if isinstance(costs, CostModel) else CostModel(name, costs)
+        if isinstance(costs, CostModel):
+            return costs
+        link = dataclasses.replace(LINKS[name], ranks=self.ranks)  # the all-reduces' estimate
+        return CostModel(name, costs, link=link)
 
     # -- parameters -----------------------------------------------------------------------
     def _init_params(self, seed):

@@ -10,6 +10,7 @@ choice and placement → the Simulator).
 from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
+from .scheduler.allreduce import DEFAULT_BUCKET_BYTES
 from .scheduler.cost import CostModel
 from .scheduler.lower import lower
 from .scheduler.policy import SOLVED, apply_policy
@@ -28,7 +29,7 @@ def lowered(net, train=True, optimizer=None, device="cpu"):
 
 def plan(net, policy="baseline", budget=None, host_memory=None, device="cpu", cost=None,
          placement="dynamic", workspace_limit=None, optimizer=None, train=True, lossy=(), solver_seconds=None,
-         memo=None):
+         memo=None, ranks=1, bucket_bytes=DEFAULT_BUCKET_BYTES):
     """``(schedule, simulate.Plan)`` of one iteration of ``net`` (see :func:`lowered`; with
     ``optimizer``, its state is resident and the iteration ends with the update; ``train``
     False: a forward pass for testing) under ``policy``, within ``budget`` and ``host_memory``
@@ -37,12 +38,14 @@ def plan(net, policy="baseline", budget=None, host_memory=None, device="cpu", co
     cost.CostModel, a measured table, or None (the estimates of ``device``). ``lossy``: the
     lossy encodings a policy that encodes may use (``('fp16',)``). ``solver_seconds``: the
     optimal policy's solver time limit (None: its default). ``memo`` (a dict): gets what the
-    passes left (``'optimal'``: what the optimal policy chose, scheduler/optimal.py). SNError
-    for an unknown policy or placement."""
+    passes left (``'optimal'``: what the optimal policy chose, scheduler/optimal.py).
+    ``ranks`` > 1: data-parallel, the gradients all-reduced in buckets of ``bucket_bytes``
+    (scheduler/allreduce.py). SNError for an unknown policy or placement."""
     memo = {} if memo is None else memo
     schedule = apply_policy(lowered(net, train, optimizer, device), policy, placement, budget=budget,
                             workspace_limit=workspace_limit, costs=cost_model(cost, device),
-                            host_memory=host_memory, memo=memo, lossy=lossy, solver_seconds=solver_seconds)
+                            host_memory=host_memory, memo=memo, lossy=lossy, solver_seconds=solver_seconds,
+                            ranks=ranks, bucket_bytes=bucket_bytes)
     placed, replayed = memo.get("replayed", (None, None))
     return schedule, simulate(schedule, replayed if placed is schedule else None)
 

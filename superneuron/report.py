@@ -5,7 +5,7 @@ import os
 from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
-from .scheduler.steps import BACKWARD, FORWARD
+from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
@@ -127,6 +127,26 @@ def time_summary(info):
     return "\n".join(lines)
 
 
+def data_parallel_summary(dp):
+    """sn-plan's lines on a data-parallel plan (cli/plan.py's ``data_parallel`` figures): the
+    buckets, the communication overlapped and exposed, and the estimated scaling efficiency."""
+    ms = 1e3
+    rows = [(b["bucket"], b["gradients"], human_bytes(b["bytes"]), b["after"], f"{b['seconds'] * ms:.3f}",
+             f"{b['exposed_seconds'] * ms:.3f}") for b in dp["buckets"]]
+    total = dp["communication_seconds"]
+    lines = [
+        f"ranks         {dp['ranks']}, link {dp['link_bytes_per_s'] / 1e9:g} GB/s, latency "
+        f"{dp['link_latency_s'] * 1e6:g} us: {len(rows)} bucket{'s' if len(rows) != 1 else ''}, ring all-reduce "
+        f"{total * ms:.3f} ms per iteration, {dp['overlapped_seconds'] * ms:.3f} ms overlapped with the "
+        f"backward, {dp['exposed_seconds'] * ms:.3f} ms exposed",
+        f"scaling       one rank {dp['one_rank_seconds'] * ms:.3f} ms per iteration; "
+        f"{dp['ranks']} ranks at the same batch each: efficiency {100 * dp['scaling_efficiency']:.1f} % "
+        f"({dp['ranks'] * dp['scaling_efficiency']:.2f}x the images per second)",
+        table(rows, ["bucket", "grads", "bytes", "starts after", "all-reduce ms", "exposed ms"]),
+    ]
+    return "\n".join(lines)
+
+
 def layers_table(schedule, plan):
     """Per layer: forward and backward working sets, the bytes live on the device while each
     runs (resident included), and for a layer written in place (``top == bottom``) whether it
@@ -211,14 +231,18 @@ def trace_events(schedule, plan, model):
     the plan's device: its :meth:`timeline`): one track per stream, each step a span
     (``ph: X``): compute steps on the compute track, Offloads on the device→host track,
     Prefetches on the host→device track, and a ``stall`` span on the compute track wherever a
-    Wait holds it for a copy; and a counter (``ph: C``) of the device bytes live."""
-    from .scheduler.cost import COMPUTE_STREAM, D2H, H2D, STALL
+    Wait holds it for a copy; data-parallel all-reduces on a track of their own, and an
+    ``exposed`` span wherever a WaitReduce holds the compute track; and a counter (``ph: C``)
+    of the device bytes live."""
+    from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
     graph, steps = schedule.graph, schedule.steps
-    tids = {COMPUTE_STREAM: 0, STALL: 0, D2H: 1, H2D: 2}
+    tids = {COMPUTE_STREAM: 0, STALL: 0, EXPOSED: 0, D2H: 1, H2D: 2, NETWORK: 3}
+    marked = {STALL: "stall", EXPOSED: "exposed"}  # spans on the compute track that wait
     events = [{"name": "process_name", "ph": "M", "pid": 0,
                "args": {"name": f"{graph.name} ({schedule.policy}, {model.device.name})"}}]
     events += [{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": stream}}
-               for stream, tid in tids.items() if stream != STALL]
+               for stream, tid in tids.items() if stream not in marked
+               and (stream != NETWORK or any(s.kind == ALLREDUCE for s in steps))]  # a track of its own when used
     timeline, last = model.timeline(schedule), None
     for i, stream, start, end in timeline.spans:
         ts = round(start * 1e6, 3)
@@ -234,8 +258,8 @@ def trace_events(schedule, plan, model):
         if step.tensor:
             args["bytes"] = human_bytes(schedule.tensors[step.tensor].nbytes)
         name = step.describe(graph)
-        events.append({"name": f"stall: {name}" if stream == STALL else name,
-                       "cat": STALL if stream == STALL else step.kind, "ph": "X", "pid": 0,
+        events.append({"name": f"{marked[stream]}: {name}" if stream in marked else name,
+                       "cat": stream if stream in marked else step.kind, "ph": "X", "pid": 0,
                        "tid": tids[stream], "ts": ts, "dur": round(max((end - start) * 1e6, 0.001), 3),
                        "args": args})
     if plan.live:

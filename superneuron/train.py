@@ -39,10 +39,18 @@ class Trainer:
     After :meth:`run`, ``run_images`` and ``run_seconds`` add up the images and the seconds of
     the training steps of that run, leaving out its first step (it plans and warms up):
     :attr:`average_rate` is their ratio.
+
+    ``group``: the ranks of data-parallel training (runtime/collective.py), or None. Every rank
+    trains; only rank 0 writes snapshots (give the others no ``log_path`` and no test loader:
+    rank 0 alone logs and tests), each written only when every rank is at the same iteration;
+    images count those of every rank.
     """
 
-    def __init__(self, net, solver, train_loader, test_loader=None, snapshot_dir=None, log_path=None):
+    def __init__(self, net, solver, train_loader, test_loader=None, snapshot_dir=None, log_path=None,
+                 group=None):
         self.net, self.solver = net, solver
+        self.group = group
+        self.writes = group is None or group.rank == 0
         self.train_loader, self.test_loader = train_loader, test_loader
         self.snapshot_dir, self.log_path = snapshot_dir, log_path
         self.iteration = 0
@@ -52,7 +60,7 @@ class Trainer:
         if len(self.inputs) != 2:
             raise SNError(f"net '{net.graph.name}' must have exactly two inputs (data, label) to be "
                           f"trained; it has {', '.join(self.inputs) or 'none'}")
-        if snapshot_dir is not None:
+        if snapshot_dir is not None and self.writes:
             _check_writable(snapshot_dir)
             snap.remove_stale_tmp(snapshot_dir, net.graph.name)
         if log_path is not None:
@@ -96,17 +104,22 @@ class Trainer:
                     raise
                 feeds = [{self.inputs[0]: x, self.inputs[1]: y} for x, y in batches]
                 feed = feeds[0] if len(feeds) == 1 else feeds
-                images = sum(len(x) for x, _ in batches)
+                images = sum(len(x) for x, _ in batches) * (1 if self.group is None else self.group.size)
                 start = time.perf_counter()
                 with ctrl_c.held():  # a step is done whole or not at all
                     loss = self.net.train_step(feed, it)
+                    accuracy = self._accuracy(self.net.outputs)
+                    if self.group is not None:  # the global batch's: the mean of the ranks' shards
+                        loss, *rest = self.group.mean([loss] + ([accuracy] if accuracy is not None else []),
+                                                      f"the loss of iteration {it}")
+                        accuracy = rest[0] if rest else None
                 if not np.isfinite(loss):
                     raise SNError(self._non_finite_loss(loss, feed, it))
                 self.iteration = it + 1
                 if ctrl_c.pending:
                     raise KeyboardInterrupt
                 seconds = time.perf_counter() - start
-                window.add(loss, self._accuracy(self.net.outputs), images, seconds, first=not warm)
+                window.add(loss, accuracy, images, seconds, first=not warm)
                 if warm:
                     self.run_images += images
                     self.run_seconds += seconds
@@ -211,7 +224,15 @@ class Trainer:
                 "solver": self.solver.type}
 
     def snapshot(self, path=None):
-        """Write the state of training to ``path`` (default: the snapshot folder) atomically."""
+        """Write the state of training to ``path`` (default: the snapshot folder) atomically;
+        its path. With ranks, every rank calls it and rank 0 writes (the others return None),
+        once they all agree on the iteration (else SNError, and nothing is written)."""
+        if self.group is not None:
+            if not self.group.agree(self.iteration, f"the snapshot of iteration {self.iteration}"):
+                raise SNError(f"rank {self.group.rank}: the ranks are not all at iteration {self.iteration}: "
+                              f"no snapshot written")
+            if not self.writes:
+                return None
         path = path or os.path.join(self.snapshot_dir, f"{self.net.graph.name}_iter_{self.iteration}.npz")
         # the resident arrays themselves (under parameter offload, the masters on the host): a
         # device copy left placed by a test pass that Ctrl-C cut short may be half copied

@@ -74,14 +74,18 @@ def _flag_cases(tool, flags, count):
 PLAN_FLAGS = {"--batch": NUMBERS, "--memory": SIZES, "--host-memory": SIZES, "--workspace-limit": SIZES,
               "--policy": POLICIES, "--placement": ["dynamic", "planned", "x"], "--set": SETS,
               "--device": ["cpu", "gpu", "tpu"], "--timeline": ["PATH:" + k for k in PATHS] + ["x.xyz", "t.png"],
-              "--trace": ["PATH:" + k for k in PATHS] + ["t.json"], "--solver": ["PATH:" + k for k in PATHS]}
+              "--trace": ["PATH:" + k for k in PATHS] + ["t.json"], "--solver": ["PATH:" + k for k in PATHS],
+              "--ranks": NUMBERS, "--bucket-size": SIZES,
+              "--link": ["nan", "inf", "1e400GB/s", "0GB/s", "5GB/s,-1us", "5GB/s,nanus", "5GB/s,infs", ",", "x",
+                         "100GB/s", "25GB/s,10us"]}
 TRAIN_FLAGS = {"--batch": NUMBERS, "--memory": SIZES, "--policy": POLICIES, "--set": SETS,
                "--epochs": FLOATS, "--lr": FLOATS, "--seed": ["-1", "4294967296", "4294967295", "x", "9" * 30, "0"],
                "--display": ["-1", "0", "x", "1"], "--test-interval": ["-1", "0", "x"],
                "--snapshot-interval": ["-1", "0", "x"], "--log": ["PATH:" + k for k in PATHS],
                "--snapshot": ["PATH:" + k for k in PATHS], "--resume": ["PATH:" + k for k in PATHS],
                "--data": ["PATH:" + k for k in PATHS] + ["digits", "synthetic", "PATH:fifo.npz", "PATH:dir.npz"],
-               "--solver": ["PATH:" + k for k in PATHS], "--iters": ["-1", "0", "x", "1e3", "2"]}
+               "--solver": ["PATH:" + k for k in PATHS], "--iters": ["-1", "0", "x", "1e3", "2"],
+               "--timeout": FLOATS, "--bucket-size": SIZES}
 DEPTH_FLAGS = {"--batch": NUMBERS, "--memory": SIZES, "--host-memory": SIZES, "--size": NUMBERS,
                "--policies": ["", ",", "x", "liveness+params+params", "baseline,x"], "--set": SETS,
                "--max-depth": NUMBERS, "--device": ["cpu", "tpu"]}

@@ -18,6 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn", "google": "protobuf"}
 GPU_ONLY = {"cupy", "cupyx", "cudnn"}  # from the cuda12/cuda13 extras, imported only for --device gpu
 TEST_ONLY = ("torch", "pytest", "_pytest", "xdist")
+MPI_ONLY = {"mpi4py"}  # from the mpi extra, imported only when mpiexec launched several ranks
 
 
 def requirements(section, key):
@@ -40,7 +41,7 @@ def imported_modules():
 
 def test_the_package_imports_only_the_standard_library_and_its_base_requirements():
     base = {r.name.lower() for r in requirements("options", "install_requires")}
-    outside = {m for m in imported_modules() if m not in sys.stdlib_module_names and m not in GPU_ONLY}
+    outside = {m for m in imported_modules() if m not in sys.stdlib_module_names and m not in GPU_ONLY | MPI_ONLY}
     assert {DISTRIBUTION.get(m, m).lower() for m in outside} <= base, outside
     assert not set(TEST_ONLY) & imported_modules()
 
@@ -63,13 +64,19 @@ sys.exit(code)
 
 def test_lenet_trains_with_the_test_and_gpu_packages_blocked():
     """The README's first command after `pip install -e .`: nothing on sn-train's path to a
-    LeNet run needs torch, pytest or CuPy (they are blocked from importing here)."""
-    blocked = set(TEST_ONLY) | GPU_ONLY
+    LeNet run needs torch, pytest, CuPy or mpi4py (they are blocked from importing here)."""
+    blocked = set(TEST_ONLY) | GPU_ONLY | MPI_ONLY
     run = subprocess.run([sys.executable, "-c", BLOCKER.format(blocked=blocked)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "done: trained lenet for 3 iterations" in run.stdout and "leaked: []" in run.stdout
+
+
+def test_the_mpi_extra_brings_mpi4py_and_an_mpiexec_and_the_tests_install_it():
+    for extra in ("mpi", "test"):
+        names = {r.name for r in requirements("options.extras_require", extra)}
+        assert {"mpi4py", "mpich"} <= names, extra
 
 
 @pytest.mark.parametrize("extra, cuda", [("cuda12", "cu12"), ("cuda13", "cu13")])

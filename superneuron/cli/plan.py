@@ -4,6 +4,7 @@ policy, without running a kernel or allocating the arena.
     sn-plan nets/resnet.yaml --set depth=152 --policy liveness --memory 12GiB
     sn-plan nets/vgg16.yaml --layers --timeline vgg.png --trace vgg.json
     sn-plan nets/lenet.yaml --profile        # time each layer on this CPU (cached) first
+    sn-plan nets/resnet.yaml --set depth=50 --device gpu --ranks 8 --link 100GB/s
 
 The estimated iteration time comes from the cost model (scheduler/cost.py): the layers' flops
 and bytes at --device's assumed rates, or, with --profile, each kernel timed once on the CPU
@@ -22,6 +23,7 @@ import sys
 
 from ..errors import SNError
 from ..optim import make_optimizer
+from ..sizes import parse_size
 from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
 
 
@@ -50,6 +52,13 @@ def build_parser():
     p.add_argument("--tradeoff", metavar="FILE.png",
                    help="plot estimated time against budget (2/3, 1/2, 1/3, 1/4 of liveness's peak and the "
                         "smallest that fits) for each policy, and print the table")
+    p.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="data-parallel ranks: plan the gradients' all-reduce in buckets, and show it")
+    p.add_argument("--link", metavar="BW[,LATENCY]",
+                   help="the ranks' link, e.g. 100GB/s or 25GB/s,10us (default: the device's: "
+                        "shared memory on the CPU, NVLink on GPUs)")
+    p.add_argument("--bucket-size", metavar="SIZE", default="25MiB",
+                   help="gradients all-reduced per bucket (default 25MiB, as PyTorch DDP)")
     p.add_argument("--profile", action="store_true",
                    help="time each layer's algorithms on the CPU backend (cached) and plan with "
                         "those times instead of estimates")
@@ -76,22 +85,24 @@ def plan_from_args(args, keep=None):
     from ..backend import get_backend, gpu_available, planning_kernels
     # on a GPU with cuDNN the convolutions offer cuDNN's plans, as in sn-train's run
     graph = Graph(spec, kernels=planning_kernels(args.device))
-    model, profile = CostModel(args.device), None
+    ranks, link = ranks_from_args(args)
+    model, profile = CostModel(args.device, link=link), None
     if getattr(args, "profile", False):
         from ..runtime.profile import load_or_measure
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
         table, path, measured = load_or_measure(graph, backend)
-        model = CostModel(backend.name, table)
+        model = CostModel(backend.name, table, link=link)
         profile = {"cache": path, "measured": measured, "entries": len(table)}
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
         keep["base"] = base
     policy = policy_from_args(args)
     memo = {}
+    bucket_bytes = parse_size(getattr(args, "bucket_size", None) or "25MiB")
     schedule, the_plan = plan(base, policy, budget, host_memory, cost=model, placement=args.placement,
                               workspace_limit=limit, lossy=tuple(args.lossy), solver_seconds=args.solver_time,
-                              memo=memo)
+                              memo=memo, ranks=ranks, bucket_bytes=bucket_bytes)
     info = figures(schedule, the_plan, budget)
     info["optimal"] = memo.get("optimal")
     timeline = model.timeline(schedule)
@@ -104,6 +115,8 @@ def plan_from_args(args, keep=None):
                 est_liveness_seconds=reference.seconds,
                 host_memory_bytes=host_memory, host_fits=host_memory is None or the_plan.host_bytes <= host_memory)
     info["cost_model"] = "measured" if profile else f"estimate ({model.device.name})"
+    if ranks > 1:
+        info["data_parallel"] = data_parallel(schedule, timeline, model, ranks)
     if getattr(args, "min_memory", False):
         info["min_memory_bytes"] = min_memory(base, policy, host_memory, cost=model,
                                               placement=args.placement, workspace_limit=limit,
@@ -122,6 +135,70 @@ def encoded_figures(schedule, live):
         return None
     return {"tensors": [{"name": n, "codec": c, "stands_for": w, "bytes": b} for n, c, w, b in found["tensors"]],
             "stash_bytes": found["stash_bytes"], "liveness_stash_bytes": summary(live)["stash_bytes"]}
+
+
+def ranks_from_args(args):
+    """``(ranks, cost.Link)`` from --ranks and --link (bandwidth, and optionally latency)."""
+    import dataclasses
+
+    from ..scheduler.cost import LINKS
+    ranks = getattr(args, "ranks", 1) or 1
+    if ranks < 1:
+        raise SNError(f"--ranks must be at least 1, got {ranks}")
+    link = dataclasses.replace(LINKS["cpu" if args.device == "cpu" else "gpu"], ranks=ranks)
+    text = getattr(args, "link", None)
+    if text:
+        rate, _, latency = text.partition(",")
+        try:
+            bandwidth = parse_size(rate.strip().removesuffix("/s"))
+            seconds = _seconds(latency) if latency else link.latency
+        except (SNError, ValueError):
+            raise SNError(f"--link {text}: expected a bandwidth and optionally a latency, as "
+                          f"100GB/s or 25GB/s,10us") from None
+        if bandwidth <= 0:
+            raise SNError(f"--link {text}: the bandwidth must be more than 0")
+        link = dataclasses.replace(link, bandwidth=float(bandwidth), latency=seconds)
+    return ranks, link
+
+
+def _seconds(text):
+    text = text.strip()
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("ns", 1e-9), ("s", 1.0)):
+        if text.endswith(unit):
+            value = float(text[:-len(unit)])
+            if not 0 <= value < float("inf"):  # NaN too
+                raise ValueError(text)
+            return value * scale
+    raise ValueError(text)
+
+
+def data_parallel(schedule, timeline, model, ranks):
+    """The all-reduce figures of a data-parallel plan: each bucket (its gradients, bytes, the
+    step after which it starts, its estimated seconds, and how much of it the compute stream
+    waited for), the communication overlapped and exposed, and the estimated scaling
+    efficiency: one rank's iteration (the same steps without the all-reduces) over this one."""
+    from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
+    steps = schedule.steps
+    exposed = {}
+    for i, _stream, start, end in timeline.spans:
+        if steps[i].kind == WAIT_REDUCE:
+            exposed[steps[i].tensor] = end - start
+    buckets = []
+    for i, step in enumerate(steps):
+        if step.kind == ALLREDUCE:
+            k = i - 1
+            while k > 0 and (steps[k].kind in MEMORY or steps[k].kind in COMMUNICATION):
+                k -= 1
+            nbytes = schedule.tensors[step.tensor].nbytes
+            buckets.append({"bucket": step.tensor, "gradients": len(step.grads), "bytes": nbytes,
+                            "after": steps[k].describe(schedule.graph).split(" [")[0],
+                            "seconds": model.link.allreduce_seconds(nbytes),
+                            "exposed_seconds": exposed.get(step.tensor, 0.0)})
+    alone = model.timeline(schedule.replace([s for s in steps if s.kind not in COMMUNICATION])).seconds
+    return {"ranks": ranks, "link_bytes_per_s": model.link.bandwidth, "link_latency_s": model.link.latency,
+            "buckets": buckets, "communication_seconds": timeline.communication,
+            "exposed_seconds": timeline.exposed, "overlapped_seconds": timeline.communication - timeline.exposed,
+            "one_rank_seconds": alone, "scaling_efficiency": alone / timeline.seconds if timeline.seconds else 1.0}
 
 
 def figures(schedule, plan, budget):
@@ -190,6 +267,8 @@ def run(args):
             print(report.encoded_summary(info["encoded"]))
         if info.get("optimal"):
             print(report.optimal_line(info["optimal"]))
+        if "data_parallel" in info:
+            print(report.data_parallel_summary(info["data_parallel"]))
         if "min_memory_bytes" in info:
             print(report.min_memory_line(info))
         if info["profile"]:

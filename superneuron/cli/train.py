@@ -2,12 +2,20 @@
 
     sn-train nets/lenet.yaml
     sn-train nets/resnet_cifar.yaml --data ~/cifar-10-batches-py --set depth=56 --epochs 10
+    mpiexec -n 4 sn-train nets/lenet.yaml --batch 16     # data-parallel: 4 ranks, 64 a step
+
+Launched by mpiexec with several ranks, each process is one rank (runtime/collective.py):
+--batch is per rank, rank r trains on shard r of each global batch, gradients are averaged,
+and only rank 0 prints, logs, tests and writes snapshots.
 """
 
 import argparse
 import math
+import os
+import signal
 import sys
 import time
+import traceback
 
 from .. import __version__
 from ..errors import SNError
@@ -52,21 +60,56 @@ def build_parser():
     p.add_argument("--snapshot-format", choices=("npz", "caffemodel"), default="npz",
                    help="caffemodel: beside each snapshot, also the weights as a .caffemodel Caffe reads")
     p.add_argument("--log", metavar="FILE.jsonl", help="write one JSON object per display and test interval")
+    from ..runtime.collective import DEFAULT_TIMEOUT
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"under mpiexec: seconds a rank waits for the others in a collective before it "
+                        f"stops every rank (default {DEFAULT_TIMEOUT:g}; more than a test pass takes)")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="under mpiexec: BatchNorm's statistics of every rank's batch together (default: "
+                        "each rank's own, as Caffe)")
+    p.add_argument("--bucket-size", metavar="SIZE", default="25MiB",
+                   help="under mpiexec: gradients all-reduced per bucket (default 25MiB, as PyTorch DDP)")
     return p
 
 
 def main(argv=None):
-    return run_cli(build_parser(), run, argv)
+    from ..runtime import collective
+    try:
+        status = run_cli(build_parser(), run, argv)
+    except Exception:
+        if not collective.running():
+            raise
+        traceback.print_exc()  # a bug: said as Python says it, and the other ranks stopped
+        status = 1
+    return collective.end(status)  # a rank that fails stops the others
 
 
 def run(args):
+    if not 0 <= args.seed <= MAX_SEED:
+        raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
+    if not args.timeout > 0:
+        raise SNError(f"--timeout must be more than 0 seconds, got {args.timeout:g}")
+    from ..runtime.collective import world
+    group = world(args.device, args.timeout)
+    if group is None:
+        return _train(args, None)
+    if group.rank != 0:  # only rank 0 prints; the others' errors still go to stderr
+        sys.stdout = open(os.devnull, "w")
+    try:
+        return _train(args, group)
+    except SNError as e:
+        text = str(e)
+        raise SNError(text if text.startswith("rank ") else f"rank {group.rank}: {text}") from None
+
+
+def _train(args, group):
     from ..feed import data_config, loaders, open_data
     from ..net import Net
     from ..optim import make_optimizer
+    from ..sizes import parse_size
     from ..train import Trainer
 
-    if not 0 <= args.seed <= MAX_SEED:
-        raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
+    ranks, rank = (1, 0) if group is None else (group.size, group.rank)
     spec = _fit_size_to_data(load_spec_from_args(args), args)
     solver = solver_from_args(args, spec)
     data_cfg = data_config(spec, args.data)
@@ -80,12 +123,16 @@ def run(args):
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
               host_memory=host_memory, lossy=tuple(args.lossy),
-              costs="measure" if args.profile else None, solver_seconds=args.solver_time)
+              costs="measure" if args.profile else None, solver_seconds=args.solver_time,
+              group=group, bucket_bytes=parse_size(args.bucket_size), sync_bn=args.sync_bn)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
-    batch = net.batch
+    batch = net.batch * ranks  # the global batch: --batch is per rank
     solver = optimizer.for_epochs(len(train_set), batch)
-    train_loader, test_loader = loaders(data_cfg, train_set, test_set, batch, seed=args.seed)
-    trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log)
+    train_loader, test_loader = loaders(data_cfg, train_set, test_set, batch, seed=args.seed, shard=(rank, ranks))
+    if rank != 0:  # rank 0 alone tests and logs
+        test_loader, args.log = None, None
+    trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log,
+                      group=group)
     if args.weights:
         if args.resume:
             raise SNError("give --weights or --resume, not both (a snapshot holds the weights)")
@@ -96,9 +143,17 @@ def run(args):
 
     n_params = sum(math.prod(net.graph.tensors[t].shape) for t in net.learnable_names)
     plan = net.plans["train"]
+    per_rank = f" ({net.batch} per rank x {ranks} ranks)" if group is not None else ""
     print(f"superneuron {__version__} | net {spec.name} ({args.net}) | {len(spec.layers)} layers, "
-          f"{n_params:,} parameters | batch {batch}"
+          f"{n_params:,} parameters | batch {batch}{per_rank}"
           + (f" x iter_size {net.iter_size}" if net.iter_size > 1 else "") + f" | device {net.backend.name}")
+    if group is not None:
+        from ..scheduler.steps import ALLREDUCE
+        buckets = sum(1 for s in net.schedules["train"].steps if s.kind == ALLREDUCE)
+        print(f"ranks: {group.describe()}; gradients averaged in {buckets} "
+              f"bucket{'s' if buckets != 1 else ''} of up to "
+              f"{args.bucket_size}, timeout {args.timeout:g} s; BatchNorm statistics "
+              + ("of the global batch (--sync-bn)" if args.sync_bn else "per rank"))
     print(f"data: {data_cfg['source']} ({len(train_set)} train, {len(test_set)} test, "
           f"sample {'x'.join(map(str, train_set.sample_shape))})")
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
@@ -118,6 +173,8 @@ def run(args):
     on_event = printer
     if args.snapshot_format == "caffemodel":
         on_event = _with_caffemodels(net, printer)
+    if group is not None and os.environ.get("SN_FAULT"):
+        on_event = _with_fault(on_event, rank, os.environ["SN_FAULT"])
     try:
         result = trainer.run(on_event)
     finally:
@@ -138,7 +195,47 @@ def run(args):
         parts.append(f"outside the arena {outside.count} allocations, {human_bytes(outside.bytes)}"
                      f" (last iteration)")
     print(" | ".join(parts))
+    if group is not None:
+        print(_ranks_line(net, group))
     return 130 if printer.interrupted else 0
+
+
+def _ranks_line(net, group):
+    """What every rank ends with, gathered on rank 0: its arena's real peak against its plan's
+    (plan equals run on every rank) and a checksum of its parameters (all the same)."""
+    import zlib
+    peaks = group.gather(net.peak_bytes, "the end of training")
+    planned = group.gather(max(p.peak_bytes for p in net.plans.values()), "the end of training")
+    crc = 0
+    for name in net.learnable_names:
+        crc = zlib.crc32(net.param(name).tobytes(), crc)
+    sums = group.gather(crc, "the end of training")
+    same = "plan equals run on every rank" if peaks == planned else f"plan {planned} != run {peaks}"
+    return (f"ranks: peak per rank {', '.join(map(str, peaks))} bytes ({same}); parameters "
+            + ("identical on every rank" if len(set(sums)) == 1 else f"DIFFER between ranks (crc32 {sums})"))
+
+
+def _with_fault(on_event, rank, fault):
+    """A test hook (``SN_FAULT=RANK:ITER:exit|kill|hang|raise``): rank RANK, after iteration
+    ITER, exits at once, is killed (SIGKILL), stops answering, or raises an error."""
+    try:
+        who, when, what = fault.split(":")
+        who, when = int(who), int(when)
+    except ValueError:
+        raise SNError(f"SN_FAULT={fault}: expected RANK:ITER:exit|kill|hang|raise") from None
+
+    def hooked(event):
+        on_event(event)
+        if event["kind"] != "iter" or event["iter"] != when or rank != who:
+            return
+        if what == "exit":
+            os._exit(9)
+        if what == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if what == "hang":
+            time.sleep(3600)
+        raise SNError(f"a fault injected by SN_FAULT after iteration {when}")
+    return hooked
 
 
 def _load_weights(net, path):

@@ -216,13 +216,19 @@ class Context:
     from the step's workspace, the random stream, and (for Input/Data) the batch being fed."""
 
     def __init__(self, xp=np, train=True, recompute=False, workspace=None, algo=None,
-                 seed=0, feed=None, backend=None, encoded=None):
+                 seed=0, feed=None, backend=None, encoded=None, ranks=None):
+        self.ranks = ranks  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
         self.xp, self.train, self.recompute = xp, train, recompute
         self.encoded = encoded  # a backward's direct encoded operand (Layer.encodings), if any
         self.workspace, self.algo, self.seed = workspace, algo, seed
         self.feed = feed if feed is not None else {}
         self.backend = backend
         self._used = 0
+
+    def sum_ranks(self, array):
+        """``array`` summed over the ranks of synchronised BatchNorm (``ranks.size``); a new
+        array of its shape (a few floats per channel: not the arena's)."""
+        return self.ranks.sum(array, "a synchronised BatchNorm")
 
     def scratch(self, shape, dtype):
         """A view of ``shape`` and ``dtype`` carved from the workspace (successive calls do not

@@ -67,7 +67,11 @@ class BatchNorm(Layer):
     stays mostly its initial value for thousands of iterations). They are updated once per
     iteration: a recomputed forward (``ctx.recompute``) leaves them alone.
     The backward reads only the top (x_hat) and the per-channel ``saved_invstd`` that the
-    forward keeps, so the layer may run in place."""
+    forward keeps, so the layer may run in place.
+
+    Data-parallel training keeps each rank's statistics (as Caffe); with ``ctx.ranks`` (sn-train
+    --sync-bn) the statistics and the backward's two sums are those of the global batch, summed
+    over the ranks (:meth:`_forward_synced`)."""
 
     KEYS = {
         "use_global_stats": Key("bool", False, doc="normalise with the running statistics even "
@@ -131,9 +135,11 @@ class BatchNorm(Layer):
             return
         n, c, l = self.ncl
         m = n * l
-        if cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
+        if ctx.ranks is not None:
+            mean, var, m = self._forward_synced(ctx, x, y, params)
+        elif cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
             return
-        if xp is np:  # channels split over the cores
+        elif xp is np:  # channels split over the cores
             mean, var = np.empty(c, self.dtype), np.empty(c, self.dtype)
             self._forward_cpu(x, y, mean, var, params["saved_invstd"], ctx.scratch((n * c,), self.dtype))
         else:
@@ -150,6 +156,19 @@ class BatchNorm(Layer):
             for running, batch in ((params["mean"], mean), (params["variance"], var * (m / max(m - 1, 1)))):
                 running *= f
                 running += batch
+
+    def _forward_synced(self, ctx, x, y, params):
+        """The training forward of synchronised BatchNorm: the mean, then the biased variance,
+        of the global batch (each a sum over the ranks); ``(mean, var, samples per channel)``."""
+        xp, (n, c, l) = ctx.xp, self.ncl
+        m = n * l * ctx.ranks.size
+        mean = ctx.sum_ranks(x.sum(axis=(0, 2))) / m
+        xp.subtract(x, mean[:, None].astype(self.dtype), out=y)
+        var = ctx.sum_ranks(_channel_dot(xp, y, y, ctx.scratch((n * c,), self.dtype))) / m
+        invstd = params["saved_invstd"]
+        invstd[...] = 1.0 / xp.sqrt(var + self.cfg["eps"])
+        y *= invstd[:, None]
+        return mean.astype(self.dtype), var.astype(self.dtype), m
 
     def _forward_cpu(self, x, y, mean, var, invstd, room):
         """The CPU training forward, its channels split over the cores (``room``: N*C scratch
@@ -201,6 +220,17 @@ class BatchNorm(Layer):
             xp.multiply(dy, 1.0 / xp.sqrt(var[:, None] + self.cfg["eps"]), out=dx)
             return
         n, c, l = self.ncl
+        if ctx.ranks is not None:  # the global batch's sums
+            x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
+            m = n * l * ctx.ranks.size
+            mean_dy = ctx.sum_ranks(dy.sum(axis=(0, 2))) / m
+            tmp = ctx.scratch(self.ncl, self.dtype)
+            mean_dyx = ctx.sum_ranks(xp.multiply(dy, x_hat, out=tmp).sum(axis=(0, 2))) / m
+            xp.multiply(x_hat, mean_dyx[:, None].astype(self.dtype), out=tmp)
+            xp.subtract(dy, tmp, out=dx)
+            dx -= mean_dy[:, None].astype(self.dtype)
+            dx *= invstd[:, None]
+            return
         splits = cuda.splits_for(self.ncl, n * c * l * self.dtype.itemsize) if cuda.on_gpu(xp) else 0
         if splits:  # one pass for both sums, one for dx
             words = ctx.scratch((2 * (splits + 1) * c,), np.float64)

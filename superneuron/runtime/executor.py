@@ -11,6 +11,10 @@ copy queues (runtime/copies.py): an Offload or a Prefetch starts a copy, a Wait
 blocks until it is done. A step that touches a tensor whose copy is still running without a
 Wait before it is a *stall*: the Runtime waits for the copy (results stay right) and counts
 it in ``stalls``; a correct plan has none. ``blocked`` counts the Waits that really had to wait.
+
+Data-parallel (a ``group`` of ranks, runtime/collective.py): an AllReduce packs its
+gradients into its bucket (a tensor of the arena) and starts the bucket's sum over the ranks;
+its WaitReduce waits for it and writes the ranks' average back into the gradients.
 """
 
 import math
@@ -26,6 +30,7 @@ from ..scheduler.lower import ACCUM
 from ..scheduler.steps import (
     ACCUMULATE,
     ALLOC,
+    ALLREDUCE,
     BACKWARD,
     CODING,
     COPY,
@@ -39,8 +44,15 @@ from ..scheduler.steps import (
     RESIDENT_ONLY,
     UPDATE,
     WAIT,
+    WAIT_REDUCE,
 )
 from .copies import copies_for
+
+
+def rank_seed(seed, rank):
+    """The seed of ``rank``'s dropout masks: ``seed`` itself on rank 0 (one rank trains as it
+    always did), another for every other rank (each rank drops its own units, as in Caffe)."""
+    return seed if rank == 0 else (int(seed) * 7_919 + int(rank) * 104_729 + 1) & (2**63 - 1)
 
 
 def step_seed(seed, iteration, node_index):
@@ -54,10 +66,14 @@ class Runtime:
 
     ``schedules`` are the schedules it will run (they share the resident layout); the arena
     holds ``capacity`` bytes and the host arena of offloaded tensors ``host_capacity`` (by
-    default what the schedules need).
+    default what the schedules need). ``group``: the ranks of data-parallel training
+    (runtime/collective.py), or None; ``sync_bn``: BatchNorm pools the statistics of every
+    rank's batch.
     """
 
-    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None):
+    def __init__(self, schedules, backend, capacity, seed=0, host_capacity=None, group=None, sync_bn=False):
+        self.group = group
+        self.sync_bn = group if sync_bn and group is not None else None
         self.backend, self.xp, self.seed = backend, backend.xp, seed
         first = schedules[0]
         self.graph = first.graph
@@ -145,6 +161,7 @@ class Runtime:
         graph = self.graph
         self.memory = memory = Interpreter(schedule.tensors, self.arena, self.host, _Copies(self))
         pending = memory.pending
+        reducing = {}  # bucket → the handle of its all-reduce
         roots = Roots(schedule)
         last = round_ == schedule.rounds - 1
         draw = iteration * schedule.rounds + round_  # each round its own dropout masks
@@ -179,10 +196,16 @@ class Runtime:
             elif kind == BACKWARD:
                 node = graph.nodes[step.node]
                 self._backward(step, node, draw)
+                if reducing:
+                    self.group.progress()
             elif kind == ACCUMULATE:
                 self._accumulate(round_, schedule.rounds)
             elif kind in CODING:
                 self._code(step, draw)
+            elif kind == ALLREDUCE:
+                reducing[step.tensor] = self._start_reduce(step)
+            elif kind == WAIT_REDUCE:
+                self._finish_reduce(step, reducing.pop(step.tensor), iteration)
             elif kind == UPDATE:
                 if not last:
                     continue  # the rounds before the last only accumulate
@@ -197,6 +220,7 @@ class Runtime:
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
+        assert not reducing, f"all-reduces never waited for: {sorted(reducing)}"
         return outputs
 
     def _accums(self):
@@ -226,6 +250,25 @@ class Runtime:
             else:
                 grad += acc
 
+    def _start_reduce(self, step):
+        """Pack the gradients of ``step``'s bucket into it and start its sum over the ranks."""
+        bucket, at = self.view(step.tensor), 0
+        for g in step.grads:
+            grad = self.view(g)
+            bucket[at:at + grad.size] = grad.reshape(-1)
+            at += grad.size
+        return self.group.start(bucket)
+
+    def _finish_reduce(self, step, handle, iteration):
+        """Wait for the bucket's sum, then write the ranks' average into its gradients."""
+        self.group.wait(handle, f"the all-reduce of {step.tensor} in iteration {iteration}")
+        bucket, at = self.view(step.tensor), 0
+        bucket /= self.group.size
+        for g in step.grads:
+            grad = self.view(g)
+            grad[...] = bucket[at:at + grad.size].reshape(grad.shape)
+            at += grad.size
+
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
         have put a Wait before it)."""
@@ -244,7 +287,7 @@ class Runtime:
         ws = self.view(step.workspace) if step.workspace else None
         return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
                        seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
-                       feed=feed, backend=self.backend)
+                       feed=feed, backend=self.backend, ranks=self.sync_bn)
 
     def _code(self, step, iteration):
         """An Encode or a Decode (scheduler/encode.py): a layer's own form through the layer, a

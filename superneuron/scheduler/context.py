@@ -9,6 +9,7 @@ in a module: it goes when the Context goes.
 
 from dataclasses import dataclass, field
 
+from .allreduce import DEFAULT_BUCKET_BYTES
 from .cost import CostModel
 
 
@@ -20,7 +21,8 @@ class Context:
     ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit;
     ``'optimal'``: what the optimal pass chose and why, optimal.py); ``lossy``: the lossy
     encodings the encode pass may use (``('fp16',)``: ``--lossy fp16``); ``solver_seconds``:
-    the time limit of the optimal policy's solver."""
+    the time limit of the optimal policy's solver; ``ranks``: data-parallel
+    ranks, whose gradients are all-reduced in buckets of ``bucket_bytes`` (allreduce.py)."""
 
     budget: int = None
     host_memory: int = None
@@ -30,3 +32,5 @@ class Context:
     memo: dict = field(default_factory=dict, compare=False)
     lossy: tuple = ()
     solver_seconds: float = 20.0
+    ranks: int = 1
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .steps import (
     ACCUMULATE,
+    ALLREDUCE,
     APPLY,
     BACKWARD,
     CODING,
@@ -30,6 +31,7 @@ from .steps import (
     RECOMPUTE,
     UPDATE,
     WAIT,
+    WAIT_REDUCE,
 )
 
 
@@ -61,6 +63,31 @@ DEVICES = {
 }
 
 
+@dataclass(frozen=True)
+class Link:
+    """The interconnect of data-parallel training: ``ranks`` taking part, and each link's
+    ``bandwidth`` (bytes per second, each direction) and ``latency`` (seconds per message)."""
+
+    ranks: int = 1
+    bandwidth: float = 5e9
+    latency: float = 5e-6
+
+    def allreduce_seconds(self, nbytes):
+        """A ring all-reduce of ``nbytes``: 2(N-1) steps, each sending N-th of the bytes over
+        one link (reduce-scatter, then all-gather): 2(N-1)/N · bytes / bandwidth, plus 2(N-1)
+        latencies; nothing for one rank."""
+        n = self.ranks
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / self.bandwidth + 2 * (n - 1) * self.latency
+
+
+# What --link defaults to, by device: on the CPU, MPI between processes of one machine
+# (shared memory, about a memcpy); on GPUs, NVLink between the GPUs of one node (H100: 450 GB/s
+# each way nominal, of which NCCL's ring sustains about a third).
+LINKS = {"cpu": Link(bandwidth=5e9, latency=5e-6), "gpu": Link(bandwidth=150e9, latency=10e-6)}
+
+
 def phase_of(step):
     """The layer phase a compute step runs: a recompute is a forward."""
     return "backward" if step.kind == BACKWARD else "forward"
@@ -85,11 +112,13 @@ def entry_key(layer, algo_name, phase):
 
 class CostModel:
     """Step times on ``device`` (a DeviceModel or a name in :data:`DEVICES`), from the measured
-    ``table`` (runtime/profile.py's ``measure_costs``) where it has the entry, else estimated."""
+    ``table`` (runtime/profile.py's ``measure_costs``) where it has the entry, else estimated;
+    all-reduces over ``link`` (a :class:`Link`; default: the device's, with one rank)."""
 
-    def __init__(self, device="gpu", table=None):
+    def __init__(self, device="gpu", table=None, link=None):
         self.device = DEVICES[device] if isinstance(device, str) else device
         self.table = table or {}
+        self.link = link or LINKS["cpu" if self.device.name == "cpu" else "gpu"]
         self._estimates = weakref.WeakKeyDictionary()  # layer → {(phase, algo, speed): seconds}
         self._algorithms = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
 
@@ -147,17 +176,21 @@ class CostModel:
         if step.kind in CODING:  # memory-bound: reads what it reads, writes what it writes
             reads, writes = KINDS[step.kind].uses(schedule.graph, step)
             return sum(schedule.tensors[t].nbytes for t in (*reads, *writes)) / self.device.bandwidth
+        if step.kind in (ALLREDUCE, WAIT_REDUCE):  # packs (unpacks) the gradients: read and write
+            return 2 * schedule.tensors[step.tensor].nbytes / self.device.bandwidth
         return 0.0
 
     def timeline(self, schedule):
         """The estimated :class:`Timeline` of one iteration: compute steps one after another
         on the compute stream, Offloads queued on a device→host stream and Prefetches on a
         host→device stream, each starting when issued or when its stream is free, and a Wait
-        holding the compute stream until its tensor's copy is done. ``spans`` says when each
+        holding the compute stream until its tensor's copy is done; an AllReduce queued on the
+        network after it packs its bucket, and its WaitReduce holding the compute stream until
+        it is done (the *exposed* communication; the rest overlaps). ``spans`` says when each
         step ran on which stream (what sn-plan's trace draws). A schedule of several rounds
         (iter_size) runs its steps once per round and its Update once: the figures count them
         so, while ``starts`` and ``spans`` draw one round."""
-        now = d2h = h2d = stall = recompute = copied = update = 0.0
+        now = d2h = h2d = net = stall = recompute = copied = update = communication = exposed = 0.0
         done, starts, spans = {}, [], []
         for step in schedule.steps:
             starts.append(now)
@@ -173,6 +206,12 @@ class CostModel:
                     spans.append((len(starts) - 1, H2D, h2d - seconds, h2d))
             elif kind == APPLY:
                 pass  # the host update it waits for runs beside the backward: not modelled
+            elif kind == WAIT_REDUCE:
+                now += self.step_seconds(schedule, step)
+                if done[step.tensor] > now:
+                    exposed += done[step.tensor] - now
+                    spans.append((len(starts) - 1, EXPOSED, now, done[step.tensor]))
+                    now = done[step.tensor]
             elif kind == WAIT:
                 if done[step.tensor] > now:
                     stall += done[step.tensor] - now
@@ -187,8 +226,14 @@ class CostModel:
                     recompute += seconds
                 elif kind == UPDATE:
                     update += seconds
+                elif kind == ALLREDUCE:
+                    seconds = self.link.allreduce_seconds(schedule.tensors[step.tensor].nbytes)
+                    communication += seconds
+                    net = done[step.tensor] = max(net, now) + seconds
+                    spans.append((len(starts) - 1, NETWORK, net - seconds, net))
         k = schedule.rounds
-        return Timeline(k * (now - update) + update, k * stall, k * recompute, k * copied, starts, spans)
+        return Timeline(k * (now - update) + update, k * stall, k * recompute, k * copied, starts, spans,
+                        k * communication, k * exposed)
 
     def iteration_seconds(self, schedule):
         """Estimated seconds of one iteration (see :meth:`timeline`)."""
@@ -201,7 +246,9 @@ class Timeline:
     copies and ``recompute`` re-running forwards; ``copied`` bytes moved; ``starts``: each
     step's start time on the compute stream; ``spans``: ``(step index, stream, start, end)``
     of every compute step (on :data:`COMPUTE_STREAM`), copy (:data:`D2H`, :data:`H2D`) and
-    stall (a Wait holding the compute stream: :data:`STALL`)."""
+    stall (a Wait holding the compute stream: :data:`STALL`), all-reduce (:data:`NETWORK`) and
+    exposed communication (a WaitReduce holding it: :data:`EXPOSED`); ``communication``: the
+    seconds of every all-reduce, of which ``exposed`` held the compute stream."""
 
     seconds: float
     stall: float
@@ -209,10 +256,14 @@ class Timeline:
     copied: float
     starts: list
     spans: list = None
+    communication: float = 0.0
+    exposed: float = 0.0
 
 
-# The streams of a timeline's spans (a stall is on the compute stream, marked apart).
+# The streams of a timeline's spans (a stall and exposed communication are on the compute
+# stream, marked apart).
 COMPUTE_STREAM, D2H, H2D, STALL = "compute", "device→host", "host→device", "stall"
+NETWORK, EXPOSED = "all-reduce", "exposed all-reduce"
 
 
 def as_model(costs):

@@ -28,7 +28,7 @@ from .steps import MEMORY, Alloc, Free
 
 # Kinds whose storage the steps manage; parameters and their gradients only when not resident
 # (parameter offload keeps them on the host and copies them to the device for their steps).
-SCHEDULED = ("data", "grad", "workspace", "encoded", "param", "param_grad")
+SCHEDULED = ("data", "grad", "workspace", "encoded", "param", "param_grad", "bucket")
 assert set(SCHEDULED) <= set(KINDS), "scheduled kinds are tensor kinds (graph.KINDS)"
 
 

@@ -10,16 +10,17 @@ inserts, for every layer step that reads a parameter (forward, recompute, backwa
   device copy after its last use;
 - after a backward, ``Offload(g)`` of each parameter gradient it wrote, and ``Wait(g)`` after
   the next compute step (before the Accumulate or the update, which read it), when its device
-  memory is freed;
+  memory is freed; with data-parallel buckets (allreduce.py), after the ``WaitReduce`` of its
+  bucket instead: reduce, then copy to the host;
 - the host diet: when the iteration ends with an update that takes the parameters one at a
   time (no clipping by the global norm, one round: no iter_size sum), a gradient has no host
   place of its own. Its Offload takes a host copy, the host optimiser updates its parameter
   from it as soon as it has landed (its Wait), and ``Apply(g)``, :data:`APPLY_LAG` compute
   steps later (at the latest right before the Update step), waits for that update and gives
   the copy back. The host then holds the gradients in flight, not one per parameter.
-  Otherwise (clipping, iter_size, or no update: the gradients are what the iteration is for)
-  each gradient keeps a host place all iteration; a schedule without backward (a test
-  forward) gives them none.
+  Otherwise (clipping, iter_size, data-parallel ranks, or no update: the gradients are what
+  the iteration is for) each gradient keeps a host place all iteration; a schedule without
+  backward (a test forward) gives them none.
 
 The update then runs on the host (NumPy, in place, on the masters), so the device's resident
 region is only what stays there (BatchNorm's statistics), and the depth a budget allows is
@@ -31,6 +32,7 @@ from .liveness import liveness
 from .steps import (
     APPLY,
     BACKWARD,
+    COMMUNICATION,
     LAYER_STEPS,
     MEMORY,
     OFFLOAD,
@@ -38,6 +40,7 @@ from .steps import (
     RESIDENT_ONLY,
     UPDATE,
     WAIT,
+    WAIT_REDUCE,
     Apply,
     Offload,
     Prefetch,
@@ -65,12 +68,19 @@ def offload_params(schedule, context=None):
     host = set(learnable) | grads | set(state)
     update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT, APPLY)]
+    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT, APPLY) + COMMUNICATION]
     ahead = {i: compute[k - 1] if k else i for k, i in enumerate(compute)}   # the compute step before
-    after = {i: compute[k + 1] if k + 1 < len(compute) else None for k, i in enumerate(compute)}
+    after, following = {}, None  # each step → the compute step after it
+    for i in range(len(steps) - 1, -1, -1):
+        after[i] = following
+        if i in ahead:
+            following = i
     number = {i: k for k, i in enumerate(compute)}
     update = next((number[i] for i, s in enumerate(steps) if s.kind == UPDATE), None)
-    diet = update is not None and not schedule.whole_update
+    reduced = {g: i for i, s in enumerate(steps) if s.kind == WAIT_REDUCE for g in s.grads}
+    # with ranks, a gradient's copy starts only at its bucket's WaitReduce, just before the
+    # update: there is no backward left to hide its host update behind, so no diet
+    diet = update is not None and not schedule.whole_update and not reduced
     kept = set()  # the gradients with a host place: those its backwards write, but under the diet
     before, behind, last_use = {}, {}, {}
     for i, step in enumerate(steps):
@@ -84,9 +94,10 @@ def offload_params(schedule, context=None):
             last_use[t] = i
         if step.kind == BACKWARD:
             for g in node.param_grads.values():
-                behind.setdefault(i, []).append(Offload(g))
-                j = after[i]  # Accumulate and Update read the gradients: their copies end before
-                done = i if j is None or steps[j].kind in RESIDENT_ONLY else j
+                at = reduced.get(g, i)  # its bucket's average, where there are ranks
+                behind.setdefault(at, []).append(Offload(g))
+                j = after[at]  # Accumulate and Update read the gradients: their copies end before
+                done = at if j is None or steps[j].kind in RESIDENT_ONLY else j
                 behind.setdefault(done, []).append(Wait(g))
                 if diet:  # after its Wait: the host update starts there (in the same list, later)
                     applied = compute[max(number[done], min(number[done] + APPLY_LAG, update - 1))]

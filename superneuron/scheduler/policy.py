@@ -30,6 +30,7 @@ the placement (dynamic or planned), which depends on every Alloc and Free
 from dataclasses import replace
 
 from ..errors import SNError
+from .allreduce import DEFAULT_BUCKET_BYTES, allreduce
 from .context import Context
 from .cost import as_model
 from .encode import encode
@@ -84,7 +85,8 @@ def passes_of(name):
 
 
 def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
-                 host_memory=None, memo=None, lossy=(), solver_seconds=None):
+                 host_memory=None, memo=None, lossy=(), solver_seconds=None, ranks=1,
+                 bucket_bytes=DEFAULT_BUCKET_BYTES):
     """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
     workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
     ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
@@ -94,15 +96,19 @@ def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_lim
     workspace.fit; ``'optimal'``: see optimal.py). ``lossy``: the lossy encodings allowed
     (``('fp16',)``), which only a policy that encodes uses: SNError for one that does not.
     ``solver_seconds``: the time limit of the optimal policy's solver (None: the Context's
-    default). SNError for an unknown policy or placement."""
+    default). ``ranks`` > 1: the gradients are all-reduced across that many ranks in buckets
+    of ``bucket_bytes``, the first pass (allreduce.py), so that every later one sees the
+    buckets. SNError for an unknown policy or placement."""
     passes = passes_of(name)
+    if ranks > 1:
+        passes.insert(0, allreduce)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
     if lossy and encode not in passes:
         raise SNError(f"--lossy {','.join(lossy)} keeps stashes in a lossy encoding, which policy "
                       f"'{name}' does not encode; use --policy gist")
     context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
-                      {} if memo is None else memo, tuple(lossy))
+                      {} if memo is None else memo, tuple(lossy), ranks=ranks, bucket_bytes=bucket_bytes)
     if solver_seconds is not None:
         context = replace(context, solver_seconds=solver_seconds)
     schedule = schedule.replace(policy=name)

@@ -5,7 +5,8 @@ A step is a :class:`Step`, an immutable record whose fields are named for what t
 acts on; the encoded form an Encode writes, or a Decode or a Backward reads), ``algorithm``
 and ``workspace`` (the algorithm a compute step runs and the workspace tensor it uses; an
 Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
-one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for).
+one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
+(the parameter gradients a data-parallel bucket holds, in its order).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
 and host memory it takes and gives back. Those effects are what the passes reason about
@@ -24,6 +25,8 @@ ALLOC, FREE = "alloc", "free"
 OFFLOAD, PREFETCH, WAIT = "offload", "prefetch", "wait"
 ENCODE, DECODE = "encode", "decode"
 APPLY = "apply"
+# Data-parallel training: a bucket's all-reduce across ranks starts, and is waited for.
+ALLREDUCE, WAIT_REDUCE = "allreduce", "waitreduce"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
 RESIDENT_ONLY = (ACCUMULATE, UPDATE)  # compute steps that read every gradient, all resident
@@ -31,6 +34,7 @@ MEMORY = (ALLOC, FREE)
 COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
+COMMUNICATION = (ALLREDUCE, WAIT_REDUCE)
 
 
 def _layer_forward(graph, step):
@@ -75,6 +79,12 @@ def _encode(graph, step):
 
 def _decode(graph, step):
     return (step.tensor,), (step.source,)
+def _packs_bucket(graph, step):
+    return step.grads, (step.tensor,)
+
+
+def _unpacks_bucket(graph, step):
+    return (step.tensor,), step.grads
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,11 @@ KINDS = {k.name: k for k in (
     # parameter offload: the host update of a gradient's parameter, begun when the gradient's
     # copy landed (its Wait), is done; nothing on the device
     Kind(APPLY, "tensor", _nothing, frees="the gradient's host copy, which the update has consumed"),
+    # reads its gradients (packed into the bucket, which it writes): the bucket's all-reduce
+    # across the ranks starts (MPI or NCCL; none runs in the Simulator)
+    Kind(ALLREDUCE, "tensor", _packs_bucket),
+    # reads the bucket: its all-reduce has ended; writes its gradients, the ranks' average
+    Kind(WAIT_REDUCE, "tensor", _unpacks_bucket),
 )}
 
 
@@ -135,12 +150,13 @@ class Step(NamedTuple):
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
     source: str = None        # Encode, Decode: the tensor the encoded form stands for
+    grads: tuple = ()         # AllReduce, WaitReduce: the gradients in the bucket, in order
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
         ``Encode(conv1#sign) [sign]``."""
         name = graph.nodes[self.node].name if self.kind in LAYER_STEPS else (self.tensor or "")
-        text = f"{self.kind.capitalize()}({name})"
+        text = f"{_TITLES.get(self.kind) or self.kind.capitalize()}({name})"
         if self.algorithm:
             text += f" [{self.algorithm}]"
         elif self.keep:
@@ -150,67 +166,78 @@ class Step(NamedTuple):
         return text
 
 
+_TITLES = {ALLREDUCE: "AllReduce", WAIT_REDUCE: "WaitReduce"}
 _new = tuple.__new__  # memory and copy steps are made by the hundred thousand per plan: no keywords
 
 
 def Forward(node, algorithm=None, workspace=None):
-    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None))
+    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None, ()))
 
 
 def Backward(node, algorithm=None, workspace=None, encoded=None):
     """The backward of node ``node``; ``encoded``: the encoded form (a layer's own, see
     Layer.encodings) it reads instead of its bottoms and tops."""
-    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None))
+    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, ()))
 
 
 def Recompute(node, algorithm=None, workspace=None):
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None))
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, ()))
 
 
 def Accumulate():
     """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
-    return _new(Step, (ACCUMULATE, None, None, None, None, False, None))
+    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, ()))
 
 
 def Update(workspace=None):
-    return _new(Step, (UPDATE, None, None, None, workspace, False, None))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None, ()))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False, None))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, None, ()))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False, None))
+    return _new(Step, (FREE, None, tensor, None, None, False, None, ()))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, ()))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, ()))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False, None))
+    return _new(Step, (WAIT, None, tensor, None, None, False, None, ()))
 
 
 def Encode(tensor, codec, source=None, node=None, workspace=None):
     """Write ``tensor``, the ``codec`` form of ``source`` (or, with ``node`` and no source, the
     form of what that layer's backward reads, which its backward then reads itself)."""
-    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source))
+    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source, ()))
 
 
 def Decode(tensor, codec, source, workspace=None):
     """Write ``source`` back from ``tensor``, its ``codec`` form."""
-    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source))
+    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source, ()))
 
 
 def Apply(grad):
     """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
-    return _new(Step, (APPLY, None, grad, None, None, False, None))
+    return _new(Step, (APPLY, None, grad, None, None, False, None, ()))
+
+
+def AllReduce(bucket, grads):
+    """Start the all-reduce of ``bucket`` (a tensor), once ``grads`` are packed into it."""
+    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads)))
+
+
+def WaitReduce(bucket, grads):
+    """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
+    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads)))
 
 
 def with_algorithm(step, algorithm, workspace):
