@@ -223,6 +223,16 @@ def test_every_policy_with_two_ranks_trains_as_one_rank(tmp_path, lenet_one_rank
     assert_same_training(lenet_one_rank, train(tmp_path, "two", ROOT / "nets/lenet.yaml", 2, 8, "--policy", policy))
 
 
+@pytest.mark.parametrize("policy", ["liveness", "superneurons+params"])
+def test_two_ranks_with_iter_size_train_as_one_rank(tmp_path, policy):
+    """iter_size with ranks: each round's gradients are averaged over the ranks before the
+    Accumulate sums the rounds, so 2 ranks x batch 4 x iter_size 2 train as 1 rank x batch 8 x
+    iter_size 2 (a wait placed after the Accumulate would sum unreduced gradients)."""
+    lenet = ROOT / "nets/lenet.yaml"
+    one = train(tmp_path, "one", lenet, 1, 8, "--iter-size", "2", "--policy", policy)
+    assert_same_training(one, train(tmp_path, "two", lenet, 2, 4, "--iter-size", "2", "--policy", policy))
+
+
 @pytest.mark.parametrize("fault, says", [
     ("raise", "error: rank 1: a fault injected by SN_FAULT after iteration 2"),
     ("hang", "error: rank 0: no answer within 4 s at the all-reduce of bucket:0 in iteration 2"),
