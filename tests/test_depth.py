@@ -250,7 +250,7 @@ def test_not_even_depth_50_fits(capsys):
     (["--memory", "1GiB", "--batch", "2", "--set", "depth=101"], "--set depth: sn-depth chooses"),
     (["nets/lenet.yaml", "--memory", "1GiB", "--batch", "2"], "--set depth: no such parameter"),
     (["--memory", "1GiB", "--batch", "0"], "--batch must be at least 1"),
-    (["--memory", "1GiB", "--batch", "2", "--policies", "baseline+params"], "parameter offload frees"),
+    (["--memory", "1GiB", "--batch", "2", "--policies", "baseline+params"], "not offered with baseline"),
     (["--memory", "1GiB", "--batch", "2", "--host-memory", "0"], "--host-memory must be positive"),
 ])
 def test_bad_input_exits_2_with_one_clear_line(capsys, argv, message):

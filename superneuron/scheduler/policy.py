@@ -75,12 +75,13 @@ SOLVED = ("optimal", "auto")
 def passes_of(name):
     """The passes of policy ``name``, in order: a preset, or a preset + ``'+params'``."""
     base = name[:-len(PARAMS)] if name.endswith(PARAMS) else name
+    offered = ", ".join(WITH_PARAMS)
     if base not in PRESETS:
-        raise SNError(f"unknown policy '{name}'; known: {', '.join(POLICIES)} "
-                      f"(any of them but baseline + '{PARAMS}' offloads the parameters)")
+        raise SNError(f"unknown policy '{name}'; known: {', '.join(POLICIES)}; with parameter offload: {offered}")
     if name.endswith(PARAMS) and name not in WITH_PARAMS:
-        raise SNError(f"policy '{name}': parameter offload frees a parameter's device copy "
-                      f"after its step, which needs liveness; use liveness{PARAMS} or another")
+        raise SNError(f"policy '{name}': parameter offload is not offered with {base} "
+                      f"(it frees a parameter's device copy after its step, which needs liveness's "
+                      f"passes in a known order); with parameter offload: {offered}")
     return list(WITH_PARAMS[name] if name.endswith(PARAMS) else PRESETS[name])
 
 
