@@ -257,18 +257,25 @@ class PartTimer:
             name = label(layer) if callable(label) else label
             if name is None:  # not inside a layer of interest: untimed
                 return fn(*a, **k)
-            entry = [name, layer, 0.0]
-            start = CLOCK[0]()
-            self.stack.append(entry)
-            try:
-                return fn(*a, **k)
-            finally:
-                self.stack.pop()
-                spent = CLOCK[0]() - start
-                self.totals[entry[0]] += spent - entry[2]
-                if self.stack:
-                    self.stack[-1][2] += spent
+            return self._exclusive([name, layer, 0.0], fn, a, k, None)
         return timed
+
+    def _exclusive(self, entry, fn, a, k, whole):
+        """``fn(*a, **k)`` with its exclusive time (less what timed calls inside it took) added
+        to ``entry``'s part; its whole time goes to the enclosing entry's inner time or, if
+        ``whole`` is a part's name, to that part."""
+        start = CLOCK[0]()
+        self.stack.append(entry)
+        try:
+            return fn(*a, **k)
+        finally:
+            self.stack.pop()
+            spent = CLOCK[0]() - start
+            self.totals[entry[0]] += spent - entry[2]
+            if whole is not None:
+                self.totals[whole] += spent
+            elif self.stack:
+                self.stack[-1][2] += spent
 
     def layer(self, fn, layer_type):
         """A layer method: its exclusive time goes to its type's part."""
@@ -277,16 +284,7 @@ class PartTimer:
                 else "other layers (pooling, inner product, loss)")
 
         def timed(*a, **k):
-            entry = [part, layer_type, 0.0]
-            start = CLOCK[0]()
-            self.stack.append(entry)
-            try:
-                return fn(*a, **k)
-            finally:
-                self.stack.pop()
-                spent = CLOCK[0]() - start
-                self.totals[part] += spent - entry[2]
-                self.totals["layers"] += spent
+            return self._exclusive([part, layer_type, 0.0], fn, a, k, "layers")
         return timed
 
 
