@@ -8,10 +8,10 @@ or of a chunk of it, below) sit inside the GEMM.
 Building them takes no fills of column pieces where the workspace has room for a padded
 copy: the input is first copied once into a zero-bordered buffer (C, N, H+2p, W+2p) (only its
 borders are filled: four fills), and each tap's columns are then one strided copy of it
-(split over the cores); without that room each tap fills the columns its window leaves in
-the padding (:func:`~.conv.gather`). Without padding they are copied from the input
-itself. (One copy of a 6-D ``as_strided`` view of all the taps at once measured slower than
-the nine copies.)
+(split over the cores); without that room the columns are zeroed with one fill and each
+tap's in-image part copied (measured 1-4 % faster than four fills per tap). Without padding
+they are copied from the input itself. (One copy of a 6-D ``as_strided`` view of all the taps
+at once measured slower than the nine copies.)
 
 The data gradient of a stride-1 convolution that keeps its size and channels is the
 convolution of dy, padded by
@@ -129,11 +129,13 @@ def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation, copyto=None):
     ph, pw = pad
     (sy, sx), (dy, dx) = stride, dilation
     hp, wp = h + 2 * ph, w + 2 * pw
-    if (ph or pw) and c * n * hp * wp > pad_buf.size:  # no room for a padded copy: fill per tap
-        from .conv import gather, window_taps
+    if (ph or pw) and c * n * hp * wp > pad_buf.size:  # no room for a padded copy
+        from .conv import window_taps
         srct = src.transpose(1, 0, 2, 3)
+        cols.fill(0)
         for i, j, out_index, in_index in window_taps((kh, kw), stride, pad, dilation, (h, w), (ho, wo)):
-            gather(xp, cols[:, i, j], srct, out_index, in_index)
+            if out_index is not None:
+                copyto(cols[:, i, j][out_index], srct[in_index])
         return
     if ph or pw:
         padded = pad_buf[:c * n * hp * wp].reshape(c, n, hp, wp)
