@@ -34,8 +34,8 @@ Concat: cheap, several inputs) is recomputed too where every input it reads is a
 recomputable from one without another join: in a ResNet, every other block's sum (its ReLU in
 place) is then rebuilt in the backward from the block's input, kept for the block's first
 convolution anyway, and its last convolution's output, kept for its BatchNorm anyway (Scale,
-Eltwise and ReLU re-run), instead of being kept itself: a quarter less to keep per bottleneck
-block (12.25 of 30.6 MiB every other block at 14x14, batch 16). Recomputing two joins in a
+Eltwise and ReLU re-run), instead of being kept itself: a fifth less to keep per bottleneck
+block on average (12.25 of 30.6 MiB every other block at 14x14, batch 16). Recomputing two joins in a
 row would keep the first through the second's backward; one at a time, each recomputed join
 is needed only from the backward of the layer it feeds to that of the layer before it. A join
 is recomputed once (speed-centric), for the first backward step that reads it.
@@ -47,11 +47,8 @@ from .schedule import add_workspace
 from .steps import BACKWARD, Alloc, Free, Recompute
 
 
-def _recomputable(graph, roots, expensive=False):
-    """``{root: [writer node indices, forward order]}`` for every recomputable root, and
-    ``{root: source root}`` (the root its first writer reads). ``expensive``: single-input
-    layers that are not cheap (convolutions, inner products) may be recomputed too (the
-    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not)."""
+def _writers(graph, roots):
+    """``{root: [indices of the nodes that write it]}``, roots and nodes in forward order."""
     writers = {}
     for node in graph.nodes:
         if node.layer.ALIAS_TOPS:
@@ -60,6 +57,15 @@ def _recomputable(graph, roots, expensive=False):
             r = roots.scheduled(t)
             if r is not None:
                 writers.setdefault(r, []).append(node.index)
+    return writers
+
+
+def _recomputable(graph, roots, expensive=False):
+    """``{root: [writer node indices, forward order]}`` for every recomputable root, and
+    ``{root: source root}`` (the root its first writer reads). ``expensive``: single-input
+    layers that are not cheap (convolutions, inner products) may be recomputed too (the
+    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not)."""
+    writers = _writers(graph, roots)
     last_writer = {r: w[-1] for r, w in writers.items()}
 
     def cheap(node):
@@ -88,14 +94,7 @@ def _recomputable_joins(graph, roots, recomputable, source):
     whose other writers run in place on it, as for single-input layers, taken in forward
     order where each input is a checkpoint or recomputable from one through single-input
     layers alone (no join chosen before on the way), none of them written after the join."""
-    writers = {}
-    for node in graph.nodes:
-        if node.layer.ALIAS_TOPS:
-            continue
-        for t in node.tops:
-            r = roots.scheduled(t)
-            if r is not None:
-                writers.setdefault(r, []).append(node.index)
+    writers = _writers(graph, roots)
     last_writer = {r: w[-1] for r, w in writers.items()}
     chosen, sources = {}, {}
 
