@@ -229,7 +229,7 @@ class Trainer:
         once they all agree on the iteration (else SNError, and nothing is written)."""
         if self.group is not None:
             if not self.group.agree(self.iteration, f"the snapshot of iteration {self.iteration}"):
-                raise SNError(f"rank {self.group.rank}: the ranks are not all at iteration {self.iteration}: "
+                raise SNError(f"the ranks are not all at iteration {self.iteration}: "
                               f"no snapshot written")
             if not self.writes:
                 return None

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 from .. import __version__
 from ..errors import SNError
@@ -73,15 +72,11 @@ def build_parser():
 
 
 def main(argv=None):
-    from ..runtime import collective
-    try:
-        status = run_cli(build_parser(), run, argv)
-    except Exception:
-        if not collective.running():
-            raise
-        traceback.print_exc()  # a bug: said as Python says it, and the other ranks stopped
-        status = 1
-    return collective.end(status)  # a rank that fails stops the others
+    from ..runtime.collective import launched_ranks
+    if launched_ranks() > 1:  # one of several ranks: they end together and say a failure once
+        from .ranks import main as main_of_a_rank
+        return main_of_a_rank(build_parser(), run, argv)
+    return run_cli(build_parser(), run, argv)
 
 
 def run(args):
@@ -91,15 +86,9 @@ def run(args):
         raise SNError(f"--timeout must be more than 0 seconds, got {args.timeout:g}")
     from ..runtime.collective import world
     group = world(args.device, args.timeout)
-    if group is None:
-        return _train(args, None)
-    if group.rank != 0:  # only rank 0 prints; the others' errors still go to stderr
+    if group is not None and group.rank != 0:  # only rank 0 prints (cli/ranks.py)
         sys.stdout = open(os.devnull, "w")
-    try:
-        return _train(args, group)
-    except SNError as e:
-        text = str(e)
-        raise SNError(text if text.startswith("rank ") else f"rank {group.rank}: {text}") from None
+    return _train(args, group)
 
 
 def _train(args, group):
