@@ -204,14 +204,18 @@ def _ranks_line(net, group):
             + ("identical on every rank" if len(set(sums)) == 1 else f"DIFFER between ranks (crc32 {sums})"))
 
 
+FAULT_PAUSE = 4.0  # seconds a rank that SN_FAULT pauses is silent
+
+
 def _with_fault(on_event, rank, fault):
-    """A test hook (``SN_FAULT=RANK:ITER:exit|kill|hang|raise``): rank RANK, after iteration
-    ITER, exits at once, is killed (SIGKILL), stops answering, or raises an error."""
+    """A test hook (``SN_FAULT=RANK:ITER:exit|kill|hang|raise|pause``): rank RANK, after
+    iteration ITER, exits at once, is killed (SIGKILL), stops answering, raises an error, or
+    is silent for FAULT_PAUSE seconds, then goes on (a slow rank, as the others see it)."""
     try:
         who, when, what = fault.split(":")
         who, when = int(who), int(when)
     except ValueError:
-        raise SNError(f"SN_FAULT={fault}: expected RANK:ITER:exit|kill|hang|raise") from None
+        raise SNError(f"SN_FAULT={fault}: expected RANK:ITER:exit|kill|hang|raise|pause") from None
 
     def hooked(event):
         on_event(event)
@@ -223,6 +227,9 @@ def _with_fault(on_event, rank, fault):
             os.kill(os.getpid(), signal.SIGKILL)
         if what == "hang":
             time.sleep(3600)
+        if what == "pause":
+            time.sleep(FAULT_PAUSE)  # a signal meanwhile is noted by its handler, and the sleep goes on
+            return
         raise SNError(f"a fault injected by SN_FAULT after iteration {when}")
     return hooked
 
