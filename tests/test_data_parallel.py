@@ -299,6 +299,8 @@ def test_a_failing_rank_stops_every_rank_with_a_message(tmp_path, fault, says):
         assert f"PID {pid} " in text  # mpiexec names the process killed
     if fault == "hang":
         assert "did not answer" in text
+    if fault == "raise":  # said once, by the rank that failed; the other stops quietly, without MPI_Abort
+        assert run.stderr.count("error:") == 1 and "Abort(" not in text and run.returncode == 2
 
 
 def test_sn_plan_shows_buckets_overlap_and_scaling():

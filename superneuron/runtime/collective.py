@@ -97,12 +97,14 @@ def current():
 
 
 def abort(status):
-    """End every rank now with ``status`` (one did not answer: nothing else would end it)."""
+    """End every rank now with ``status`` (one did not answer: nothing else would end it);
+    never returns."""
     from mpi4py import MPI
     sys.stdout.flush()
     sys.stderr.flush()
     time.sleep(0.5)  # for the launcher to pass the message on before it kills the ranks
     MPI.COMM_WORLD.Abort(int(status))
+    os._exit(int(status))  # MPICH's Abort may return before the launcher has ended this process
 
 
 class MpiGroup:
@@ -302,6 +304,14 @@ class NcclGroup(MpiGroup):
 def nccl_id(group, nccl):
     """NCCL's unique id (a tuple of NCCL_ID_BYTES C chars, as ``cupy.cuda.nccl`` gives and takes
     it), made by rank 0 and handed to every rank of ``group`` over MPI with the timeout of
-    every collective: a rank that never comes to the exchange stops the others with NoAnswer."""
+    every collective. Then the ranks compare checksums of the id they hold: rank 0's broadcast
+    of a small buffer may end before anyone receives it, and NCCL's communicator, made next,
+    waits for every rank without a deadline, so this is where a rank that never came to the
+    exchange is noticed (NoAnswer) on every rank, rank 0 included."""
+    what = "the exchange of NCCL's unique id"
     made = nccl.get_unique_id() if group.rank == 0 else ()
-    return tuple(group.broadcast(made, NCCL_ID_BYTES, "the exchange of NCCL's unique id"))
+    held = group.broadcast(made, NCCL_ID_BYTES, what)
+    sums = group.gather(zlib.crc32(np.array(held, np.int64).tobytes()), what)
+    if len(set(sums)) != 1:
+        raise SNError(f"the ranks hold different NCCL ids after {what} (checksums {sums})")
+    return tuple(held)
