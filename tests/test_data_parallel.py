@@ -29,9 +29,9 @@ from superneuron.data import Loader, open_source
 from superneuron.feed import data_config
 from superneuron.optim import SolverConfig, make_optimizer
 from superneuron.planning import plan
-from superneuron.scheduler.allreduce import buckets_of
+from superneuron.scheduler.allreduce import buckets_of, collective_order
 from superneuron.scheduler.cost import Link
-from superneuron.scheduler.steps import ALLREDUCE, BACKWARD, OFFLOAD, UPDATE, WAIT_REDUCE
+from superneuron.scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, OFFLOAD, RECOMPUTE, UPDATE, WAIT_REDUCE
 from superneuron.spec import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -46,10 +46,13 @@ layers:
   - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
   - {name: scale1, type: Scale, bottom: conv1, top: conv1, bias_term: true}
   - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
-  - {name: pool, type: Pooling, bottom: conv1, top: pool, pool: MAX, kernel_size: 2, stride: 2}
+  - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: '${width}', kernel_size: 3, pad: 1}
+  - {name: bn2, type: BatchNorm, bottom: conv2, top: bn2}
+  - {name: relu2, type: ReLU, bottom: bn2, top: bn2}
+  - {name: pool, type: Pooling, bottom: bn2, top: pool, pool: MAX, kernel_size: 2, stride: 2}
   - {name: ip, type: InnerProduct, bottom: pool, top: ip, num_output: '${classes}'}
   - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
-"""
+"""  # bn1 in place, as Caffe's ResNets (x-hat kept for Scale: never recomputed); bn2 of its own, recomputed
 
 FORK_JOIN = """
 name: forkjoin
@@ -260,7 +263,7 @@ def test_batchnorm_statistics_per_rank_unless_synchronised(tmp_path):
     net = tmp_path / "bn.yaml"
     net.write_text(BATCH_NORM)
     one = train(tmp_path, "one", net, 1, 8)
-    synced = train(tmp_path, "synced", net, 2, 4, "--sync-bn", "--policy", "recompute")  # BN recomputed too
+    synced = train(tmp_path, "synced", net, 2, 4, "--sync-bn", "--policy", "recompute")  # bn2 recomputed too
     assert "BatchNorm statistics of the global batch" in synced.stdout
     assert_same_training(one, synced)
     per_rank = results(train(tmp_path, "per_rank", net, 2, 4))  # Caffe's: each rank's batch of 4
@@ -317,3 +320,25 @@ def test_sn_plan_shows_buckets_overlap_and_scaling():
                                                               for b in info["buckets"]))
     assert info["overlapped_seconds"] + info["exposed_seconds"] == pytest.approx(info["communication_seconds"])
     assert 0 < info["scaling_efficiency"] <= 1
+
+
+def test_collective_order_holds_the_buckets_and_with_sync_bn_each_batchnorm_step(tmp_path):
+    """What sn-train compares between the ranks before training (each rank plans alone): the
+    order of the steps that make collectives, the recomputed BatchNorm included, whose forward
+    sums over the ranks again (a rank that recomputed it while another did not would pair its
+    sums with the other's backward)."""
+    net = tmp_path / "bn.yaml"
+    net.write_text(BATCH_NORM)
+    spec = load_spec(str(net), batch=4)
+    schedule, _ = plan(spec, "recompute", optimizer=make_optimizer(SolverConfig()), ranks=2, bucket_bytes=1)
+    name = {i: node.name for i, node in enumerate(schedule.graph.nodes)}
+    steps = [(s.kind, s.tensor if s.kind in (ALLREDUCE, WAIT_REDUCE) else name.get(s.node)) for s in schedule.steps]
+    buckets = [s for s in steps if s[0] in (ALLREDUCE, WAIT_REDUCE)]
+    assert collective_order(schedule) == buckets and len(buckets) == 2 * len(buckets_of(schedule, 1))
+    synced = collective_order(schedule, sync_bn=True)
+    assert [s for s in synced if s[1] == "bn2"] == [(FORWARD, "bn2"), (RECOMPUTE, "bn2"), (BACKWARD, "bn2")]
+    assert [s for s in synced if s[1] == "bn1"] == [(FORWARD, "bn1"), (BACKWARD, "bn1")]
+    assert synced == [s for s in steps if s in buckets or s[1] in ("bn1", "bn2")]  # in the schedule's order
+    kept, _ = plan(spec, "liveness", optimizer=make_optimizer(SolverConfig()), ranks=2, bucket_bytes=1)
+    assert collective_order(kept) == collective_order(schedule)  # the buckets do not depend on recompute
+    assert collective_order(kept, sync_bn=True) != synced  # its bn2 sums once fewer

@@ -114,6 +114,8 @@ def _train(args, group):
               host_memory=host_memory, lossy=tuple(args.lossy),
               costs="measure" if args.profile else None, solver_seconds=args.solver_time,
               group=group, bucket_bytes=parse_size(args.bucket_size), sync_bn=args.sync_bn)
+    if group is not None:
+        _check_same_collectives(net, group, args.sync_bn)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
     batch = net.batch * ranks  # the global batch: --batch is per rank
     solver = optimizer.for_epochs(len(train_set), batch)
@@ -187,6 +189,22 @@ def _train(args, group):
     if group is not None:
         print(_ranks_line(net, group))
     return 130 if printer.interrupted else 0
+
+
+def _check_same_collectives(net, group, sync_bn):
+    """SNError unless every rank's plan makes its collectives in the same order (scheduler/
+    allreduce.collective_order): else one rank's sum would meet another's and training would
+    go wrong, or hang. Each rank plans alone; measured times (--profile) or the solver's
+    time limit (optimal, auto) can make their plans differ."""
+    import zlib
+
+    from ..scheduler.allreduce import collective_order
+    order = collective_order(net.schedules["train"], sync_bn)
+    if not group.agree(zlib.crc32(repr(order).encode()), "the comparison of the ranks' plans"):
+        raise SNError("the ranks' plans make their collectives in different orders (each rank plans alone, "
+                      "and times measured on each, or the solver of the optimal and auto policies stopped by "
+                      "its time limit, can plan differently): give the ranks a policy other than optimal and "
+                      "auto, and the same costs (without --profile)")
 
 
 def _ranks_line(net, group):
