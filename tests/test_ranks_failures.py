@@ -91,3 +91,25 @@ def test_nccl_id_exchange_has_the_collectives_deadline(absent):
     assert run.returncode != 0 and run.seconds < 30  # the absent rank would sleep 60 s
     assert (f"error: rank {waiting}: no answer within 2 s at the exchange of NCCL's unique id: another rank "
             f"did not answer") in run.stdout, run.stdout + run.stderr
+
+
+def test_ranks_whose_plans_pair_different_sums_are_refused_before_training(tmp_path):
+    """Each rank plans alone. Given different policies (mpiexec's MPMD form: one command per
+    rank), with --sync-bn one rank recomputes bn2 and sums over the ranks once more than the
+    other: sn-train refuses, once, before any iteration; without --sync-bn their collectives
+    (the buckets) are the same, and they train."""
+    from test_data_parallel import BATCH_NORM
+    net = tmp_path / "bn.yaml"
+    net.write_text(BATCH_NORM)
+
+    def mpmd(*flags):
+        train = [sys.executable, "-m", "superneuron.cli.train", str(net), "--iters", "2", "--batch", "4", *flags]
+        cmd = [MPIEXEC, "-n", "1", *train, "--policy", "recompute", ":", "-n", "1", *train, "--policy", "liveness"]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    refused = mpmd("--sync-bn")
+    assert refused.returncode == 2 and "iter 1" not in refused.stdout
+    assert one_line(refused.stderr).startswith("error: the ranks' plans make their collectives in different orders")
+    trained = mpmd()
+    assert trained.returncode == 0 and "parameters identical on every rank" in trained.stdout, trained.stderr

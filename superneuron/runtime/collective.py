@@ -176,7 +176,7 @@ class MpiGroup:
         """The message when the others did not answer within the timeout."""
         if self.pids is None or self.hosts is None:  # at start-up: who is who is not known yet
             return (f"rank {self.rank}: no answer within {self.timeout:g} s at {what}: not every rank "
-                    f"joined (one failed before it started MPI, or is slower than --timeout); stopping every rank")
+                    f"joined within it (one hangs, or is slower to start than --timeout); stopping every rank")
         here = socket.gethostname()
         gone = [r for r, (p, h) in enumerate(zip(self.pids, self.hosts))
                 if r != self.rank and h == here and not _alive(p)]
