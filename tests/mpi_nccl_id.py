@@ -2,8 +2,8 @@
 (runtime/collective.nccl_id), the code the GPU path runs, with a stand-in for
 ``cupy.cuda.nccl`` (NCCL itself needs a GPU per rank). ``python mpi_nccl_id.py TIMEOUT ABSENT``:
 rank ABSENT (-1: none) never comes to the exchange; it stays alive, silent, as a rank that
-hangs. Each other rank prints whether it holds rank 0's id, or why it stopped (and aborts the
-job, as sn-train does when a rank does not answer)."""
+hangs. Each other rank but rank 0 prints whether it holds rank 0's id; a rank that stopped
+says why and aborts the job, as sn-train does when a rank does not answer."""
 
 import random
 import sys
@@ -33,7 +33,8 @@ def main():
     except collective.NoAnswer as e:
         print(f"error: {e}", flush=True)
         collective.abort(2)
-    print(f"rank {group.rank}: holds rank 0's id: {held == StandInNccl.get_unique_id()}", flush=True)
+    if group.rank != 0:  # one line per receiving rank (lines of two ranks may interleave)
+        print(f"rank {group.rank}: holds rank 0's id: {held == StandInNccl.get_unique_id()}", flush=True)
     group.conclude(0)  # as sn-train ends: no receive left open for MPI_Finalize
 
 

@@ -78,7 +78,7 @@ def test_nccl_id_reaches_every_rank_whole():
     """rank 0's id, 128 signed chars, is the id every rank holds after the exchange."""
     run = launch([ROOT / "tests/mpi_nccl_id.py", 20, -1], 2)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert sorted(run.stdout.splitlines()) == [f"rank {r}: holds rank 0's id: True" for r in (0, 1)]
+    assert run.stdout.strip() == "rank 1: holds rank 0's id: True"
 
 
 @pytest.mark.parametrize("absent", [0, 1])
