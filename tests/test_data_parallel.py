@@ -342,3 +342,27 @@ def test_collective_order_holds_the_buckets_and_with_sync_bn_each_batchnorm_step
     kept, _ = plan(spec, "liveness", optimizer=make_optimizer(SolverConfig()), ranks=2, bucket_bytes=1)
     assert collective_order(kept) == collective_order(schedule)  # the buckets do not depend on recompute
     assert collective_order(kept, sync_bn=True) != synced  # its bn2 sums once fewer
+
+
+def test_sn_plan_counts_synchronised_batchnorm_as_exposed_latency(tmp_path):
+    """`sn-plan --ranks 8 --sync-bn`: bn1 (in place: forward and backward) and bn2 (recomputed:
+    forward, recompute and backward) make 2 + 1 and 2 + 2 + 1 all-reduces of their 4 channels'
+    float32 sums (16 bytes; the backward's two together, 32): each costs the ring's latency,
+    none is overlapped, and the scaling efficiency falls by what they add."""
+    net = tmp_path / "bn.yaml"
+    net.write_text(BATCH_NORM)
+    cmd = [sys.executable, "-m", "superneuron.cli.plan", str(net), "--ranks", "8", "--link", "100GB/s,5us",
+           "--policy", "recompute", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    plain, synced = (json.loads(subprocess.run(cmd + flags, cwd=ROOT, capture_output=True, text=True, env=env,
+                                               timeout=60).stdout)["data_parallel"] for flags in ([], ["--sync-bn"]))
+    link, sums = Link(8, 100e9, 5e-6), [16, 16, 32] + [16, 16, 16, 16, 32]
+    assert synced["sync_bn"] == {"allreduces": 8, "bytes": sum(sums),
+                                 "seconds": pytest.approx(sum(link.allreduce_seconds(b) for b in sums))}
+    added = synced["sync_bn"]["seconds"]
+    assert synced["exposed_seconds"] == pytest.approx(plain["exposed_seconds"] + added)
+    assert synced["overlapped_seconds"] == pytest.approx(plain["overlapped_seconds"])
+    assert synced["one_rank_seconds"] == pytest.approx(plain["one_rank_seconds"])
+    assert synced["scaling_efficiency"] == pytest.approx(
+        plain["one_rank_seconds"] / (plain["one_rank_seconds"] / plain["scaling_efficiency"] + added))
+    assert plain["sync_bn"] is None

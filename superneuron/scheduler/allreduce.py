@@ -113,3 +113,21 @@ def collective_order(schedule, sync_bn=False):
         elif sync_bn and step.kind in LAYER_STEPS and graph.nodes[step.node].layer.type == "BatchNorm":
             out.append((step.kind, graph.nodes[step.node].name))
     return out
+
+
+def sync_bn_sums(schedule):
+    """The bytes of each all-reduce that synchronised BatchNorm makes in one iteration of
+    ``schedule``, in order: for each BatchNorm that normalises by its batch's statistics, two
+    of its channels' sums in each Forward and Recompute (the mean, then the variance, which
+    needs the mean) and one of both its backward's sums together in its Backward. None of
+    them overlaps anything: the layer's next operation reads the result."""
+    graph, out = schedule.graph, []
+    for kind, name in collective_order(schedule, sync_bn=True):
+        if kind in COMMUNICATION:
+            continue
+        node = graph.node(name)
+        if node.layer.cfg["use_global_stats"]:
+            continue
+        sums = int(graph.tensors[node.tops[0]].shape[1]) * graph.dtype.itemsize
+        out += [2 * sums] if kind == BACKWARD else [sums, sums]
+    return out
