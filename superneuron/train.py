@@ -47,8 +47,9 @@ class Trainer:
     trains; only rank 0 writes snapshots (give the others no ``log_path`` and no test loader:
     rank 0 alone logs and tests), each written only when every rank is at the same iteration;
     images count those of every rank. Ctrl-C on any rank stops every rank after the same
-    iteration (the first whose loss all-reduce carries it), and a test pass under way is cut
-    short (rank 0 then trains that iteration too, as the others wait in it).
+    iteration (the first whose loss all-reduce carries it); a test pass under way is cut short
+    (rank 0 then trains the next iteration, in which the others wait for it, and all stop
+    after it).
     """
 
     def __init__(self, net, solver, train_loader, test_loader=None, snapshot_dir=None, log_path=None,
