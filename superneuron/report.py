@@ -144,6 +144,10 @@ def data_parallel_summary(dp):
         f"({dp['ranks'] * dp['scaling_efficiency']:.2f}x the images per second)",
         table(rows, ["bucket", "grads", "bytes", "starts after", "all-reduce ms", "exposed ms"]),
     ]
+    if dp.get("sync_bn"):
+        sync = dp["sync_bn"]
+        lines.insert(1, f"sync BN       {sync['allreduces']} all-reduces of {human_bytes(sync['bytes'])} in all, "
+                        f"{sync['seconds'] * ms:.3f} ms, none overlapped (counted above)")
     return "\n".join(lines)
 
 

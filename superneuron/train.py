@@ -8,7 +8,10 @@ are written to a temporary file and renamed, so a killed run never leaves a brok
 checked whole before use. A resumed run continues exactly where the snapshot left it
 (bit-identical losses on the CPU), after a Ctrl-C too: Ctrl-C during a training step takes
 effect when the step is done, so a snapshot never holds half an update or a loader that is
-ahead of its iteration.
+ahead of its iteration. With ranks (mpiexec forwards Ctrl-C to each), Ctrl-C is held all the
+time and the ranks agree on where to stop: each iteration's all-reduce of the loss carries
+whether a rank has seen it, so that every rank stops after the same iteration and rank 0
+snapshots it.
 """
 
 import collections
@@ -43,7 +46,10 @@ class Trainer:
     ``group``: the ranks of data-parallel training (runtime/collective.py), or None. Every rank
     trains; only rank 0 writes snapshots (give the others no ``log_path`` and no test loader:
     rank 0 alone logs and tests), each written only when every rank is at the same iteration;
-    images count those of every rank.
+    images count those of every rank. Ctrl-C on any rank stops every rank after the same
+    iteration (the first whose loss all-reduce carries it); a test pass under way is cut short
+    (rank 0 then trains the next iteration, in which the others wait for it, and all stop
+    after it).
     """
 
     def __init__(self, net, solver, train_loader, test_loader=None, snapshot_dir=None, log_path=None,
@@ -75,8 +81,9 @@ class Trainer:
         ``interrupted``.
 
         On Ctrl-C (KeyboardInterrupt) it snapshots the state after the last whole iteration and
-        returns; a non-finite loss is an SNError naming the iteration and the first layer whose
-        top went non-finite."""
+        returns (with ranks, after the iteration they agree on: see the module's docstring); a
+        non-finite loss is an SNError naming the iteration and the first layer whose top went
+        non-finite."""
         # NumPy's overflow warnings would bury the one-line error a non-finite loss gets
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return self._run(on_event)
@@ -87,7 +94,7 @@ class Trainer:
         last_test = None
         window = _Window()
         recent = collections.deque(maxlen=s.average_loss)  # Caffe's average_loss: display smoothing
-        ctrl_c = _HeldInterrupt()
+        ctrl_c = _HeldInterrupt(always=self.group is not None)  # ranks stop where they agree
         warm = False  # the first step of a run plans, allocates and warms up: left out of speeds
         self.run_images, self.run_seconds = 0, 0.0
         self._log(log, "start", net=self.net.graph.name, device=self.net.backend.name,
@@ -106,17 +113,16 @@ class Trainer:
                 feed = feeds[0] if len(feeds) == 1 else feeds
                 images = sum(len(x) for x, _ in batches) * (1 if self.group is None else self.group.size)
                 start = time.perf_counter()
+                stop = False
                 with ctrl_c.held():  # a step is done whole or not at all
                     loss = self.net.train_step(feed, it)
                     accuracy = self._accuracy(self.net.outputs)
-                    if self.group is not None:  # the global batch's: the mean of the ranks' shards
-                        loss, *rest = self.group.mean([loss] + ([accuracy] if accuracy is not None else []),
-                                                      f"the loss of iteration {it}")
-                        accuracy = rest[0] if rest else None
+                    if self.group is not None:
+                        loss, accuracy, stop = self._ranks_mean(loss, accuracy, ctrl_c.pending, it)
                 if not np.isfinite(loss):
                     raise SNError(self._non_finite_loss(loss, feed, it))
                 self.iteration = it + 1
-                if ctrl_c.pending:
+                if stop or (self.group is None and ctrl_c.pending):
                     raise KeyboardInterrupt
                 seconds = time.perf_counter() - start
                 window.add(loss, accuracy, images, seconds, first=not warm)
@@ -137,9 +143,11 @@ class Trainer:
                     self._log(log, "display", **record)
                 if self.test_loader is not None and (self.iteration == s.max_iter or (
                         s.test_interval and self.iteration % s.test_interval == 0)):
-                    last_test = dict(self.test(on_event), iter=self.iteration)
-                    on_event(dict(last_test, kind="test"))
-                    self._log(log, "test", **last_test)
+                    result = self.test(on_event, cut=lambda: ctrl_c.pending)
+                    if result is not None:
+                        last_test = dict(result, iter=self.iteration)
+                        on_event(dict(last_test, kind="test"))
+                        self._log(log, "test", **last_test)
                 if (self.snapshot_dir and s.snapshot and self.iteration % s.snapshot == 0
                         and self.iteration != s.max_iter):
                     on_event({"kind": "snapshot", "path": self.snapshot()})
@@ -170,6 +178,13 @@ class Trainer:
             log.write_line(json.dumps({"kind": kind, "time": round(time.time(), 3), "run": self.run_id,
                                        **record}))
 
+    def _ranks_mean(self, loss, accuracy, interrupted, it):
+        """``(loss, accuracy, stop)`` of the global batch: the means of the ranks' shards, and
+        whether any rank has seen Ctrl-C (all ranks get the same answer, and stop together)."""
+        values = [loss, 1.0 if interrupted else 0.0] + ([accuracy] if accuracy is not None else [])
+        loss, stop, *rest = self.group.mean(values, f"the loss of iteration {it}")
+        return loss, (rest[0] if rest else None), stop > 0
+
     def _non_finite_loss(self, loss, feed, it):
         """The message for a loss that went non-finite at iteration ``it``: the runtime skipped
         that iteration's update, so its forward is re-run (same batch, same dropout masks)
@@ -195,16 +210,19 @@ class Trainer:
         n = len(self.test_loader) if self.test_loader is not None else 0
         return min(n, self.solver.test_iter) if self.solver.test_iter else n
 
-    def test(self, on_event=lambda event: None):
+    def test(self, on_event=lambda event: None, cut=lambda: False):
         """Loss and accuracy over the test set (or ``test_iter`` batches), weighting each batch
         by its number of real samples (the last one is padded with ignored labels). Reports a
-        ``test_batch`` event after each batch."""
+        ``test_batch`` event after each batch. None once ``cut()`` is true before a batch (a
+        Ctrl-C held under ranks: the pass is left, and half of it is no result)."""
         total = loss = correct = 0.0
         has_acc = False
         batches = self.test_batches()
         for k, (x, y, n_valid) in enumerate(self.test_loader.epoch()):
             if k >= batches:
                 break
+            if cut():
+                return None
             outputs = self.net.forward({self.inputs[0]: x, self.inputs[1]: y}, train=False)
             loss += self.net.loss * n_valid
             acc = self._accuracy(outputs)
@@ -229,7 +247,7 @@ class Trainer:
         once they all agree on the iteration (else SNError, and nothing is written)."""
         if self.group is not None:
             if not self.group.agree(self.iteration, f"the snapshot of iteration {self.iteration}"):
-                raise SNError(f"rank {self.group.rank}: the ranks are not all at iteration {self.iteration}: "
+                raise SNError(f"the ranks are not all at iteration {self.iteration}: "
                               f"no snapshot written")
             if not self.writes:
                 return None
@@ -293,11 +311,13 @@ def _jsonable(value):
 class _HeldInterrupt:
     """Holds Ctrl-C back while a training step runs, so that no step is left half done (some
     parameters updated, others not); the loop raises KeyboardInterrupt once the step is whole.
-    Outside ``held()`` Ctrl-C acts at once, as before. Only the main thread can take signals,
-    and a handler someone else installed (or SIG_IGN) is left alone outside steps."""
+    Outside ``held()`` Ctrl-C acts at once, as before; ``always``: held everywhere, only noted
+    (ranks, which must agree on where to stop). Only the main thread can take signals, and a
+    handler someone else installed (or SIG_IGN) is left alone outside steps."""
 
-    def __init__(self):
-        self.pending = self.holding = False
+    def __init__(self, always=False):
+        self.pending = False
+        self.holding = self.always = always
         self.previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGINT)
@@ -318,7 +338,7 @@ class _HeldInterrupt:
         try:
             yield
         finally:
-            self.holding = False
+            self.holding = self.always
 
     def restore(self):
         if self.previous is not None:

@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -28,9 +29,9 @@ from superneuron.data import Loader, open_source
 from superneuron.feed import data_config
 from superneuron.optim import SolverConfig, make_optimizer
 from superneuron.planning import plan
-from superneuron.scheduler.allreduce import buckets_of
+from superneuron.scheduler.allreduce import buckets_of, collective_order
 from superneuron.scheduler.cost import Link
-from superneuron.scheduler.steps import ALLREDUCE, BACKWARD, OFFLOAD, UPDATE, WAIT_REDUCE
+from superneuron.scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, OFFLOAD, RECOMPUTE, UPDATE, WAIT_REDUCE
 from superneuron.spec import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,10 +46,13 @@ layers:
   - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
   - {name: scale1, type: Scale, bottom: conv1, top: conv1, bias_term: true}
   - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
-  - {name: pool, type: Pooling, bottom: conv1, top: pool, pool: MAX, kernel_size: 2, stride: 2}
+  - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: '${width}', kernel_size: 3, pad: 1}
+  - {name: bn2, type: BatchNorm, bottom: conv2, top: bn2}
+  - {name: relu2, type: ReLU, bottom: bn2, top: bn2}
+  - {name: pool, type: Pooling, bottom: bn2, top: pool, pool: MAX, kernel_size: 2, stride: 2}
   - {name: ip, type: InnerProduct, bottom: pool, top: ip, num_output: '${classes}'}
   - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
-"""
+"""  # bn1 in place, as Caffe's ResNets (x-hat kept for Scale: never recomputed); bn2 of its own, recomputed
 
 FORK_JOIN = """
 name: forkjoin
@@ -141,16 +145,25 @@ def test_shards_of_a_global_batch_are_its_samples_with_its_crops():
 
 # -- mpiexec -------------------------------------------------------------------------------------
 
-def train(tmp_path, name, net, ranks, batch, *flags, env=None, timeout=120):
+def train_command(tmp_path, name, net, ranks, batch, *flags):
+    """``(command, snapshot folder)`` of an sn-train run of ``ranks`` ranks (mpiexec for several)."""
     out = tmp_path / name
     cmd = [sys.executable, "-m", "superneuron.cli.train", str(net), "--batch", str(batch), "--iters", "4",
            "--display", "1", "--test-interval", "100", "--lr", "0.05", "--snapshot", str(out),
            "--log", str(out) + ".jsonl", *flags]
     if ranks > 1:
         cmd = [MPIEXEC, "-n", str(ranks)] + cmd + ["--bucket-size", "50kB"]
+    return cmd, out
+
+
+def environment(env=None):
+    return {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+
+
+def train(tmp_path, name, net, ranks, batch, *flags, env=None, timeout=120):
+    cmd, out = train_command(tmp_path, name, net, ranks, batch, *flags)
     started = time.monotonic()
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=environment(env))
     run.seconds = time.monotonic() - started
     run.out = out
     return run
@@ -201,6 +214,45 @@ def test_resume_restores_every_rank(tmp_path, lenet_two_ranks):
     assert all(np.array_equal(p_full[k], p_resumed[k]) for k in p_full)
 
 
+@pytest.mark.parametrize("to", ["mpiexec", "rank 1"])
+def test_ctrl_c_stops_every_rank_at_one_iteration_and_resume_is_exact(tmp_path, lenet_two_ranks, to):
+    """SIGINT to mpiexec, which forwards it to each rank, or to rank 1 alone (``kill -INT``),
+    while rank 1 is paused after iteration 1 (SN_FAULT's pause) and rank 0 waits for it inside
+    iteration 2: every rank stops after iteration 2, the first whose loss all-reduce carries
+    the signal (rank 0, which never saw it in the second case, too); rank 0 snapshots that,
+    and the job exits 130 without a traceback. Resumed, the run ends bit for bit as the one
+    never interrupted, with the same losses (but iteration 2's, which is not displayed: a stop
+    comes before the display, as with one rank)."""
+    lenet = ROOT / "nets/lenet.yaml"
+    cmd, out = train_command(tmp_path, "part", lenet, 2, 8, "--timeout", "20")
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=environment({"SN_FAULT": "1:1:pause"}))
+    try:
+        head = ""
+        while "ranks: rank 0 pid" not in head and job.poll() is None:
+            head += job.stdout.readline()
+        rank_1 = int(head.split("rank 1 pid ")[1].split()[0])  # rank 0 says which process is which rank
+        log, deadline = pathlib.Path(str(out) + ".jsonl"), time.monotonic() + 60
+        while not (log.exists() and '"display"' in log.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # rank 0 logs iteration 1 and goes on into iteration 2
+        if to == "mpiexec":
+            job.send_signal(signal.SIGINT)
+        else:
+            os.kill(rank_1, signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()  # nothing left running if an assertion or the timeout ends the test
+    assert job.returncode == 130, stdout[-1500:] + stderr[-1500:]
+    assert "interrupted at iteration 2; snapshot" in stdout
+    assert [p.name for p in out.glob("*.npz")] == ["lenet_iter_2.npz"]
+    assert "Traceback" not in stderr and "BAD TERMINATION" not in stderr
+    resumed = train(tmp_path, "part", lenet, 2, 8, "--resume", str(out))
+    assert "resumed from" in resumed.stdout and "at iteration 2" in resumed.stdout
+    (p_full, l_full), (p_resumed, l_resumed) = results(lenet_two_ranks), results(resumed)
+    assert l_resumed == l_full[:1] + l_full[2:]
+    assert all(np.array_equal(p_full[k], p_resumed[k]) for k in p_full)
+
+
 def test_two_ranks_train_a_fork_and_a_join_as_one_rank(tmp_path):
     net = tmp_path / "forkjoin.yaml"
     net.write_text(FORK_JOIN)
@@ -211,7 +263,7 @@ def test_batchnorm_statistics_per_rank_unless_synchronised(tmp_path):
     net = tmp_path / "bn.yaml"
     net.write_text(BATCH_NORM)
     one = train(tmp_path, "one", net, 1, 8)
-    synced = train(tmp_path, "synced", net, 2, 4, "--sync-bn", "--policy", "recompute")  # BN recomputed too
+    synced = train(tmp_path, "synced", net, 2, 4, "--sync-bn", "--policy", "recompute")  # bn2 recomputed too
     assert "BatchNorm statistics of the global batch" in synced.stdout
     assert_same_training(one, synced)
     per_rank = results(train(tmp_path, "per_rank", net, 2, 4))  # Caffe's: each rank's batch of 4
@@ -250,6 +302,8 @@ def test_a_failing_rank_stops_every_rank_with_a_message(tmp_path, fault, says):
         assert f"PID {pid} " in text  # mpiexec names the process killed
     if fault == "hang":
         assert "did not answer" in text
+    if fault == "raise":  # said once, by the rank that failed; the other stops quietly, without MPI_Abort
+        assert run.stderr.count("error:") == 1 and "Abort(" not in text and run.returncode == 2
 
 
 def test_sn_plan_shows_buckets_overlap_and_scaling():
@@ -266,3 +320,49 @@ def test_sn_plan_shows_buckets_overlap_and_scaling():
                                                               for b in info["buckets"]))
     assert info["overlapped_seconds"] + info["exposed_seconds"] == pytest.approx(info["communication_seconds"])
     assert 0 < info["scaling_efficiency"] <= 1
+
+
+def test_collective_order_holds_the_buckets_and_with_sync_bn_each_batchnorm_step(tmp_path):
+    """What sn-train compares between the ranks before training (each rank plans alone): the
+    order of the steps that make collectives, the recomputed BatchNorm included, whose forward
+    sums over the ranks again (a rank that recomputed it while another did not would pair its
+    sums with the other's backward)."""
+    net = tmp_path / "bn.yaml"
+    net.write_text(BATCH_NORM)
+    spec = load_spec(str(net), batch=4)
+    schedule, _ = plan(spec, "recompute", optimizer=make_optimizer(SolverConfig()), ranks=2, bucket_bytes=1)
+    name = {i: node.name for i, node in enumerate(schedule.graph.nodes)}
+    steps = [(s.kind, s.tensor if s.kind in (ALLREDUCE, WAIT_REDUCE) else name.get(s.node)) for s in schedule.steps]
+    buckets = [s for s in steps if s[0] in (ALLREDUCE, WAIT_REDUCE)]
+    assert collective_order(schedule) == buckets and len(buckets) == 2 * len(buckets_of(schedule, 1))
+    synced = collective_order(schedule, sync_bn=True)
+    assert [s for s in synced if s[1] == "bn2"] == [(FORWARD, "bn2"), (RECOMPUTE, "bn2"), (BACKWARD, "bn2")]
+    assert [s for s in synced if s[1] == "bn1"] == [(FORWARD, "bn1"), (BACKWARD, "bn1")]
+    assert synced == [s for s in steps if s in buckets or s[1] in ("bn1", "bn2")]  # in the schedule's order
+    kept, _ = plan(spec, "liveness", optimizer=make_optimizer(SolverConfig()), ranks=2, bucket_bytes=1)
+    assert collective_order(kept) == collective_order(schedule)  # the buckets do not depend on recompute
+    assert collective_order(kept, sync_bn=True) != synced  # its bn2 sums once fewer
+
+
+def test_sn_plan_counts_synchronised_batchnorm_as_exposed_latency(tmp_path):
+    """`sn-plan --ranks 8 --sync-bn`: bn1 (in place: forward and backward) and bn2 (recomputed:
+    forward, recompute and backward) make 2 + 1 and 2 + 2 + 1 all-reduces of their 4 channels'
+    float32 sums (16 bytes; the backward's two together, 32): each costs the ring's latency,
+    none is overlapped, and the scaling efficiency falls by what they add."""
+    net = tmp_path / "bn.yaml"
+    net.write_text(BATCH_NORM)
+    cmd = [sys.executable, "-m", "superneuron.cli.plan", str(net), "--ranks", "8", "--link", "100GB/s,5us",
+           "--policy", "recompute", "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    plain, synced = (json.loads(subprocess.run(cmd + flags, cwd=ROOT, capture_output=True, text=True, env=env,
+                                               timeout=60).stdout)["data_parallel"] for flags in ([], ["--sync-bn"]))
+    link, sums = Link(8, 100e9, 5e-6), [16, 16, 32] + [16, 16, 16, 16, 32]
+    assert synced["sync_bn"] == {"allreduces": 8, "bytes": sum(sums),
+                                 "seconds": pytest.approx(sum(link.allreduce_seconds(b) for b in sums))}
+    added = synced["sync_bn"]["seconds"]
+    assert synced["exposed_seconds"] == pytest.approx(plain["exposed_seconds"] + added)
+    assert synced["overlapped_seconds"] == pytest.approx(plain["overlapped_seconds"])
+    assert synced["one_rank_seconds"] == pytest.approx(plain["one_rank_seconds"])
+    assert synced["scaling_efficiency"] == pytest.approx(
+        plain["one_rank_seconds"] / (plain["one_rank_seconds"] / plain["scaling_efficiency"] + added))
+    assert plain["sync_bn"] is None

@@ -211,3 +211,78 @@ def test_batchnorm_test_accuracy_follows_training_accuracy(tmp_path):
     train_acc = [r["accuracy"] for r in records if "accuracy" in r and "test_loss" not in r][-1]
     test_acc = [r["test_accuracy"] for r in records if "test_accuracy" in r][-1]
     assert train_acc >= 0.9 and test_acc >= train_acc - 0.05, (train_acc, test_acc)
+
+
+class OneRank:
+    """What the Trainer asks of its ranks (runtime/collective.py's MpiGroup), for one rank in
+    this process: the means of one rank's values are those values."""
+    rank, size = 0, 1
+
+    def mean(self, values, what):
+        return list(values)
+
+    def agree(self, value, what):
+        return True
+
+
+def signal_in(trainer, where, at):
+    """A real SIGINT during iteration ``at`` (0-based) of ``trainer``: ``fetch``, while the
+    loader makes its batch; ``step``, in its update; ``test``, in the test pass after
+    iteration ``at`` (its first batch); ``display``, as iteration ``at`` is displayed. Returns
+    the on_event callback to run it with."""
+    if where == "fetch":
+        dataset, real_batch, calls = trainer.train_loader.dataset, trainer.train_loader.dataset.batch, []
+
+        def batch(*args, **kw):
+            calls.append(1)
+            if len(calls) == at + 1:
+                signal.raise_signal(signal.SIGINT)
+            return real_batch(*args, **kw)
+
+        dataset.batch = batch
+    if where == "step":
+        optimizer, real = trainer.net.optimizer, trainer.net.optimizer.update
+
+        def update(xp, it, *args):
+            if it == at:
+                signal.raise_signal(signal.SIGINT)
+            return real(xp, it, *args)
+
+        optimizer.update = update
+    seen = []
+
+    def on_event(event):
+        if where == "test" and event["kind"] == "test_batch" and trainer.iteration == at and not seen:
+            seen.append(1)
+            signal.raise_signal(signal.SIGINT)
+        if where == "display" and event["kind"] == "display" and event["iter"] == at:
+            signal.raise_signal(signal.SIGINT)
+
+    return on_event
+
+
+@pytest.mark.parametrize("where", ["fetch", "step", "test", "display"])
+def test_ctrl_c_with_ranks_stops_after_the_next_loss_they_share(tmp_path, where, default_sigint):
+    """With ranks, Ctrl-C is only noted wherever it comes (mpiexec forwards it to each rank,
+    each at its own point), and the ranks stop after the first iteration whose loss all-reduce
+    carries it: here iteration 7 for a signal in the fetch, the step or the display of
+    iteration 6 or the test pass after it; a test pass under way or due is then left out (one
+    rank alone would stop at 6 for all but the step). The resumed run ends bit for bit as one
+    never interrupted."""
+    whole = tiny_trainer(tmp_path / "whole", 12, test_interval=3)
+    whole.run()
+    first = tiny_trainer(tmp_path / "a", 12, test_interval=3)
+    first.group = OneRank()
+    events = []
+    on_event = signal_in(first, where, 6)
+    first.run(lambda e: (events.append(e), on_event(e)))
+    assert events[-1]["kind"] == "interrupted" and events[-1]["iter"] == 7 == first.iteration
+    tests = [e["iter"] for e in events if e["kind"] == "test"]
+    assert tests == ([3] if where in ("test", "display") else [3, 6])  # one cut short is no result
+    second = tiny_trainer(tmp_path / "b", 12, test_interval=3)
+    second.restore(str(tmp_path / "a" / "snap"))
+    second.run()
+    expect, got = training_state(whole), training_state(second)
+    assert sorted(got) == sorted(expect)
+    for key in expect:
+        assert got[key].tobytes() == expect[key].tobytes(), key

@@ -119,16 +119,31 @@ def solver_from_args(args, spec):
 
 
 def fail(error, status=2):
-    """Print a user error without a traceback; return the exit status."""
-    print(f"error: {error}" if "\n" not in str(error) else f"error:\n{error}", file=sys.stderr)
+    """Print a user error without a traceback (status 130: that Ctrl-C stopped the tool);
+    return the exit status."""
+    print(error_text(error, status), file=sys.stderr)
     return status
 
 
-def run_cli(parser, run, argv=None):
+def error_text(error, status=2, prefix=""):
+    """What tells ``error``: ``error: MESSAGE`` (``error:`` on a line of its own before a
+    message of several lines), or the bare message for status 130; ``prefix`` (``rank 1: ``)
+    goes before the message."""
+    text = f"{prefix}{error}"
+    if status == 130:
+        return text
+    return f"error: {text}" if "\n" not in text else f"error:\n{text}"
+
+
+def run_cli(parser, run, argv=None, fail=fail):
     """Parse ``argv`` with ``parser`` and call ``run(args)``; a user error becomes one line on
     stderr and exit status 2. Output piped into a reader that stops (``| head``) ends the tool
-    quietly with status 141, as SIGPIPE ends a C tool, instead of a BrokenPipeError."""
-    parser.error = lambda message: _usage_error(parser, message)
+    quietly with status 141, as SIGPIPE ends a C tool, instead of a BrokenPipeError.
+
+    ``fail(error, status)`` tells a user error, Ctrl-C (status 130) or a usage error (then
+    SystemExit with its status, as argparse's); the default prints it (sn-train's ranks
+    gather them first, to say once what every rank hit)."""
+    parser.error = lambda message: _usage_error(parser, message, fail)
     args = parser.parse_args(argv)
     try:
         status = run(args)
@@ -142,14 +157,12 @@ def run_cli(parser, run, argv=None):
     except MemoryError:
         return fail("out of memory (a batch, size or data set too large for this machine?)")
     except KeyboardInterrupt:  # Ctrl-C outside training (which snapshots and says so itself)
-        print("interrupted", file=sys.stderr)
-        return 130
+        return fail("interrupted", 130)
 
 
-def _usage_error(parser, message):
+def _usage_error(parser, message, fail):
     """argparse's error, as one line (argparse prints the whole usage first) and status 2."""
-    print(f"error: {message} (see {parser.prog} --help)", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(fail(f"{message} (see {parser.prog} --help)", 2))
 
 
 def _silence_stdout():

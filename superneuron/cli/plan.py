@@ -57,6 +57,9 @@ def build_parser():
     p.add_argument("--link", metavar="BW[,LATENCY]",
                    help="the ranks' link, e.g. 100GB/s or 25GB/s,10us (default: the device's: "
                         "shared memory on the CPU, NVLink on GPUs)")
+    p.add_argument("--sync-bn", action="store_true",
+                   help="with --ranks: BatchNorm's statistics of the global batch, as sn-train --sync-bn; "
+                        "their all-reduces (latency, none overlapped) are added to the estimate")
     p.add_argument("--bucket-size", metavar="SIZE", default="25MiB",
                    help="gradients all-reduced per bucket (default 25MiB, as PyTorch DDP)")
     p.add_argument("--profile", action="store_true",
@@ -116,7 +119,7 @@ def plan_from_args(args, keep=None):
                 host_memory_bytes=host_memory, host_fits=host_memory is None or the_plan.host_bytes <= host_memory)
     info["cost_model"] = "measured" if profile else f"estimate ({model.device.name})"
     if ranks > 1:
-        info["data_parallel"] = data_parallel(schedule, timeline, model, ranks)
+        info["data_parallel"] = data_parallel(schedule, timeline, model, ranks, getattr(args, "sync_bn", False))
     if getattr(args, "min_memory", False):
         info["min_memory_bytes"] = min_memory(base, policy, host_memory, cost=model,
                                               placement=args.placement, workspace_limit=limit,
@@ -172,11 +175,14 @@ def _seconds(text):
     raise ValueError(text)
 
 
-def data_parallel(schedule, timeline, model, ranks):
+def data_parallel(schedule, timeline, model, ranks, sync_bn=False):
     """The all-reduce figures of a data-parallel plan: each bucket (its gradients, bytes, the
     step after which it starts, its estimated seconds, and how much of it the compute stream
     waited for), the communication overlapped and exposed, and the estimated scaling
-    efficiency: one rank's iteration (the same steps without the all-reduces) over this one."""
+    efficiency: one rank's iteration (the same steps without the all-reduces) over this one.
+    ``sync_bn``: synchronised BatchNorm's all-reduces too (``sync_bn``: their number, bytes and
+    seconds), counted as communication and all exposed."""
+    from ..scheduler.allreduce import sync_bn_sums
     from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
     steps = schedule.steps
     exposed = {}
@@ -194,11 +200,16 @@ def data_parallel(schedule, timeline, model, ranks):
                             "after": steps[k].describe(schedule.graph).split(" [")[0],
                             "seconds": model.link.allreduce_seconds(nbytes),
                             "exposed_seconds": exposed.get(step.tensor, 0.0)})
+    sums = sync_bn_sums(schedule) if sync_bn else []
+    synced = sum(model.link.allreduce_seconds(b) for b in sums)
+    communication, seconds = timeline.communication + synced, timeline.seconds + synced
+    overlapped = timeline.communication - timeline.exposed
     alone = model.timeline(schedule.replace([s for s in steps if s.kind not in COMMUNICATION])).seconds
     return {"ranks": ranks, "link_bytes_per_s": model.link.bandwidth, "link_latency_s": model.link.latency,
-            "buckets": buckets, "communication_seconds": timeline.communication,
-            "exposed_seconds": timeline.exposed, "overlapped_seconds": timeline.communication - timeline.exposed,
-            "one_rank_seconds": alone, "scaling_efficiency": alone / timeline.seconds if timeline.seconds else 1.0}
+            "buckets": buckets, "communication_seconds": communication,
+            "exposed_seconds": timeline.exposed + synced, "overlapped_seconds": overlapped,
+            "sync_bn": {"allreduces": len(sums), "bytes": sum(sums), "seconds": synced} if sync_bn else None,
+            "one_rank_seconds": alone, "scaling_efficiency": alone / seconds if seconds else 1.0}
 
 
 def figures(schedule, plan, budget):

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 from .. import __version__
 from ..errors import SNError
@@ -73,15 +72,11 @@ def build_parser():
 
 
 def main(argv=None):
-    from ..runtime import collective
-    try:
-        status = run_cli(build_parser(), run, argv)
-    except Exception:
-        if not collective.running():
-            raise
-        traceback.print_exc()  # a bug: said as Python says it, and the other ranks stopped
-        status = 1
-    return collective.end(status)  # a rank that fails stops the others
+    from ..runtime.collective import launched_ranks
+    if launched_ranks() > 1:  # one of several ranks: they end together and say a failure once
+        from .ranks import main as main_of_a_rank
+        return main_of_a_rank(build_parser(), run, argv)
+    return run_cli(build_parser(), run, argv)
 
 
 def run(args):
@@ -91,15 +86,9 @@ def run(args):
         raise SNError(f"--timeout must be more than 0 seconds, got {args.timeout:g}")
     from ..runtime.collective import world
     group = world(args.device, args.timeout)
-    if group is None:
-        return _train(args, None)
-    if group.rank != 0:  # only rank 0 prints; the others' errors still go to stderr
+    if group is not None and group.rank != 0:  # only rank 0 prints (cli/ranks.py)
         sys.stdout = open(os.devnull, "w")
-    try:
-        return _train(args, group)
-    except SNError as e:
-        text = str(e)
-        raise SNError(text if text.startswith("rank ") else f"rank {group.rank}: {text}") from None
+    return _train(args, group)
 
 
 def _train(args, group):
@@ -125,6 +114,8 @@ def _train(args, group):
               host_memory=host_memory, lossy=tuple(args.lossy),
               costs="measure" if args.profile else None, solver_seconds=args.solver_time,
               group=group, bucket_bytes=parse_size(args.bucket_size), sync_bn=args.sync_bn)
+    if group is not None:
+        _check_same_collectives(net, group, args.sync_bn)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
     batch = net.batch * ranks  # the global batch: --batch is per rank
     solver = optimizer.for_epochs(len(train_set), batch)
@@ -200,6 +191,22 @@ def _train(args, group):
     return 130 if printer.interrupted else 0
 
 
+def _check_same_collectives(net, group, sync_bn):
+    """SNError unless every rank's plan makes its collectives in the same order (scheduler/
+    allreduce.collective_order): else one rank's sum would meet another's and training would
+    go wrong, or hang. Each rank plans alone; measured times (--profile) or the solver's
+    time limit (optimal, auto) can make their plans differ."""
+    import zlib
+
+    from ..scheduler.allreduce import collective_order
+    order = collective_order(net.schedules["train"], sync_bn)
+    if not group.agree(zlib.crc32(repr(order).encode()), "the comparison of the ranks' plans"):
+        raise SNError("the ranks' plans make their collectives in different orders (each rank plans alone, "
+                      "and times measured on each, or the solver of the optimal and auto policies stopped by "
+                      "its time limit, can plan differently): give the ranks a policy other than optimal and "
+                      "auto, and the same costs (without --profile)")
+
+
 def _ranks_line(net, group):
     """What every rank ends with, gathered on rank 0: its arena's real peak against its plan's
     (plan equals run on every rank) and a checksum of its parameters (all the same)."""
@@ -215,14 +222,18 @@ def _ranks_line(net, group):
             + ("identical on every rank" if len(set(sums)) == 1 else f"DIFFER between ranks (crc32 {sums})"))
 
 
+FAULT_PAUSE = 4.0  # seconds a rank that SN_FAULT pauses is silent
+
+
 def _with_fault(on_event, rank, fault):
-    """A test hook (``SN_FAULT=RANK:ITER:exit|kill|hang|raise``): rank RANK, after iteration
-    ITER, exits at once, is killed (SIGKILL), stops answering, or raises an error."""
+    """A test hook (``SN_FAULT=RANK:ITER:exit|kill|hang|raise|pause``): rank RANK, after
+    iteration ITER, exits at once, is killed (SIGKILL), stops answering, raises an error, or
+    is silent for FAULT_PAUSE seconds, then goes on (a slow rank, as the others see it)."""
     try:
         who, when, what = fault.split(":")
         who, when = int(who), int(when)
     except ValueError:
-        raise SNError(f"SN_FAULT={fault}: expected RANK:ITER:exit|kill|hang|raise") from None
+        raise SNError(f"SN_FAULT={fault}: expected RANK:ITER:exit|kill|hang|raise|pause") from None
 
     def hooked(event):
         on_event(event)
@@ -234,6 +245,9 @@ def _with_fault(on_event, rank, fault):
             os.kill(os.getpid(), signal.SIGKILL)
         if what == "hang":
             time.sleep(3600)
+        if what == "pause":
+            time.sleep(FAULT_PAUSE)  # a signal meanwhile is noted by its handler, and the sleep goes on
+            return
         raise SNError(f"a fault injected by SN_FAULT after iteration {when}")
     return hooked
 

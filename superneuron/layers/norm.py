@@ -71,7 +71,8 @@ class BatchNorm(Layer):
 
     Data-parallel training keeps each rank's statistics (as Caffe); with ``ctx.ranks`` (sn-train
     --sync-bn) the statistics and the backward's two sums are those of the global batch, summed
-    over the ranks (:meth:`_forward_synced`)."""
+    over the ranks (:meth:`_forward_synced`): two all-reduces in the forward, one in the
+    backward, made here, inside the layer (README: why they are not steps of the plan)."""
 
     KEYS = {
         "use_global_stats": Key("bool", False, doc="normalise with the running statistics even "
@@ -223,9 +224,10 @@ class BatchNorm(Layer):
         if ctx.ranks is not None:  # the global batch's sums
             x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
             m = n * l * ctx.ranks.size
-            mean_dy = ctx.sum_ranks(dy.sum(axis=(0, 2))) / m
             tmp = ctx.scratch(self.ncl, self.dtype)
-            mean_dyx = ctx.sum_ranks(xp.multiply(dy, x_hat, out=tmp).sum(axis=(0, 2))) / m
+            sums = xp.concatenate([dy.sum(axis=(0, 2)), xp.multiply(dy, x_hat, out=tmp).sum(axis=(0, 2))])
+            sums = ctx.sum_ranks(sums) / m  # both in one all-reduce: latency is what it costs
+            mean_dy, mean_dyx = sums[:c], sums[c:]
             xp.multiply(x_hat, mean_dyx[:, None].astype(self.dtype), out=tmp)
             xp.subtract(dy, tmp, out=dx)
             dx -= mean_dy[:, None].astype(self.dtype)

@@ -19,7 +19,7 @@ holds at most two buckets' gradients at once, and the host optimiser still overl
 """
 
 from ..graph import TensorInfo
-from .steps import BACKWARD, FREE, RESIDENT_ONLY, Alloc, AllReduce, Free, WaitReduce
+from .steps import BACKWARD, COMMUNICATION, FREE, LAYER_STEPS, RESIDENT_ONLY, Alloc, AllReduce, Free, WaitReduce
 
 DEFAULT_BUCKET_BYTES = 25 << 20  # PyTorch DDP's bucket_cap_mb default, 25 MiB
 
@@ -96,3 +96,38 @@ def _issue(due, started, eager):
 
 def _wait(name, grads):
     return [WaitReduce(name, grads), Free(name)]
+
+
+def collective_order(schedule, sync_bn=False):
+    """The steps of ``schedule`` that make collectives, in the order it runs them, as
+    ``(kind, bucket or layer)``: each bucket's AllReduce and WaitReduce, and with synchronised
+    BatchNorm (``sync_bn``) each BatchNorm's Forward, Recompute and Backward, which sum over
+    the ranks inside the layer. Every rank must make them in the same order, and each rank
+    plans alone: its plan may differ from another's where it follows measured times or a
+    solver stopped by its time limit (what changes the order: one rank recomputing a
+    BatchNorm that another keeps)."""
+    graph, out = schedule.graph, []
+    for step in schedule.steps:
+        if step.kind in COMMUNICATION:
+            out.append((step.kind, step.tensor))
+        elif sync_bn and step.kind in LAYER_STEPS and graph.nodes[step.node].layer.type == "BatchNorm":
+            out.append((step.kind, graph.nodes[step.node].name))
+    return out
+
+
+def sync_bn_sums(schedule):
+    """The bytes of each all-reduce that synchronised BatchNorm makes in one iteration of
+    ``schedule``, in order: for each BatchNorm that normalises by its batch's statistics, two
+    of its channels' sums in each Forward and Recompute (the mean, then the variance, which
+    needs the mean) and one of both its backward's sums together in its Backward. None of
+    them overlaps anything: the layer's next operation reads the result."""
+    graph, out = schedule.graph, []
+    for kind, name in collective_order(schedule, sync_bn=True):
+        if kind in COMMUNICATION:
+            continue
+        node = graph.node(name)
+        if node.layer.cfg["use_global_stats"]:
+            continue
+        sums = int(graph.tensors[node.tops[0]].shape[1]) * graph.dtype.itemsize
+        out += [2 * sums] if kind == BACKWARD else [sums, sums]
+    return out

@@ -1,0 +1,42 @@
+"""Run under mpiexec by tests/test_ranks_failures.py: NCCL's unique id exchange
+(runtime/collective.nccl_id), the code the GPU path runs, with a stand-in for
+``cupy.cuda.nccl`` (NCCL itself needs a GPU per rank). ``python mpi_nccl_id.py TIMEOUT ABSENT``:
+rank ABSENT (-1: none) never comes to the exchange; it stays alive, silent, as a rank that
+hangs. Each other rank but rank 0 prints whether it holds rank 0's id; a rank that stopped
+says why and aborts the job, as sn-train does when a rank does not answer."""
+
+import random
+import sys
+import time
+
+from superneuron.runtime import collective
+
+
+class StandInNccl:
+    """``cupy.cuda.nccl.get_unique_id``'s shape: NCCL_ID_BYTES C chars as Python ints, signed
+    on x86 (-128..127), so that a broadcast that lost the sign would show."""
+
+    @staticmethod
+    def get_unique_id():
+        rng = random.Random(16)
+        return tuple(rng.randrange(-128, 128) for _ in range(collective.NCCL_ID_BYTES))
+
+
+def main():
+    timeout, absent = float(sys.argv[1]), int(sys.argv[2])
+    group = collective.world("cpu", timeout)
+    if group.rank == absent:
+        time.sleep(60)
+        return
+    try:
+        held = collective.nccl_id(group, StandInNccl)
+    except collective.NoAnswer as e:
+        print(f"error: {e}", flush=True)
+        collective.abort(2)
+    if group.rank != 0:  # one line per receiving rank (lines of two ranks may interleave)
+        print(f"rank {group.rank}: holds rank 0's id: {held == StandInNccl.get_unique_id()}", flush=True)
+    group.conclude(0)  # as sn-train ends: no receive left open for MPI_Finalize
+
+
+if __name__ == "__main__":
+    main()
