@@ -79,7 +79,7 @@ def _executor():
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(_threads - 1, thread_name_prefix="sn-kernel",
-                                       initializer=numpy.setbufsize, initargs=(BUFSIZE,))
+                                       initializer=_kernel_thread_settings)
         return _pool
 
 
@@ -96,16 +96,24 @@ def _blas_one_thread():
 
 @contextlib.contextmanager
 def numpy_settings():
-    """NumPy's settings for the kernels while the block runs: its ufunc buffer size in the
-    calling thread (each thread has its own, so other threads see no change) and BLAS held to
-    one thread per call, since the kernels split their GEMMs over this module's pool instead
-    (see the module docstring)."""
+    """NumPy's settings for the kernels while the block runs, in the calling thread (each
+    thread has its own, so other threads see no change): its ufunc buffer size, no warnings
+    on floating-point errors (a training that goes non-finite is caught and named by the
+    trainer, in one line; NumPy's warnings would print around it, and only where a GEMM
+    happened to run on the calling thread), and BLAS held to one thread per call, since the
+    kernels split their GEMMs over this module's pool instead (see the module docstring)."""
     before = numpy.setbufsize(BUFSIZE)
     try:
-        with _blas_one_thread():
+        with _blas_one_thread(), numpy.errstate(all="ignore"):
             yield
     finally:
         numpy.setbufsize(before)
+
+
+def _kernel_thread_settings():
+    """The pool threads' NumPy settings, for their life: those of :func:`numpy_settings`."""
+    numpy.setbufsize(BUFSIZE)
+    numpy.seterr(all="ignore")
 
 
 def chunks(length, work, parts=None):
