@@ -9,8 +9,9 @@ schedule gets it on top, which only frees more). Its compute steps are numbered 
 - a *stash* is a data root used in the forward (last at step ``a``) and read again in the
   backward (first at step ``e``). Each stash has up to three options, binaries summing to
   at most 1 (none: keep it):
-  ``recompute`` (a single-input layer's output; recompute.py's chains, each root recomputed
-  once, speed-centric): absent from steps a+1 .. e-1, costs its writers' forward time;
+  ``recompute`` (a single-input layer's output, or a join's, Eltwise or Concat, from all the
+  roots it reads; recompute.py's chains, each root recomputed once, speed-centric): absent
+  from steps a+1 .. e-1, costs its writers' forward time;
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
   step before ``e`` does not hide;
@@ -18,9 +19,11 @@ schedule gets it on top, which only frees more). Its compute steps are numbered 
   absent from the step its copy is done to the step its copy back must start, costs a token
   share of the copies; one copy at a time per stream, so none queues and the window holds.
 - a stash from which a chosen root is recomputed must be back before that root's backward:
-  for each root recomputed from it (``triggers``), when that root and every root between are
-  recomputed, the stash is on the device from that step on (continuous presence variables
-  per stretch between such steps, at least the AND of the binaries: see :func:`_triggers`).
+  for each root recomputed from it (``triggers``, one per path up from that root: a join
+  has several), when that root and every root between are recomputed, the stash is on the
+  device from that step on (continuous presence variables per stretch between such steps,
+  at least the AND of the binaries: see :func:`_triggers`). Paths are followed up to
+  :data:`MAX_JOINS` joins; a chain through more may not be recomputed whole (:func:`_paths_up`).
 - a *choice* is a compute step whose layer offers algorithms: one binary per algorithm,
   summing to 1, with its time and its workspace, live at that step only.
 
@@ -53,6 +56,7 @@ from .recompute import recomputable_roots
 from .steps import BACKWARD, LAYER_STEPS, MEMORY
 
 MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
+MAX_JOINS = 0  # joins past its first root on a chain of recomputed roots, at most (see _paths_up)
 SWAP_COST = 0.02  # of a swap's copy time, its cost in the objective: copies that hide are not free
 MIB = float(1 << 20)   # the program counts bytes in MiB and seconds in milliseconds: HiGHS's
 MS = 1e3               # tolerances are absolute, and bytes by the billion would lose them
@@ -97,7 +101,8 @@ class Model:
     """What the program is built from (see the module's docstring): ``live`` (bytes live at
     each compute step under liveness, workspaces aside), ``fixed_workspace`` and
     ``fixed_seconds`` (of the steps without a choice), the stashes, the choices and the
-    resident bytes."""
+    resident bytes; ``long_chains``: chains of stash indices (recomputable roots, each
+    recomputed from the next) that may not all be recomputed (see :func:`_paths_up`)."""
 
     n: int
     live: np.ndarray
@@ -109,11 +114,12 @@ class Model:
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
     names: list = field(default_factory=list)
+    long_chains: list = field(default_factory=list)
 
 
-def build(schedule, model):
+def build(schedule, model, joins=True):
     """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
-    ``model`` (a cost.CostModel)."""
+    ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too."""
     live_schedule = liveness(schedule)
     roots = Roots.of(live_schedule)
     graph = schedule.graph
@@ -145,11 +151,12 @@ def build(schedule, model):
             fastest.append(model.step_seconds(live_schedule, step))
             fixed_seconds += fastest[-1]
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
-    return Model(n, live, fixed_ws, fixed_seconds, _stashes(live_schedule, steps, roots, model, fastest),
-                 choices, schedule.resident_bytes, sum(fastest[:turn]), sum(fastest[turn:]))
+    stashes, long_chains = _stashes(live_schedule, steps, roots, model, fastest, joins)
+    return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
+                 sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains)
 
 
-def _stashes(schedule, steps, roots, model, fastest):
+def _stashes(schedule, steps, roots, model, fastest, joins):
     """The :class:`Stash` of every data root that lives across the forward/backward turn, or
     from which such a root may be recomputed."""
     graph, tensors = schedule.graph, schedule.tensors
@@ -163,21 +170,8 @@ def _stashes(schedule, steps, roots, model, fastest):
             elif r in reads:
                 first_backward.setdefault(r, i)
     starts = list(itertools.accumulate(fastest, initial=0.0))  # each step's start, in seconds
-    recomputable, source = recomputable_roots(schedule, expensive=True)
-    # Walk up from each recomputable root a backward reads: every root it is recomputed from,
-    # through recomputable ones, must be back when it is recomputed (if all between are too).
-    triggers = {}
-    for d in recomputable:
-        need = first_backward.get(d)
-        if need is None:
-            continue
-        chain, r = [d], source[d]
-        while r is not None and r in last_forward:
-            triggers.setdefault(r, []).append((need, tuple(chain)))
-            if r not in recomputable:
-                break
-            chain.append(r)
-            r = source[r]
+    recomputable, source = recomputable_roots(schedule, expensive=True, joins=joins)
+    triggers, long_chains = _paths_up(recomputable, source, first_backward, last_forward)
     out, index = [], {}
     for r, a in last_forward.items():
         e = first_backward.get(r)
@@ -202,9 +196,47 @@ def _stashes(schedule, steps, roots, model, fastest):
         index[r] = len(out)
         out.append(stash)
     for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept
-        stash.triggers = [(need, tuple(index.get(c) for c in chain)) for need, chain in triggers.get(stash.root, ())
+        stash.triggers = [(need, tuple(index[c] for c in chain)) for need, chain in triggers.get(stash.root, ())
                           if all(c in index for c in chain)]
-    return out
+    return out, [tuple(index[c] for c in chain) for chain in long_chains if all(c in index for c in chain)]
+
+
+def _paths_up(recomputable, source, first_backward, last_forward):
+    """``({root: [(step, chain)]}, [chain])``: walking up from each recomputable root a
+    backward reads (at ``step``) along every path of the roots it is recomputed from (a join
+    has several), the roots each path reaches, with the chain that leads there (that root
+    first, then those between: when all of it is recomputed, the root reached must be back
+    at ``step``); and the chains that reach a join past :data:`MAX_JOINS` others after
+    their first root, which the program forbids to recompute whole, so that the paths, which
+    double at each join, are followed through at most that many and none is missed.
+
+    With none (the default), a recomputed join comes back from roots that are kept (or
+    copied) or recomputed from such roots without a join between: a block's output from the
+    block's own branch and the block before's output, itself a checkpoint. A chain of
+    recomputed block outputs would bring back, speed-centric, at its first backward read,
+    every block output along it, which saves little, and makes the program much harder
+    (ResNet-50 at 1/3 of liveness's arena: solved in 4 s with none past the first; not
+    solved to its gap in 20 s with one)."""
+    triggers, long_chains = {}, set()
+    for d in recomputable:
+        need = first_backward.get(d)
+        if need is None:
+            continue
+        paths = [((d,), 0)]  # the chain and the joins on it past its first root
+        while paths:
+            chain, joins = paths.pop()
+            for r in source[chain[-1]]:
+                if r not in last_forward or r in chain:
+                    continue
+                triggers.setdefault(r, {})[(need, chain)] = None
+                if r not in recomputable:
+                    continue
+                through = joins + int(len(source[r]) > 1)
+                if through <= MAX_JOINS:
+                    paths.append((chain + (r,), through))
+                else:
+                    long_chains.add(chain + (r,))
+    return {r: _undominated(found) for r, found in triggers.items()}, sorted(long_chains)
 
 
 @dataclass
@@ -275,6 +307,10 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     for js in by_stash.values():
         if len(js) > 1:
             row([(j, 1.0) for j in js], -np.inf, 1.0)
+    rec_of = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
+    for chain in m.long_chains:  # never all of a chain past MAX_JOINS joins recomputed
+        if all(k in rec_of for k in chain):
+            row([(rec_of[k], 1.0) for k in chain], -np.inf, len(chain) - 1.0)
     nx = _triggers(m, columns, cost, row, opening, closing)
     d0 = nx  # D[i] is column d0 + i
     by_choice = {}
@@ -346,8 +382,9 @@ def _triggers(m, columns, cost, row, opening, closing):
     the earliest active trigger's step (less one: a Prefetch comes a step ahead) to its own
     read: the steps between its triggers' steps are tiles, and tile k has a continuous
     presence ``p_k`` in [0, 1] with ``p_k >= (recompute binaries of the chain) + freed - len(chain)``
-    for every trigger at or before the tile (the least it can be is 1 exactly when one is
-    active), its bytes added over the tile. A stash that no backward reads (``e`` None) must
+    for every trigger at the tile's first step and ``p_k >= p_{k-1}``, the tile before, so
+    for every trigger at or before it (the least it can be is 1 exactly when one is active),
+    its bytes added over the tile. A stash that no backward reads (``e`` None) must
     be recomputed for an active trigger (it frees nothing otherwise) and is then on the
     device at the trigger's step; where it cannot be recomputed, the trigger may not fire."""
     rec = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
@@ -379,12 +416,16 @@ def _triggers(m, columns, cost, row, opening, closing):
             continue
         freed = ([rec[k]] if k in rec else []) + off.get(k, [])
         bounds = sorted({need for need, _ in live_chains} | {s.e}, reverse=True)
+        later = None  # the presence of the tile after this one, which is at least this one's
         for upper, lower in zip(bounds, bounds[1:]):  # the tile of steps lower-1 .. upper-2
             j = len(columns)
             columns.append(("presence", k, lower))
             cost.append(0.0)
+            if later is not None:
+                row([(later, 1.0), (j, -1.0)], 0.0, np.inf)
+            later = j
             for need, chain in live_chains:
-                if need <= lower:
+                if need == lower:  # and, through the rows above, every later tile
                     row([(j, 1.0)] + [(c, -1.0) for c in chain] + [(f, -1.0) for f in freed],
                         -float(len(chain)), np.inf)
             start, end = max(lower - 1, s.a + 1), upper - 2
@@ -392,3 +433,16 @@ def _triggers(m, columns, cost, row, opening, closing):
                 opening.setdefault(start, []).append((j, -s.size / MIB))
                 closing.setdefault(end + 1, []).append((j, -s.size / MIB))
     return len(columns)
+
+
+def _undominated(triggers):
+    """``triggers`` (``(step, chain)`` pairs) less those that another makes redundant: one at
+    an earlier or the same step whose chain is part of this one's (whenever this one fires,
+    that one has, no later). A join's output is recomputed from all its sources: the paths
+    to a root through one branch are redundant where another reaches it directly."""
+    kept = []
+    for need, chain in sorted(triggers, key=lambda t: (t[0], len(t[1]))):
+        roots = set(chain)
+        if not any(n <= need and set(c) <= roots for n, c in kept):
+            kept.append((need, chain))
+    return kept

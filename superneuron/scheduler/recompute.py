@@ -35,11 +35,13 @@ from .schedule import add_workspace
 from .steps import BACKWARD, Alloc, Free, Recompute
 
 
-def _recomputable(graph, roots, expensive=False):
+def _recomputable(graph, roots, expensive=False, joins=False):
     """``{root: [writer node indices, forward order]}`` for every recomputable root, and
-    ``{root: source root}`` (the root its first writer reads). ``expensive``: single-input
+    ``{root: (source roots)}`` (the roots its first writer reads). ``expensive``: single-input
     layers that are not cheap (convolutions, inner products) may be recomputed too (the
-    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not)."""
+    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not).
+    ``joins``: so may a join (Eltwise, Concat), from every root it reads; it is valid again
+    once each of them is (kept, or recomputed first)."""
     writers = {}
     for node in graph.nodes:
         if node.layer.ALIAS_TOPS:
@@ -50,41 +52,48 @@ def _recomputable(graph, roots, expensive=False):
                 writers.setdefault(r, []).append(node.index)
     last_writer = {r: w[-1] for r, w in writers.items()}
 
-    def cheap(node):
+    def recomputable_writer(node, first):
         layer = node.layer
-        data_bottoms = [b for i, b in enumerate(node.bottoms) if i not in layer.LABEL_BOTTOMS]
-        return ((layer.CHEAP or expensive) and not layer.LOSS and node.backward and len(data_bottoms) == 1
-                and len(node.bottoms) == 1 and len(node.tops) == 1)
+        if layer.LOSS or not node.backward or len(node.tops) != 1 or not (layer.CHEAP or expensive):
+            return False
+        if len(node.bottoms) == 1:
+            return not layer.LABEL_BOTTOMS
+        # a join: only as the root's first writer, from its data bottoms alone
+        return joins and first and layer.CHEAP and len(node.bottoms) > 1 and not layer.LABEL_BOTTOMS
 
     ok, source = {}, {}
     for r, ws in writers.items():  # writers' roots come in forward order: sources first
         first = graph.nodes[ws[0]]
-        if not all(cheap(graph.nodes[w]) for w in ws):
+        if not all(recomputable_writer(graph.nodes[w], k == 0) for k, w in enumerate(ws)):
             continue
-        src = roots.scheduled(first.bottoms[0])
-        if src is None or src == r or last_writer.get(src, -1) > first.index:
+        srcs = tuple(dict.fromkeys(roots.scheduled(b) for b in first.bottoms))
+        if any(src is None or src == r or last_writer.get(src, -1) > first.index for src in srcs):
             continue  # reads a root that is rewritten later: its contents are gone
         if any(roots(graph.nodes[w].bottoms[0]) != r for w in ws[1:]):
             continue
-        ok[r], source[r] = ws, src
+        ok[r], source[r] = ws, srcs
     return ok, source
 
 
-def recomputable_roots(schedule, expensive=False):
-    """``({root: [writer node indices]}, {root: source root})``: the roots of ``schedule`` that
-    recomputation may free between the forward and the backward (``expensive``: those of
-    convolutions and inner products too), and the root each is recomputed from."""
-    return _recomputable(schedule.graph, Roots.of(schedule), expensive)
+def recomputable_roots(schedule, expensive=False, joins=False):
+    """``({root: [writer node indices]}, {root: (source roots)})``: the roots of ``schedule``
+    that recomputation may free between the forward and the backward (``expensive``: those of
+    convolutions and inner products too; ``joins``: those of Eltwise and Concat too), and the
+    roots each is recomputed from."""
+    return _recomputable(schedule.graph, Roots.of(schedule), expensive, joins)
 
 
 def _chain(r, recomputable, source, have):
-    """The roots to recompute, sources first, so that ``r`` is valid again, given the roots
-    in ``have`` that are valid already."""
-    out = []
-    while r in recomputable and r not in have:
-        out.append(r)
-        r = source[r]
-    return out[::-1]
+    """The roots to recompute so that ``r`` is valid again, given the roots in ``have`` that
+    are valid already: ``r`` and, through its sources, every recomputable root it needs that
+    is not valid (in no order: the caller sorts them by their writers)."""
+    out, todo = set(), [r]
+    while todo:
+        r = todo.pop()
+        if r in recomputable and r not in have and r not in out:
+            out.add(r)
+            todo += source[r]
+    return out
 
 
 def recompute(schedule, context=None):
@@ -100,31 +109,21 @@ def with_recomputes(schedule, context=None, largest=None, only=None):
     just these roots (any of :func:`recomputable_roots` with ``expensive``), each segment
     speed-centric (each root recomputed once: the optimal policy's cost model counts it so);
     a root left out is a checkpoint."""
-    from .simulate import largest_working_set
     model = (context or Context()).model
     graph = schedule.graph
     if not schedule.train:
         return schedule
     roots = Roots.of(schedule)
-    recomputable, source = _recomputable(graph, roots, expensive=only is not None)
-    if only is not None:
+    chosen = only is not None  # the optimal policy's choice: convolutions and joins too
+    recomputable, source = _recomputable(graph, roots, expensive=chosen, joins=chosen)
+    if chosen:
         recomputable = {r: ws for r, ws in recomputable.items() if r in only}
     if not recomputable:
         return schedule
-    if largest is None and only is None:
-        largest = largest_working_set(schedule, roots)
-
-    def checkpoint(r):
-        while r in recomputable:
-            r = source[r]
-        return r
-
-    segments = {}
-    for r in recomputable:
-        segments.setdefault(checkpoint(r), []).append(r)
-    nbytes = {r: schedule.tensors[r].nbytes for r in recomputable}
-    speed = {c: only is not None or sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
-             for c, rs in segments.items()}
+    if chosen:
+        speed = dict.fromkeys(recomputable, True)
+    else:
+        speed = _speed_centric(schedule, roots, recomputable, source, largest)
 
     tensors = dict(schedule.tensors)
     out = []
@@ -138,16 +137,38 @@ def with_recomputes(schedule, context=None, largest=None, only=None):
         chain = set()
         for r in reads:
             if r in recomputable:
-                have = kept if speed[checkpoint(r)] else previous & reads
+                have = kept if speed[r] else previous & reads
                 chain.update(_chain(r, recomputable, source, have | chain))
         for r in sorted(chain, key=lambda r: recomputable[r][0]):
             for w in recomputable[r]:
                 out += _recompute_step(graph, tensors, w, model)
-            if speed[checkpoint(r)]:
+            if speed[r]:
                 kept.add(r)
         previous = chain | (previous & reads)
         out.append(step)
     return schedule.replace(out, tensors=tensors, policy=schedule.policy)
+
+
+def _speed_centric(schedule, roots, recomputable, source, largest):
+    """``{root: whether its segment is recomputed speed-centric}``: where the segment's bytes
+    and its checkpoint's fit under ``largest`` (bytes; None: the largest working set of
+    ``schedule``). Without joins every recomputable root has one source, so a segment is a
+    chain of them grown from one checkpoint."""
+    from .simulate import largest_working_set
+    if largest is None:
+        largest = largest_working_set(schedule, roots)
+
+    def checkpoint(r):
+        while r in recomputable:
+            (r,) = source[r]
+        return r
+
+    segments = {}
+    for r in recomputable:
+        segments.setdefault(checkpoint(r), []).append(r)
+    fits = {c: sum(schedule.tensors[r].nbytes for r in rs) + schedule.tensors[c].nbytes <= largest
+            for c, rs in segments.items()}
+    return {r: fits[checkpoint(r)] for r in recomputable}
 
 
 def _recompute_step(graph, tensors, index, model):
