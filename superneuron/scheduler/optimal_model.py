@@ -15,7 +15,7 @@ schedule gets it on top, which only frees more). Its compute steps are numbered 
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
   step before ``e`` does not hide;
-  ``swap`` (checkpoints only: offload.py's copies, as far ahead as their time needs):
+  ``swap`` (checkpoints and joins only: offload.py's copies, as far ahead as they need):
   absent from the step its copy is done to the step its copy back must start, costs a token
   share of the copies; one copy at a time per stream, so none queues and the window holds.
 - a stash from which a chosen root is recomputed must be back before that root's backward:
@@ -189,9 +189,10 @@ def _stashes(schedule, steps, roots, model, fastest, joins):
             stash.offload_seconds = copy + max(0.0, copy - fastest[e - 1])
             w = bisect.bisect_left(starts, starts[a + 1] + copy, lo=a + 1)
             p = bisect.bisect_right(starts, starts[e] - copy, hi=e + 1) - 1
-            # A swap only for checkpoints: a recomputable root is cheaper recomputed than copied
-            # on any device the cost model knows, and each option more makes the program harder.
-            if a < w < p < e and stash.recompute_seconds is None:
+            # A swap only for checkpoints and joins: a root recomputed from one other is cheaper
+            # recomputed than copied on any device the cost model knows, and each option more
+            # makes the program harder; a join brings back several.
+            if a < w < p < e and (stash.recompute_seconds is None or len(source[r]) > 1):
                 stash.swap, stash.copy_seconds = (w, p), copy
         index[r] = len(out)
         out.append(stash)
