@@ -96,7 +96,7 @@ def model_of(text, joins=True):
 def brute_force(m, cap):
     """``(least objective, its recomputed stash indices)`` of Model ``m`` under ``cap`` by
     enumeration of every stash's options, with the semantics of optimal_model.py: a
-    recomputed stash is absent from a+1 to e-1, an offloaded one from a+1 to e-2; a freed
+    recomputed or offloaded stash is absent from a+1 to e-2; a freed
     stash whose trigger is active (every root of its chain recomputed, at a step before its
     own read) is back from that step less one to e-2; a stash no backward reads must be
     recomputed for an active trigger and is then there at that step less one; no chain of
@@ -124,7 +124,7 @@ def brute_force(m, cap):
                 continue
             if o is None:
                 continue
-            end = s.e - 1 if o == "rec" else s.e - 2
+            end = s.e - 2
             live = live - np.where((steps >= s.a + 1) & (steps <= end), s.size, 0)
             if active:
                 live = live + np.where((steps >= max(min(active) - 1, s.a + 1)) & (steps <= s.e - 2), s.size, 0)

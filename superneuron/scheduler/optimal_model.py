@@ -11,7 +11,8 @@ schedule gets it on top, which only frees more). Its compute steps are numbered 
   at most 1 (none: keep it):
   ``recompute`` (a single-input layer's output, or a join's, Eltwise or Concat, from all the
   roots it reads; recompute.py's chains, each root recomputed once, speed-centric): absent
-  from steps a+1 .. e-1, costs its writers' forward time;
+  from steps a+1 .. e-2 (it is recomputed between e-1 and e, beside what e-1 holds: the
+  roots it is recomputed from are back there), costs its writers' forward time;
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
   step before ``e`` does not hide;
@@ -300,7 +301,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
             continue
         by_stash.setdefault(k, []).append(j)
         s = m.stashes[k]
-        first, end = s.a + 1, s.e - 1 if what == "rec" else s.e - 2  # the steps it is absent from
+        first, end = s.a + 1, s.e - 2  # the steps it is absent from
         if what == "swap":
             first, end = s.swap[0], s.swap[1] - 1
         opening.setdefault(first, []).append((j, s.size / MIB))
