@@ -6,9 +6,9 @@ net (every combination of keeping and recomputing, with the windows, the early r
 the roots a recomputation reads and the chains it may not recompute whole, as
 optimal_model.py states them), and on random triggers; those semantics against the
 Simulator (the realised plan never holds more than the model counts); the recompute
-machinery's realisation of a chosen join
-against baseline's results bit for bit, plan equal to run; the pass on both nets under tight
-budgets: within them, never slower than a heuristic that fits, baseline's results."""
+machinery's realisation of a chosen join against baseline's results bit for bit, plan equal
+to run; the pass on both nets under tight budgets: within them, never slower than a
+heuristic that fits, baseline's results."""
 
 import itertools
 
