@@ -10,6 +10,11 @@ that a cheap layer modifies in place after an expensive one wrote them (Caffe's 
 BatchNorm on a convolution's output). A *segment* is the recomputable roots grown from one
 checkpoint.
 
+The optimal policy's choice (:func:`with_recomputes` with ``only``) may recompute more: the
+outputs of single-input expensive layers (convolutions, inner products) and of joins, a
+join from every root it reads, each made valid again first (kept, or recomputed before it
+in the same gap), all speed-centric.
+
 The pass inserts ``Recompute`` steps before the backward steps that read a recomputable root,
 in one of SuperNeurons' two modes, chosen per segment:
 
@@ -57,7 +62,7 @@ def _recomputable(graph, roots, expensive=False, joins=False):
         if layer.LOSS or not node.backward or len(node.tops) != 1 or not (layer.CHEAP or expensive):
             return False
         if len(node.bottoms) == 1:
-            return not layer.LABEL_BOTTOMS
+            return 0 not in layer.LABEL_BOTTOMS
         # a join: only as the root's first writer, from its data bottoms alone
         return joins and first and layer.CHEAP and len(node.bottoms) > 1 and not layer.LABEL_BOTTOMS
 
