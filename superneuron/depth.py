@@ -21,8 +21,11 @@ its smallest; it grows by the same bytes with every block added (the parameters,
 and optimiser state of a block, plus, for policies that keep activations, the block's
 activations at the peak), so the line through the floors of two small depths (cheap to plan)
 meets the budget at the depth where the policy's plans stop fitting; where there is host
-memory to respect, the line of the floors' device and host bytes together meets the budget
-and the host memory together about where both fill up. The search plans the depth guessed
+memory to respect, the guess is the sooner of that and where the line of the floors' host
+bytes meets the host memory (short of the answer where the host binds, since a floor puts on
+the host all it can: 11 858 blocks' depth against 12 962 for superneurons+params at 12 GiB;
+the line of device and host bytes together guessed better there but worse on the tests' small
+nets, so the search grows from it instead). The search plans the depth guessed
 and its neighbour, and is done when one fits and the other does not (for nets/resnet.yaml
 at 224x224 it always is). Otherwise it goes on as it would without a guess: grow an upper
 bound to just past where a straight line through the last two plans meets the budget (arena

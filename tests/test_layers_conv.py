@@ -137,35 +137,58 @@ def test_im2col_workspace_declared_exactly(case):
     assert_workspace_exact(layer, np.random.default_rng(0).standard_normal(shape), params)
 
 
-@pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
-@pytest.mark.parametrize("case", [0, 1, 8, 10])
-def test_conv_threads_give_the_same_bits(monkeypatch, type_name, case):
-    """Copies split over two threads (every split forced) give what one thread gives, bit for bit."""
-    shape, cfg = CONV_CASES[case]
-    layer, params = build(type_name, [shape], np.float32, **cfg)
+def run_at_threads(layer, params, algorithms, counts, shape):
+    """Every output of ``layer``'s ``algorithms`` (forward with backward), at each thread count."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     dy = rng.standard_normal(layer.top_shapes[0]).astype(np.float32)
-
-    def run():
-        out = []
-        for f_algo, b_algo in zip(layer.algorithms("forward"), layer.algorithms("backward")):
-            y = forward(layer, [x], params, algo=f_algo)[0]
-            bg, pg = backward(layer, [x], [y], [dy], params, algo=b_algo)
-            out += [y, bg[0], *pg.values()]
-        return out
-
-    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
-    before = parallel.threads()
+    before, results = parallel.threads(), []
     try:
-        parallel.set_threads(1)
-        one = run()
-        parallel.set_threads(2)
-        two = run()
+        for count in counts:
+            parallel.set_threads(count)
+            out = []
+            for f_algo, b_algo in algorithms:
+                y = forward(layer, [x], params, algo=f_algo)[0]
+                bg, pg = backward(layer, [x], [y], [dy], params, algo=b_algo)
+                out += [y, bg[0], *pg.values()]
+            results.append(out)
     finally:
         parallel.set_threads(before)
+    return results
+
+
+@pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("case", [0, 1, 8, 10])
+def test_conv_threads_agree(monkeypatch, type_name, case):
+    """Copies and GEMMs split over two threads (every split forced) give what one thread gives,
+    to float32 rounding (a GEMM split by columns may sum in another order)."""
+    shape, cfg = CONV_CASES[case]
+    layer, params = build(type_name, [shape], np.float32, **cfg)
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
+    algos = list(zip(layer.algorithms("forward"), layer.algorithms("backward")))
+    one, two = run_at_threads(layer, params, algos, (1, 2), shape)
     for a, b in zip(one, two, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+@pytest.mark.parametrize("type_name", ["Convolution", "Deconvolution"])
+@pytest.mark.parametrize("case", [0, 1, 8, 10])
+def test_im2col_chunks_give_the_same_bits_on_any_thread_count(type_name, case):
+    """With the batch in chunks, im2col's every product, the weight gradient's sum included,
+    is the same bit for bit on one, two or three threads: each chunk's work and the order of
+    the sums are fixed by the shapes alone."""
+    shape, cfg = CONV_CASES[case]
+    shape = (16,) + shape[1:]
+    layer, params = build(type_name, [shape], np.float32, **cfg)
+    algos = [(f, b) for f, b in zip(layer.algorithms("forward"), layer.algorithms("backward"))
+             if f.name == "im2col"]
+    for outputs in ({"y"}, {"dw", "dx"}):
+        plan = im2col_module.chunking(layer, outputs, np)
+        assert plan is not None and plan[1] > 1, (outputs, plan)
+    one, two, three = run_at_threads(layer, params, algos, (1, 2, 3), shape)
+    for a, b, c in zip(one, two, three, strict=True):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
 
 
 @pytest.mark.parametrize("kernel", [3, 1])
@@ -361,3 +384,34 @@ def test_inner_product_declarations_and_memory():
 def test_inner_product_bad_axis():
     with raises_one_line(LayerError, match=r"axis 3 is out of range for the 3-D bottom \(2, 3, 4\)"):
         build("InnerProduct", [(2, 3, 4)], num_output=2, axis=3)
+
+
+# im2col with the batch in chunks (16 samples: several chunks, several slots) and a backward
+# with the whole batch at once (weights too large beside the columns for the slots' sums)
+CHUNKED = [((16,) + CONV_CASES[i][0][1:], CONV_CASES[i][1]) for i in (0, 1, 2, 3, 8, 10)]
+WHOLE = [((2, 16, 3, 3), dict(num_output=32, kernel_size=3, pad=1)),
+         ((2, 16, 4, 4), dict(num_output=32, kernel_size=3, stride=2, pad=1))]
+
+
+@pytest.mark.parametrize("shape,cfg,chunked", [c + (True,) for c in CHUNKED] + [c + (False,) for c in WHOLE])
+def test_im2col_in_chunks_and_whole_against_torch(shape, cfg, chunked):
+    layer, params = build("Convolution", [shape], **cfg)
+    assert im2col_module.chunking(layer, {"y"}, np) is not None  # no sums: the forward always chunks
+    assert (im2col_module.chunking(layer, {"dw", "dx"}, np) is not None) == chunked
+    x = np.random.default_rng(1).standard_normal(shape)
+    dy = np.random.default_rng(2).standard_normal(layer.top_shapes[0])
+    y, dx, dp = torch_grads(torch_conv(layer), x, params, dy)
+    forward_algo, backward_algo = layer.algorithms("forward")[0], layer.algorithms("backward")[0]
+    assert forward_algo.name == backward_algo.name == "im2col"
+    np.testing.assert_allclose(forward(layer, [x], params, algo=forward_algo)[0], y, atol=1e-12)
+    bg, pg = backward(layer, [x], [y], [dy], params, algo=backward_algo)
+    np.testing.assert_allclose(bg[0], dx, atol=1e-12)
+    for k in params:
+        np.testing.assert_allclose(pg[k], dp[k], atol=1e-12, err_msg=k)
+    # the first convolution of a net: dw alone
+    grads = {k: np.full_like(v, np.nan) for k, v in params.items()}
+    ctx = Context(np, workspace=np.zeros(backward_algo.workspace, np.uint8), algo="im2col")
+    layer.backward(ctx, [x], [None], [dy], [None], params, grads)
+    for k in params:
+        np.testing.assert_allclose(grads[k], dp[k], atol=1e-12, err_msg=f"dw alone {k}")
+    assert_workspace_exact(layer, x, params)

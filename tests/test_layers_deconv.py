@@ -113,3 +113,21 @@ def test_deconv_allocates_nothing_big():
 def test_deconv_errors(shape, cfg, message):
     with raises_one_line(LayerError, match=message):
         build("Deconvolution", [shape], **cfg)
+
+
+@pytest.mark.parametrize("case", [0, 1, 2, 5])
+def test_deconv_im2col_in_chunks_against_torch(case):
+    """At 16 samples im2col goes chunk by chunk (both phases): still torch's transpose."""
+    from superneuron.layers import im2col
+    shape, cfg = DECONV_CASES[case]
+    shape = (16,) + shape[1:]
+    layer, params = build("Deconvolution", [shape], **cfg)
+    assert im2col.chunking(layer, {"dx"}, np) and im2col.chunking(layer, {"y", "dw"}, np)
+    rng = np.random.default_rng(1)
+    x, dy = rng.standard_normal(shape), rng.standard_normal(layer.top_shapes[0])
+    y, dx, dp = torch_grads(torch_deconv(layer), x, params, dy)
+    np.testing.assert_allclose(forward(layer, [x], params, algo=layer.algorithms("forward")[0])[0], y, atol=1e-12)
+    bg, pg = backward(layer, [x], [y], [dy], params, algo=layer.algorithms("backward")[0])
+    np.testing.assert_allclose(bg[0], dx, atol=1e-12)
+    for k in params:
+        np.testing.assert_allclose(pg[k], dp[k], atol=1e-12, err_msg=k)

@@ -16,8 +16,9 @@ the weight gradient ``dw`` (from x and dy) and the data gradient ``dx`` (from dy
 asks for y, the backward for dw and dx; Deconvolution (layers/deconv.py), the adjoint, asks
 for dx in its forward and for y and dw in its backward. Fastest first:
 
-- ``im2col`` (layers/im2col.py): the whole batch's columns, one GEMM per group, built from a
-  zero-bordered copy of the input one tap at a time; a stride-1 backward gathers dy's columns
+- ``im2col`` (layers/im2col.py): the batch's columns, one GEMM per group, built from a
+  zero-bordered copy of the input one tap at a time, on the CPU a cache-sized chunk of
+  samples at a time; a stride-1 backward gathers dy's columns
   once and takes dx as a convolution of dy with the flipped kernel and dw from the same
   columns, where that costs less than col2im's scatter.
 - ``im2col_chunked``: one sample's columns at a time; y's GEMM writes into y[n] directly, the
@@ -36,7 +37,7 @@ import math
 
 from ..errors import LayerError
 from ..limits import MAX_WINDOW_TAPS, over
-from . import register
+from . import parallel, register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .im2col import im2col, workspace_shapes
 
@@ -310,14 +311,14 @@ class Convolution(Layer):
                         gather(xp, col[:, i, j], x[s], out_index, in_index)
                 cols = col.reshape(g, ckk, p)
             if dw is not None:
-                xp.matmul(dy[s].reshape(g, kg, p), cols.transpose(0, 2, 1), out=part if s else dw3)
+                parallel.matmul(xp, dy[s].reshape(g, kg, p), cols.transpose(0, 2, 1), part if s else dw3)
                 if s:
                     xp.add(dw3, part, out=dw3)
             if y is not None:
-                xp.matmul(w3, cols, out=y[s].reshape(g, kg, p))
+                parallel.matmul(xp, w3, cols, y[s].reshape(g, kg, p))
             if dx is not None:
                 dcols = dx[s].reshape(g, ckk, p) if col is None else cols
-                xp.matmul(w3.transpose(0, 2, 1), dy[s].reshape(g, kg, p), out=dcols)
+                parallel.matmul(xp, w3.transpose(0, 2, 1), dy[s].reshape(g, kg, p), dcols)
                 if col is not None:
                     for i, j, out_index, in_index in self._taps:
                         scatter_add(xp, dx[s], col[:, i, j], out_index, in_index)
@@ -349,12 +350,12 @@ class Convolution(Layer):
                     gather(xp, shifted, x[s], out_index, in_index)
                 if dw is not None:
                     dw_tap = dw_taps[..., i, j]
-                    xp.matmul(dy[s].reshape(g, kg, p), shifted3.transpose(0, 2, 1), out=part)
+                    parallel.matmul(xp, dy[s].reshape(g, kg, p), shifted3.transpose(0, 2, 1), part)
                     xp.add(dw_tap, part, out=dw_tap)
                 if y is not None:
                     ys = y[s].reshape(g, kg, p)
-                    xp.matmul(w_tap, shifted3, out=prod)
+                    parallel.matmul(xp, w_tap, shifted3, prod)
                     xp.add(ys, prod, out=ys)
                 if dx is not None:  # last: the shifted gradient replaces the shifted input
-                    xp.matmul(w_tap.transpose(0, 2, 1), dy[s].reshape(g, kg, p), out=shifted3)
+                    parallel.matmul(xp, w_tap.transpose(0, 2, 1), dy[s].reshape(g, kg, p), shifted3)
                     scatter_add(xp, dx[s], shifted, out_index, in_index)

@@ -1,17 +1,17 @@
-"""The ``im2col`` convolution algorithm: the whole batch's columns, one GEMM per group, and
-the data gradient as a convolution too (a gather, not col2im's scatter) where that pays.
+"""The ``im2col`` convolution algorithm: a batch's columns, one GEMM per group, and the data
+gradient as a convolution too (a gather, not col2im's scatter) where that pays.
 
 Columns are laid out (C, kh, kw, N, Ho, Wo), so with groups they read as
-(g, C/g·kh·kw, N·Ho·Wo) and match the weight's (g, K/g, C/g·kh·kw); the batch sits inside the
-GEMM, so the weight gradient needs no per-sample partial sums.
+(g, C/g·kh·kw, N·Ho·Wo) and match the weight's (g, K/g, C/g·kh·kw); the samples (of the batch,
+or of a chunk of it, below) sit inside the GEMM.
 
 Building them takes no fills of column pieces where the workspace has room for a padded
 copy: the input is first copied once into a zero-bordered buffer (C, N, H+2p, W+2p) (only its
 borders are filled: four fills), and each tap's columns are then one strided copy of it
-(split over the cores); without that room each tap fills the columns its window leaves in
-the padding (:func:`~.conv.gather`). Without padding they are copied from the input
-itself. (One copy of a 6-D ``as_strided`` view of all the taps at once measured slower than
-the nine copies.)
+(split over the cores); without that room the columns are zeroed with one fill and each
+tap's in-image part copied (measured 1-4 % faster than four fills per tap). Without padding
+they are copied from the input itself. (One copy of a 6-D ``as_strided`` view of all the taps
+at once measured slower than the nine copies.)
 
 The data gradient of a stride-1 convolution that keeps its size and channels is the
 convolution of dy, padded by
@@ -22,10 +22,23 @@ backward makes one gather, not two. With a stride, or where that convolution wou
 than the scatter (see :func:`_spans`), the columns' gradient is added back tap by tap
 (:func:`~.conv.scatter_add`).
 
+On the CPU the batch goes through in chunks of samples (:func:`chunking`): a chunk's columns
+(about :data:`CHUNK_COLUMNS` GEMM columns, a few MB) are built and multiplied while they are
+still in the core's cache, and y or dx is written from a chunk-sized product, where the whole
+batch's columns would go out to memory and back (they are tens of MB). Runs of chunks
+(``slots``) share the threads, each slot on one thread at a time with its own part of the
+regions below, and with the weight gradient the chunks' parts summed in a slot's own sum
+buffer, the slots' sums then added in slot order: every product is the same bit for bit on
+any number of threads. The slots live in the regions the whole batch would use, so chunking
+takes no workspace of its own; where the columns' region has no room beside the slots' sums
+(weights large beside a small batch's columns), or on a GPU, the whole batch goes at once,
+each copy and GEMM split over the threads instead.
+
 The workspace is a few regions reused in turn (see :func:`regions`): the columns of x or of
 dy; the padded input or dy (read up into the columns first), then y or dy in (K, N, Ho·Wo)
-order or x and then dx in (C, N, H·W) order; and a weight-sized buffer (dw read back
-flipped, then the flipped weight). The padded copy costs no room of its own.
+order or x and then dx in (C, N, H·W) order; and a weight-sized buffer (the flipped weight,
+then, with the whole batch at once, dw read back flipped). The padded copy costs no room of
+its own.
 """
 
 import math
@@ -37,6 +50,12 @@ from . import parallel
 # adding columns back into dx tap by tap (col2im) about 3.5 such copies per element.
 COPY_FLOPS = 30
 SCATTER_COPIES = 3.5
+# The batch in chunks (see the module docstring): about this many GEMM columns (samples times
+# output positions) per chunk, at least this many chunks where the batch allows, and at most
+# this many runs of chunks (slots) side by side
+CHUNK_COLUMNS = 4096
+MIN_CHUNKS = 8
+MAX_SLOTS = 4
 
 
 def _spans(layer):
@@ -99,20 +118,24 @@ def workspace_shapes(layer, outputs):
     return [((size,), layer.dtype) for _, size in regions(layer, outputs)]
 
 
-def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
+def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation, copyto=None):
     """``cols`` (C, kh, kw, N, Ho, Wo) = what each output sees of ``src`` (N, C, H, W) through
     each tap, zeros in the padding; ``pad_buf`` is flat room for the padded copy (unused
-    without padding), free to be overwritten once this returns."""
+    without padding), free to be overwritten once this returns. ``copyto(dst, src)``: how
+    to copy (default: split over the threads)."""
+    copyto = copyto or (lambda dst, src_: parallel.copyto(xp, dst, src_))
     c, kh, kw, n, ho, wo = cols.shape
     h, w = src.shape[2:]
     ph, pw = pad
     (sy, sx), (dy, dx) = stride, dilation
     hp, wp = h + 2 * ph, w + 2 * pw
-    if (ph or pw) and c * n * hp * wp > pad_buf.size:  # no room for a padded copy: fill per tap
-        from .conv import gather, window_taps
+    if (ph or pw) and c * n * hp * wp > pad_buf.size:  # no room for a padded copy
+        from .conv import window_taps
         srct = src.transpose(1, 0, 2, 3)
+        cols.fill(0)
         for i, j, out_index, in_index in window_taps((kh, kw), stride, pad, dilation, (h, w), (ho, wo)):
-            gather(xp, cols[:, i, j], srct, out_index, in_index)
+            if out_index is not None:
+                copyto(cols[:, i, j][out_index], srct[in_index])
         return
     if ph or pw:
         padded = pad_buf[:c * n * hp * wp].reshape(c, n, hp, wp)
@@ -120,70 +143,203 @@ def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
         padded[:, :, hp - ph:].fill(0)
         padded[:, :, ph:hp - ph, :pw].fill(0)
         padded[:, :, ph:hp - ph, wp - pw:].fill(0)
-        parallel.copyto(xp, padded[:, :, ph:hp - ph, pw:wp - pw], src.transpose(1, 0, 2, 3))
+        copyto(padded[:, :, ph:hp - ph, pw:wp - pw], src.transpose(1, 0, 2, 3))
         base = padded
     else:
         base = src.transpose(1, 0, 2, 3)
     for i in range(kh):  # one copy per tap: faster than one copy of a 6-D strided view
         for j in range(kw):
             tap = base[:, :, i * dy:i * dy + (ho - 1) * sy + 1:sy, j * dx:j * dx + (wo - 1) * sx + 1:sx]
-            parallel.copyto(xp, cols[:, i, j], tap)
+            copyto(cols[:, i, j], tap)
+
+
+class _Ops:
+    """How a piece of work copies and multiplies: split over the threads (the whole batch at
+    once), or inline on the calling thread (a chunk, already on a thread of its own)."""
+
+    def __init__(self, xp, split):
+        self.xp, self.split = xp, split
+
+    def copyto(self, dst, src):
+        if self.split:
+            parallel.copyto(self.xp, dst, src)
+        else:
+            self.xp.copyto(dst, src)
+
+    def matmul(self, a, b, out):
+        if self.split:
+            parallel.matmul(self.xp, a, b, out)
+        else:
+            self.xp.matmul(a, b, out=out)
+
+
+def chunking(layer, outputs, xp=None):
+    """``(samples per chunk, slots)`` for ``layer``'s declared ``outputs``, or None to take the
+    whole batch at once (see the module docstring): on NumPy, where the batch makes at least
+    two chunks and the columns' region has room, beside one chunk's columns per slot, for
+    each slot's weight-gradient sum and part."""
+    if xp is not None and getattr(xp, "__name__", "numpy") != "numpy":
+        return None
+    n, c, h, w, k, g, ho, wo = layer.geometry
+    weight = k * (c // g) * math.prod(layer.kernel)
+    cols = dict(regions(layer, _declared(outputs)))["cols"]
+    per_sample = cols // n
+    size = max(1, min(-(-CHUNK_COLUMNS // (ho * wo)), n // MIN_CHUNKS))
+    count = -(-n // size)
+    if count < 2:
+        return None
+    sums = 2 * weight if "dw" in outputs else 0
+    for slots in range(min(count, MAX_SLOTS), 0, -1):
+        if slots * (size * per_sample + sums) <= cols:
+            return size, slots
+    return None
+
+
+def _chunk_areas(layer, room, plan, dw_wanted):
+    """Per slot: its columns' area, its top-sized area and (with dw) its sum and part buffers,
+    carved from the workspace regions."""
+    n, c, h, w, k, g, ho, wo = layer.geometry
+    size, slots = plan
+    wsize = k * (c // g) * math.prod(layer.kernel)
+    per_cols, per_top = room["cols"].size // n, room["top"].size // n
+    areas, end = [], slots * size * per_cols
+    for r in range(slots):
+        cols = room["cols"][r * size * per_cols:(r + 1) * size * per_cols]
+        top = room["top"][r * size * per_top:(r + 1) * size * per_top]
+        sums = None
+        if dw_wanted:
+            base = end + 2 * r * wsize
+            sums = (room["cols"][base:base + wsize], room["cols"][base + wsize:base + 2 * wsize])
+        areas.append((cols, top, sums))
+    return areas
+
+
+def _run_chunks(layer, plan, areas, kernel):
+    """``kernel(span, cols_area, top_area, sums, first)`` over every chunk: slot r takes its
+    run of chunks in order, and the slots share the threads."""
+    n = layer.geometry[0]
+    size, slots = plan
+    count = -(-n // size)
+
+    def run_slots(r0, r1):
+        for r in range(r0, r1):
+            cols, top, sums = areas[r]
+            for j, i in enumerate(range(r * count // slots, (r + 1) * count // slots)):
+                kernel((i * size, min(n, i * size + size)), cols, top, sums, j == 0)
+
+    parallel.run(run_slots, slots, parallel.MIN_CHUNK)
+
+
+def _add_part(ops, xp, a, b, sums, first, shape):
+    """The sum in ``sums[0]`` (viewed as ``shape``) += a @ b (the first part is written)."""
+    total = sums[0].reshape(shape)
+    if first:
+        ops.matmul(a, b, total)
+    else:
+        part = sums[1].reshape(shape)
+        ops.matmul(a, b, part)
+        xp.add(total, part, out=total)
+
+
+def _total(xp, areas, shape):
+    """The slots' sums added in slot order, in the first slot's sum (viewed as ``shape``)."""
+    total = areas[0][2][0].reshape(shape)
+    for _, _, (other, _) in areas[1:]:
+        xp.add(total, other.reshape(shape), out=total)
+    return total
 
 
 def im2col(layer, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
     """Any of ``y``, ``dw``, ``dx`` of ``layer``'s convolution (see the module docstring)."""
     assert y is None or dx is None  # both would need the top-sized buffer at once
     outputs = {name for name, a in (("y", y), ("dw", dw), ("dx", dx)) if a is not None}
-    room = {name: ctx.scratch((size,), layer.dtype) for name, size in regions(layer, _declared(outputs))}
-    if dx is not None and _spans(layer)[1] is not None:
-        _gradients_from_dy_columns(layer, ctx.xp, room, weight, x, dy, dw, dx)
-    else:
-        _from_x_columns(layer, ctx.xp, room, weight, x, dy, y, dw, dx)
+    declared = _declared(outputs)
+    room = {name: ctx.scratch((size,), layer.dtype) for name, size in regions(layer, declared)}
+    plan = chunking(layer, declared, ctx.xp)
+    by_dy = dx is not None and _spans(layer)[1] is not None
+    (_gradients_from_dy_columns if by_dy else _from_x_columns)(layer, ctx.xp, room, plan, weight,
+                                                               x, dy, y, dw, dx)
 
 
-def _from_x_columns(layer, xp, room, weight, x, dy, y, dw, dx):
+def _from_x_columns(layer, xp, room, plan, weight, x, dy, y, dw, dx):
     """y, dw and a scattered dx through the columns of x (dx: of dy's product with the weight)."""
-    from .conv import scatter_add
     n, c, h, w, k, g, ho, wo = layer.geometry
     (kh, kw), p = layer.kernel, ho * wo
     kg, ckk = k // g, c // g * kh * kw
-    cols = room["cols"][:c * kh * kw * n * p].reshape(c, kh, kw, n, ho, wo)
-    cols3 = cols.reshape(g, ckk, n * p)
-    top = room["top"][:k * n * p].reshape(k, n, p)  # y or dy with the batch inside the GEMM
     w3 = weight.reshape(g, kg, ckk)
-    if y is not None or dw is not None:
-        columns(xp, cols, x, room["top"], layer.kernel, layer.stride, layer.pad, layer.dilation)
-    if dy is not None:
-        parallel.copyto(xp, top, dy.reshape(n, k, p).transpose(1, 0, 2))
+
+    def chunk(span, cols_area, top_area, sums, first, ops):
+        from .conv import scatter_add
+        s0, s1 = span
+        b = s1 - s0
+        cols = cols_area[:c * kh * kw * b * p].reshape(c, kh, kw, b, ho, wo)
+        cols3 = cols.reshape(g, ckk, b * p)
+        top = top_area[:k * b * p].reshape(k, b, p)  # y or dy with the samples inside the GEMM
+        if y is not None or dw is not None:
+            columns(xp, cols, x[s0:s1], top_area, layer.kernel, layer.stride, layer.pad, layer.dilation,
+                    ops.copyto)
+        if dy is not None:
+            ops.copyto(top, dy[s0:s1].reshape(b, k, p).transpose(1, 0, 2))
+        if dw is not None:
+            _add_part(ops, xp, top.reshape(g, kg, b * p), cols3.transpose(0, 2, 1), sums, first, (g, kg, ckk))
+        if y is not None:  # after dw, which reads dy from ``top``
+            ops.matmul(w3, cols3, top.reshape(g, kg, b * p))
+            ops.copyto(y[s0:s1].reshape(b, k, p), top.transpose(1, 0, 2))
+        if dx is not None:  # the columns' gradient replaces the columns, added back tap by tap
+            ops.matmul(w3.transpose(0, 2, 1), top.reshape(g, kg, b * p), cols3)
+            dxs = dx[s0:s1]
+            dxs.fill(0)
+            dxt = dxs.transpose(1, 0, 2, 3)
+            for i, j, out_index, in_index in layer._taps:
+                scatter_add(xp, dxt, cols[:, i, j], out_index, in_index)
+
+    if plan is None:  # the whole batch, each step split over the threads
+        dw3 = None if dw is None else dw.reshape(g, kg, ckk)
+        chunk((0, n), room["cols"], room["top"], (dw3, None), True, _Ops(xp, True))
+        return
+    areas = _chunk_areas(layer, room, plan, dw is not None)
+    inline = _Ops(xp, False)
+    _run_chunks(layer, plan, areas, lambda *a: chunk(*a, inline))
     if dw is not None:
-        xp.matmul(top.reshape(g, kg, n * p), cols3.transpose(0, 2, 1), out=dw.reshape(g, kg, ckk))
-    if y is not None:  # after dw, which reads dy from ``top``
-        xp.matmul(w3, cols3, out=top.reshape(g, kg, n * p))
-        parallel.copyto(xp, y.reshape(n, k, p), top.transpose(1, 0, 2))
-    if dx is not None:  # the columns' gradient replaces the columns, added back tap by tap
-        xp.matmul(w3.transpose(0, 2, 1), top.reshape(g, kg, n * p), out=cols3)
-        dx.fill(0)
-        dxt = dx.transpose(1, 0, 2, 3)
-        for i, j, out_index, in_index in layer._taps:
-            scatter_add(xp, dxt, cols[:, i, j], out_index, in_index)
+        xp.copyto(dw.reshape(g, kg, ckk), _total(xp, areas, (g, kg, ckk)))
 
 
-def _gradients_from_dy_columns(layer, xp, room, weight, x, dy, dw, dx):
+def _gradients_from_dy_columns(layer, xp, room, plan, weight, x, dy, y, dw, dx):
     """dx and dw of a stride-1 convolution from one gather, dy's columns (padded by
     d(k-1) - p): dx is their product with the flipped kernel (C and K swapped), and dw the
     product of x with them, read back flipped."""
     (n, c, h, w, k, g, ho, wo), back = _spans(layer)
     (kh, kw), hw = layer.kernel, h * w
     cg, kkk = c // g, k // g * kh * kw
-    dcols = room["cols"][:k * kh * kw * n * hw].reshape(k, kh, kw, n, h, w)
-    columns(xp, dcols, dy, room["top"], layer.kernel, (1, 1), back, layer.dilation)
-    dcols3 = dcols.reshape(g, kkk, n * hw)
     by_tap = room["small"].reshape(g, cg, k // g, kh, kw)  # (C, K) swapped, taps flipped
-    both = room["top"][:c * n * hw].reshape(c, n, hw)  # x, then dx, in (C, N, H*W) order
-    if dw is not None:
-        parallel.copyto(xp, both, x.reshape(n, c, hw).transpose(1, 0, 2))
-        xp.matmul(both.reshape(g, cg, n * hw), dcols3.transpose(0, 2, 1), out=by_tap.reshape(g, cg, kkk))
-        xp.copyto(dw.reshape(g, k // g, cg, kh, kw), by_tap[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
     xp.copyto(by_tap, weight.reshape(g, k // g, cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
-    xp.matmul(by_tap.reshape(g, cg, kkk), dcols3, out=both.reshape(g, cg, n * hw))
-    parallel.copyto(xp, dx.reshape(n, c, hw), both.transpose(1, 0, 2))
+    flipped = by_tap.reshape(g, cg, kkk)
+
+    def chunk(span, cols_area, top_area, sums, first, ops):
+        s0, s1 = span
+        b = s1 - s0
+        dcols = cols_area[:k * kh * kw * b * hw].reshape(k, kh, kw, b, h, w)
+        columns(xp, dcols, dy[s0:s1], top_area, layer.kernel, (1, 1), back, layer.dilation, ops.copyto)
+        dcols3 = dcols.reshape(g, kkk, b * hw)
+        both = top_area[:c * b * hw].reshape(c, b, hw)  # x, then dx, in (C, N, H*W) order
+        if dw is not None:
+            ops.copyto(both, x[s0:s1].reshape(b, c, hw).transpose(1, 0, 2))
+            _add_part(ops, xp, both.reshape(g, cg, b * hw), dcols3.transpose(0, 2, 1), sums, first, (g, cg, kkk))
+        ops.matmul(flipped, dcols3, both.reshape(g, cg, b * hw))
+        ops.copyto(dx[s0:s1].reshape(b, c, hw), both.transpose(1, 0, 2))
+
+    def write_dw(total):  # dw read back from its flipped, (C, K)-swapped sum
+        xp.copyto(dw.reshape(g, k // g, cg, kh, kw),
+                  total.reshape(g, cg, k // g, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
+
+    if plan is None:  # the whole batch, each step split over the threads; dw's sum in dw itself
+        chunk((0, n), room["cols"], room["top"], (dw, None), True, _Ops(xp, True))
+        if dw is not None:  # read back through the weight-sized buffer, free now
+            xp.copyto(by_tap.reshape(-1), dw.reshape(-1))
+            write_dw(by_tap)
+        return
+    areas = _chunk_areas(layer, room, plan, dw is not None)
+    inline = _Ops(xp, False)
+    _run_chunks(layer, plan, areas, lambda *a: chunk(*a, inline))
+    if dw is not None:
+        write_dw(_total(xp, areas, (g, cg, kkk)))

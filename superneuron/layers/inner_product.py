@@ -8,7 +8,7 @@ so no algorithm needs workspace.
 
 import numpy as np
 
-from . import register
+from . import parallel, register
 from .base import Cost, Key, Layer, ParamSpec, parse_filler
 
 
@@ -58,15 +58,15 @@ class InnerProduct(Layer):
     def forward(self, ctx, bottoms, tops, params):
         xp, n_out = ctx.xp, self.cfg["num_output"]
         y = tops[0].reshape(self.rows, n_out)
-        xp.matmul(bottoms[0].reshape(self.rows, self.features), params["weight"].T, out=y)
+        parallel.matmul(xp, bottoms[0].reshape(self.rows, self.features), params["weight"].T, y)
         if self.cfg["bias_term"]:
             xp.add(y, params["bias"], out=y)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp, n_out = ctx.xp, self.cfg["num_output"]
         dy = top_grads[0].reshape(self.rows, n_out)
-        xp.matmul(dy.T, bottoms[0].reshape(self.rows, self.features), out=param_grads["weight"])
+        parallel.matmul(xp, dy.T, bottoms[0].reshape(self.rows, self.features), param_grads["weight"])
         if self.cfg["bias_term"]:
             xp.sum(dy, axis=0, out=param_grads["bias"])
         if bottom_grads[0] is not None:
-            xp.matmul(dy, params["weight"], out=bottom_grads[0].reshape(self.rows, self.features))
+            parallel.matmul(xp, dy, params["weight"], bottom_grads[0].reshape(self.rows, self.features))

@@ -1,14 +1,21 @@
-"""Memory-bound CPU kernels on every core: a range split into chunks run on a thread pool.
+"""CPU kernels on every core: a range split into chunks run on a thread pool.
 
-NumPy's GEMMs already use every core (OpenBLAS's threads), but its elementwise passes and
-copies run on one. Each chunk here is plain NumPy on a slice, and NumPy releases the GIL for
-the duration of a ufunc or copy on large arrays, so the chunks really run side by side. The
-chunks write disjoint slices of arrays they are given: no temporaries, nothing allocated
-beyond the pool's bookkeeping. On a GPU (or with one thread) a kernel runs whole, inline.
+Each chunk is plain NumPy on a slice, and NumPy releases the GIL for the duration of a ufunc,
+a copy or a GEMM on large arrays, so the chunks really run side by side. The chunks write
+disjoint slices of arrays they are given: no temporaries, nothing allocated beyond the pool's
+bookkeeping. On a GPU (or with one thread) a kernel runs whole, inline.
+
+GEMMs run on this pool too (:func:`matmul`, and the convolutions' chunks in layers/im2col.py),
+with BLAS held to one thread per call while the Runtime runs an iteration
+(:func:`numpy_settings`): OpenBLAS's own threads spin for a while after each call, and on a
+machine with as many threads as cores that spinning took the cores from the memory-bound
+kernels after every GEMM (measured: a copy split over two threads took 1.47 ms right after a
+GEMM against 0.51 ms without one; the two-thread iteration's copies and BatchNorm passes ran
+slower than on one thread).
 
 The number of threads is that of the CPUs this process may use, or ``SN_THREADS``, else
-``OMP_NUM_THREADS``, when set; :func:`set_threads` changes it (tools/bench_cpu.py does, with
-OpenBLAS's threads, to compare at one and two threads).
+``OMP_NUM_THREADS``, when set; :func:`set_threads` changes it (tools/bench_cpu.py does, to
+compare at one and two threads).
 
 The kernels run with NumPy's ufunc buffer at :data:`BUFSIZE` elements rather than its default
 8192 (:func:`numpy_settings`, which the Runtime holds for an iteration; the pool's threads keep
@@ -19,6 +26,7 @@ changes.
 """
 
 import contextlib
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +38,9 @@ BUFSIZE = 1024
 # Below this many elements per chunk a split costs more than it saves (a thread hand-off is
 # some tens of microseconds, a float32 pass over 64 K elements a few times that).
 MIN_CHUNK = 1 << 16
+# A GEMM's flops that cost about as long as one element of a memory-bound pass, to weigh a
+# GEMM's chunks against MIN_CHUNK
+GEMM_FLOPS_PER_ELEMENT = 16
 
 
 def _default_threads():
@@ -72,13 +83,27 @@ def _executor():
         return _pool
 
 
+_blas = []  # threadpoolctl's controller of the BLAS libraries, made on first use
+
+
+def _blas_one_thread():
+    """A context in which BLAS (OpenBLAS, MKL) runs its calls on the calling thread alone."""
+    if not _blas:
+        from threadpoolctl import ThreadpoolController
+        _blas.append(ThreadpoolController())
+    return _blas[0].limit(limits=1, user_api="blas")
+
+
 @contextlib.contextmanager
 def numpy_settings():
-    """NumPy's settings for the kernels (its ufunc buffer size) in the calling thread while
-    the block runs; each thread has its own, so other threads see no change."""
+    """NumPy's settings for the kernels while the block runs: its ufunc buffer size in the
+    calling thread (each thread has its own, so other threads see no change) and BLAS held to
+    one thread per call, since the kernels split their GEMMs over this module's pool instead
+    (see the module docstring)."""
     before = numpy.setbufsize(BUFSIZE)
     try:
-        yield
+        with _blas_one_thread():
+            yield
     finally:
         numpy.setbufsize(before)
 
@@ -136,6 +161,24 @@ def constant(value, length, dtype):
 def copyto(xp, dst, src):
     """``xp.copyto(dst, src)`` split along axis 0 of both (arrays of one shape, any strides)."""
     run(lambda a, b: xp.copyto(dst[a:b], src[a:b]), dst.shape[0], dst[:1].size, xp)
+
+
+def matmul(xp, a, b, out):
+    """``xp.matmul(a, b, out=out)`` split over the threads: by ``out``'s columns (and ``b``'s),
+    or by its rows (and ``a``'s) where it has more rows than columns. ``a``, ``b`` and ``out``
+    are stacks of matrices of one stack shape (or plain matrices); each chunk's GEMM reads
+    strided views, which BLAS takes as they are (a leading dimension), so nothing is copied.
+    The products equal the whole call's to float32 rounding, not bit for bit (OpenBLAS's
+    order of summation depends on the shapes it is given, as on its own thread count)."""
+    rows, cols = out.shape[-2:]
+    flops = rows * cols * a.shape[-1] * (math.prod(out.shape[:-2]) or 1)
+    if cols >= rows:
+        kernel = lambda i, j: xp.matmul(a, b[..., i:j], out=out[..., i:j])  # noqa: E731
+        length = cols
+    else:
+        kernel = lambda i, j: xp.matmul(a[..., i:j, :], b, out=out[..., i:j, :])  # noqa: E731
+        length = rows
+    run(kernel, length, max(1, flops // (length * GEMM_FLOPS_PER_ELEMENT)), xp)
 
 
 def elementwise(kernel, arrays, xp=None):

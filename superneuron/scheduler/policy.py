@@ -24,7 +24,9 @@ the placement (dynamic or planned), which depends on every Alloc and Free
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
 - ``P+params`` (``superneurons+params``, or ``--offload-params`` with any policy): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
-  them; the optimiser updates on the host (params.py).
+  them; the optimiser updates on the host (params.py). Where the policy recomputes, it
+  recomputes every other join too (recompute.recompute_joins): with the parameters gone,
+  the activations kept for the backward are what fills the host.
 """
 
 from dataclasses import replace
@@ -40,7 +42,7 @@ from .offload import offload
 from .optimal import auto, optimal
 from .params import offload_params
 from .placement import PLACEMENTS
-from .recompute import recompute
+from .recompute import recompute, recompute_joins
 from .workspace import fit
 
 # Every pass has one shape, (schedule, Context) → schedule; a policy is the list of them.
@@ -61,9 +63,9 @@ PARAMS = "+params"  # a policy name ending so keeps its parameters on the host (
 # too) and before liveness, which then frees each parameter's device copy after its last use.
 WITH_PARAMS = {
     "liveness" + PARAMS: (offload_params,) + LIVENESS + LAST,
-    "recompute" + PARAMS: (recompute, offload_params) + LIVENESS + LAST,
+    "recompute" + PARAMS: (recompute_joins, offload_params) + LIVENESS + LAST,
     "offload" + PARAMS: (offload_params,) + LIVENESS + (offload,) + LAST,
-    "superneurons" + PARAMS: (recompute, offload_params) + LIVENESS + (offload,) + LAST,
+    "superneurons" + PARAMS: (recompute_joins, offload_params) + LIVENESS + (offload,) + LAST,
 }
 # The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
 # with parameter offload; any preset but baseline takes "+params".

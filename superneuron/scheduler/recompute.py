@@ -10,11 +10,6 @@ that a cheap layer modifies in place after an expensive one wrote them (Caffe's 
 BatchNorm on a convolution's output). A *segment* is the recomputable roots grown from one
 checkpoint.
 
-The optimal policy's choice (:func:`with_recomputes` with ``only``) may recompute more: the
-outputs of single-input expensive layers (convolutions, inner products) and of joins, a
-join from every root it reads, each made valid again first (kept, or recomputed before it
-in the same gap), all speed-centric.
-
 The pass inserts ``Recompute`` steps before the backward steps that read a recomputable root,
 in one of SuperNeurons' two modes, chosen per segment:
 
@@ -32,6 +27,23 @@ frees each root between its forward and its recomputed uses: a Recompute writes 
 reading, so it starts a new live interval). A Recompute runs the layer's forward with
 ``ctx.recompute`` set, which reproduces Dropout's mask and leaves BatchNorm's running
 statistics alone, so results are bit-identical.
+
+With ``joins`` (:func:`recompute_joins`, the pass of the ``+params`` policies, where the host
+holds what the device cannot and its memory ends the depth a budget allows), a join (Eltwise,
+Concat: cheap, several inputs) is recomputed too where every input it reads is a checkpoint or
+recomputable from one without another join: in a ResNet, every other block's sum (its ReLU in
+place) is then rebuilt in the backward from the block's input, kept for the block's first
+convolution anyway, and its last convolution's output, kept for its BatchNorm anyway (Scale,
+Eltwise and ReLU re-run), instead of being kept itself: a fifth less to keep per bottleneck
+block on average (12.25 of 30.6 MiB every other block at 14x14, batch 16). Recomputing two joins in a
+row would keep the first through the second's backward; one at a time, each recomputed join
+is needed only from the backward of the layer it feeds to that of the layer before it. A join
+is recomputed once (speed-centric), for the first backward step that reads it.
+
+The optimal policy's choice (:func:`with_recomputes` with ``only``) may recompute more: the
+outputs of single-input expensive layers (convolutions, inner products) and of any join,
+from every root it reads, each made valid again first (kept, or recomputed before it in the
+same gap), all speed-centric; its program decides which (optimal_stashes.py).
 """
 
 from .context import Context
@@ -40,13 +52,8 @@ from .schedule import add_workspace
 from .steps import BACKWARD, Alloc, Free, Recompute
 
 
-def _recomputable(graph, roots, expensive=False, joins=False):
-    """``{root: [writer node indices, forward order]}`` for every recomputable root, and
-    ``{root: (source roots)}`` (the roots its first writer reads). ``expensive``: single-input
-    layers that are not cheap (convolutions, inner products) may be recomputed too (the
-    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not).
-    ``joins``: so may a join (Eltwise, Concat), from every root it reads; it is valid again
-    once each of them is (kept, or recomputed first)."""
+def _writers(graph, roots):
+    """``{root: [indices of the nodes that write it]}``, roots and nodes in forward order."""
     writers = {}
     for node in graph.nodes:
         if node.layer.ALIAS_TOPS:
@@ -55,6 +62,18 @@ def _recomputable(graph, roots, expensive=False, joins=False):
             r = roots.scheduled(t)
             if r is not None:
                 writers.setdefault(r, []).append(node.index)
+    return writers
+
+
+def _recomputable(graph, roots, expensive=False, joins=False):
+    """``{root: [writer node indices, forward order]}`` for every recomputable root, and
+    ``{root: (source roots)}`` (the roots its first writer reads). ``expensive``: single-input
+    layers that are not cheap (convolutions, inner products) may be recomputed too (the
+    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not).
+    ``joins``: so may any join (Eltwise, Concat), from every root it reads; it is valid again
+    once each of them is (kept, or recomputed first): the optimal policy's candidates, of
+    which its program chooses (:func:`_recomputable_joins` is the ``+params`` policies' rule)."""
+    writers = _writers(graph, roots)
     last_writer = {r: w[-1] for r, w in writers.items()}
 
     def recomputable_writer(node, first):
@@ -80,24 +99,56 @@ def _recomputable(graph, roots, expensive=False, joins=False):
     return ok, source
 
 
+def _recomputable_joins(graph, roots, recomputable, source):
+    """``({root: [writer node indices]}, {root: (source roots)})`` of the joins to recompute:
+    roots whose first writer is a cheap join (several data inputs, one top, not a loss) and
+    whose other writers run in place on it, as for single-input layers, taken in forward
+    order where each input is a checkpoint or recomputable from one through single-input
+    layers alone (no join chosen before on the way), none of them written after the join."""
+    writers = _writers(graph, roots)
+    last_writer = {r: w[-1] for r, w in writers.items()}
+    chosen, sources = {}, {}
+
+    def through_join(r):
+        while r in recomputable:
+            (r,) = source[r]  # single-input layers' roots only (no join given)
+        return r in chosen
+
+    for r, ws in writers.items():  # in forward order: a join's inputs are decided before it
+        first = graph.nodes[ws[0]]
+        layer = first.layer
+        if (r in recomputable or not layer.CHEAP or layer.LOSS or not first.backward or layer.LABEL_BOTTOMS
+                or len(first.bottoms) < 2 or len(first.tops) != 1):
+            continue
+        rest = [graph.nodes[w] for w in ws[1:]]
+        if any(not (n.layer.CHEAP and not n.layer.LOSS and n.backward and len(n.bottoms) == 1
+                    and len(n.tops) == 1 and roots(n.bottoms[0]) == r) for n in rest):
+            continue
+        srcs = tuple(dict.fromkeys(roots.scheduled(b) for b in first.bottoms))
+        if (None in srcs or r in srcs or any(last_writer.get(x, -1) > first.index for x in srcs)
+                or any(through_join(x) for x in srcs)):
+            continue
+        chosen[r], sources[r] = ws, srcs
+    return chosen, sources
+
+
 def recomputable_roots(schedule, expensive=False, joins=False):
     """``({root: [writer node indices]}, {root: (source roots)})``: the roots of ``schedule``
     that recomputation may free between the forward and the backward (``expensive``: those of
-    convolutions and inner products too; ``joins``: those of Eltwise and Concat too), and the
-    roots each is recomputed from."""
+    convolutions and inner products too; ``joins``: those of every Eltwise and Concat too),
+    and the roots each is recomputed from."""
     return _recomputable(schedule.graph, Roots.of(schedule), expensive, joins)
 
 
-def _chain(r, recomputable, source, have):
+def _chain(r, recomputable, sources, have):
     """The roots to recompute so that ``r`` is valid again, given the roots in ``have`` that
-    are valid already: ``r`` and, through its sources, every recomputable root it needs that
-    is not valid (in no order: the caller sorts them by their writers)."""
-    out, todo = set(), [r]
+    are valid already (``sources``: root → the roots it is recomputed from)."""
+    out, todo = [], [r]
     while todo:
         r = todo.pop()
         if r in recomputable and r not in have and r not in out:
-            out.add(r)
-            todo += source[r]
+            out.append(r)
+            todo.extend(sources[r])
     return out
 
 
@@ -108,12 +159,20 @@ def recompute(schedule, context=None):
     return with_recomputes(schedule, context)
 
 
-def with_recomputes(schedule, context=None, largest=None, only=None):
+def recompute_joins(schedule, context=None):
+    """The pass of the ``+params`` policies: :func:`recompute`, and every other join too (see
+    the module's docstring)."""
+    return with_recomputes(schedule, context, joins=True)
+
+
+def with_recomputes(schedule, context=None, largest=None, only=None, joins=False):
     """:func:`recompute`, with ``largest`` (bytes; default: measured on ``schedule``) the
     working set a segment must fit under to be recomputed speed-centric. ``only``: recompute
-    just these roots (any of :func:`recomputable_roots` with ``expensive``), each segment
+    just these roots (any of :func:`recomputable_roots` with ``expensive`` and ``joins``),
     speed-centric (each root recomputed once: the optimal policy's cost model counts it so);
-    a root left out is a checkpoint."""
+    a root left out is a checkpoint. ``joins`` (without ``only``): every other join too,
+    where its inputs allow (see the module's docstring)."""
+    from .simulate import largest_working_set
     model = (context or Context()).model
     graph = schedule.graph
     if not schedule.train:
@@ -123,12 +182,30 @@ def with_recomputes(schedule, context=None, largest=None, only=None):
     recomputable, source = _recomputable(graph, roots, expensive=chosen, joins=chosen)
     if chosen:
         recomputable = {r: ws for r, ws in recomputable.items() if r in only}
+    sources = dict(source)
+    joined = {}
+    if joins and not chosen:
+        joined, join_sources = _recomputable_joins(graph, roots, recomputable, source)
+        recomputable.update(joined)
+        sources.update(join_sources)
     if not recomputable:
         return schedule
-    if chosen:
-        speed = dict.fromkeys(recomputable, True)
-    else:
-        speed = _speed_centric(schedule, roots, recomputable, source, largest)
+    if largest is None and only is None:
+        largest = largest_working_set(schedule, roots)
+
+    def checkpoint(r):
+        """The head of ``r``'s segment: its checkpoint, or the join it is recomputed from (the
+        optimal policy's choice: ``r`` itself, each root its own segment, speed-centric)."""
+        while r in recomputable and r not in joined and not chosen:
+            (r,) = source[r]
+        return r
+
+    segments = {}
+    for r in recomputable:
+        segments.setdefault(checkpoint(r), []).append(r)
+    nbytes = {r: schedule.tensors[r].nbytes for r in recomputable}
+    speed = {c: chosen or c in joined or sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
+             for c, rs in segments.items()}
 
     tensors = dict(schedule.tensors)
     out = []
@@ -142,38 +219,16 @@ def with_recomputes(schedule, context=None, largest=None, only=None):
         chain = set()
         for r in reads:
             if r in recomputable:
-                have = kept if speed[r] else previous & reads
-                chain.update(_chain(r, recomputable, source, have | chain))
+                have = kept if speed[checkpoint(r)] else previous & reads
+                chain.update(_chain(r, recomputable, sources, have | chain))
         for r in sorted(chain, key=lambda r: recomputable[r][0]):
             for w in recomputable[r]:
                 out += _recompute_step(graph, tensors, w, model)
-            if speed[r]:
+            if speed[checkpoint(r)]:
                 kept.add(r)
         previous = chain | (previous & reads)
         out.append(step)
     return schedule.replace(out, tensors=tensors, policy=schedule.policy)
-
-
-def _speed_centric(schedule, roots, recomputable, source, largest):
-    """``{root: whether its segment is recomputed speed-centric}``: where the segment's bytes
-    and its checkpoint's fit under ``largest`` (bytes; None: the largest working set of
-    ``schedule``). Without joins every recomputable root has one source, so a segment is a
-    chain of them grown from one checkpoint."""
-    from .simulate import largest_working_set
-    if largest is None:
-        largest = largest_working_set(schedule, roots)
-
-    def checkpoint(r):
-        while r in recomputable:
-            (r,) = source[r]
-        return r
-
-    segments = {}
-    for r in recomputable:
-        segments.setdefault(checkpoint(r), []).append(r)
-    fits = {c: sum(schedule.tensors[r].nbytes for r in rs) + schedule.tensors[c].nbytes <= largest
-            for c, rs in segments.items()}
-    return {r: fits[checkpoint(r)] for r in recomputable}
 
 
 def _recompute_step(graph, tensors, index, model):

@@ -1,0 +1,55 @@
+"""layers/parallel.py: GEMMs split over the pool, and BLAS held to one thread in an iteration."""
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+from superneuron.layers import parallel
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    before = parallel.threads()
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)  # every split taken
+    parallel.set_threads(2)
+    yield
+    parallel.set_threads(before)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,transpose_b", [
+    ((16, 144), (144, 4097), False),     # more columns than rows: split by columns
+    ((300, 20), (20, 7), False),         # more rows: split by rows
+    ((3, 8, 40), (3, 40, 513), True),    # stacks, b a transposed (strided) view
+    ((1, 5), (5, 1), False),             # too small to split
+])
+def test_matmul_split_matches_numpy(two_threads, a_shape, b_shape, transpose_b):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    if transpose_b:
+        b = np.ascontiguousarray(np.swapaxes(b, -1, -2)).swapaxes(-1, -2)
+    out = np.full(np.matmul(a, b).shape, np.nan, np.float32)
+    parallel.matmul(np, a, b, out)
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def blas_threads():
+    return {info["filepath"]: info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+
+
+def test_numpy_settings_hold_blas_to_one_thread_and_give_it_back():
+    """Every BLAS loaded when the kernels first ran (NumPy's among them) runs one thread per
+    call inside, and gets its thread count back after."""
+    np.matmul(np.ones((2, 2)), np.ones((2, 2)))
+    with parallel.numpy_settings():
+        pass
+    before = blas_threads()
+    held = {lib.filepath for lib in parallel._blas[0].lib_controllers if lib.user_api == "blas"}
+    assert held and held <= set(before)
+    assert any("numpy" in path for path in held) or not any("numpy" in path for path in before)
+    with parallel.numpy_settings():
+        inside = blas_threads()
+        assert all(inside[path] == 1 for path in held), inside
+        assert np.getbufsize() == parallel.BUFSIZE
+    assert blas_threads() == before
