@@ -53,7 +53,7 @@ def budgets(graph):
 
 def brute_force(m, cap):
     """The least objective of Model ``m`` under ``cap`` by enumeration: each stash kept,
-    recomputed (absent from a+1 to e-1) or offloaded (a+1 to e-2), each choice on one algorithm."""
+    recomputed or offloaded (absent from a+1 to e-2), each choice on one algorithm."""
     best = None
     stash_options = [[None] + [o for o in ("rec", "off") if getattr(s, f"{'recompute' if o == 'rec' else 'offload'}"
                                                                     "_seconds") is not None] for s in m.stashes]
@@ -64,7 +64,7 @@ def brute_force(m, cap):
             for s, o in zip(m.stashes, options):
                 if o is None:
                     continue
-                end = s.e - 1 if o == "rec" else s.e - 2
+                end = s.e - 2
                 live = live - np.array([s.size if s.a + 1 <= i <= end else 0 for i in range(m.n)])
                 seconds += s.recompute_seconds if o == "rec" else s.offload_seconds
             for c, a in zip(m.choices, algos):

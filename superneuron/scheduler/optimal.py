@@ -38,13 +38,19 @@ from .workspace import fit
 
 # The incumbents: presets of policy.py whose plans the solver's must beat.
 HEURISTICS = ("liveness", "recompute", "offload", "superneurons")
-ROUNDS = 4  # solves at most, each with the budget lowered by what the last plan went over
+ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan went over
+# The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, the part
+# of the time limit by which it ends). The first is the quick one that every net solves to
+# its gap in seconds; the second, joins', is harder (ResNet-50 at 1/3 of liveness's arena:
+# 4-20 s on the 2-core machine, as loaded); the third adds swaps to the plans before.
+PHASES = ((False, False, 0.25), (True, False, 0.75), (True, True, 1.0))
 
 
 @dataclasses.dataclass
 class Candidate:
     """A plan considered: its ``name``, the placed ``schedule``, its Plan, its estimated
-    ``seconds``, whether it ``fits`` and the ``context`` it was made under."""
+    ``seconds``, whether it ``fits`` and the ``context`` it was made under; the solver's
+    plans: the roots it ``recomputed``."""
 
     name: str
     schedule: object
@@ -52,6 +58,7 @@ class Candidate:
     seconds: float
     fits: bool
     context: object
+    recomputed: set = dataclasses.field(default_factory=set)
 
 
 def optimal(schedule, context):
@@ -141,52 +148,69 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
 
 
 def _solved(schedule, context, info):
-    """The solver's best plan that fits (a Candidate), else its last, else None. Two programs:
-    without swaps first (easy: most of a net's savings are recomputations), in at most half
-    the time limit, then with them in what is left, every root the first recomputes still
-    recomputed (HiGHS takes no starting point; this keeps the second program small); each
-    solved again with a lower cap while its realised plan goes over the budget (the model is
-    not exact to the byte)."""
+    """The solver's best plan that fits (a Candidate), else its last, else None. The programs
+    of :data:`PHASES`, each by its share of the time limit: without swaps or joins'
+    recomputation first (easy: most of a net's savings are recomputations of single-input
+    layers), then with joins recomputed too (harder: a join's output comes back from several
+    roots), then with swaps, once for the recomputations of each earlier program's last plan,
+    the fastest first, those roots still recomputed (HiGHS takes no starting point; this
+    keeps the last programs small, and swaps may make room where a plan went a little over);
+    each solved again with a lower cap while its realised plan goes over the budget (the
+    model is not exact to the byte)."""
     start = time.perf_counter()
-    deadline = start + context.solver_seconds
-    model = build(schedule, context.model)
-    best, last, phases, recomputed = None, None, [], set()
+    models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
+    best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
-    for swaps in (False, True):
-        cap, until = context.budget - model.resident, deadline
-        if not swaps:
-            until = start + context.solver_seconds / 2
-        phase = {"swaps": swaps, "rounds": 0}
-        phases.append(phase)
-        for _ in range(ROUNDS):
-            left = until - time.perf_counter()
-            if left <= 0 or cap <= 0:
-                break
-            solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
-            phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
-                         dual_bound=solution.dual_bound, gap=solution.gap,
-                         solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
-            if solution.recompute is None:
-                break
-            found = realise(schedule, context, solution.recompute, solution.offload, solution.swap)
-            phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
-                         swapped=len(solution.swap), realised_seconds=found.seconds, fits=_ok(found, context))
+    for joins, swaps, share in PHASES:
+        if joins not in models:
+            models[joins] = build(schedule, context.model, joins=joins)
+        model, until = models[joins], start + context.solver_seconds * share
+        for recomputed in sorted(earlier, key=earlier.get) if swaps else [frozenset()]:
+            found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
+            if found is None:
+                continue
             last = found
-            if _ok(found, context):
-                if best is None or found.seconds < best.seconds:
-                    best, solver["best"] = found, dict(phase)
-                recomputed = solution.recompute
-                break
-            # Lower the cap by what it went over; by half at first where only the placement's
-            # holes (the arena, not the bytes live) went over: a tighter cap may not be needed.
-            over = found.plan.arena_bytes - context.budget
-            holes_only = found.plan.peak_bytes <= context.budget
-            cap -= over // 2 if holes_only and phase["rounds"] == 1 else over
+            if not swaps:
+                earlier.setdefault(frozenset(found.recomputed), found.seconds)
+            if _ok(found, context) and (best is None or found.seconds < best.seconds):
+                best, solver["best"] = found, dict(phases[-1])
     solver["seconds"] = time.perf_counter() - start
-    shown = solver.get("best") or (phases[-1] if phases[-1]["rounds"] else phases[0])
+    shown = solver.get("best") or next((p for p in reversed(phases) if p["rounds"]), phases[0])
     solver.update({k: shown.get(k) for k in ("status", "objective", "dual_bound", "gap")})
     solver["rounds"] = sum(p["rounds"] for p in phases)
     return best or last
+
+
+def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
+    """One program (``model``, ``swaps`` offered, the roots of ``recomputed`` recomputed)
+    solved until its realised plan fits, at most :data:`ROUNDS` times, each with the cap
+    lowered by what the last plan went over, by ``until`` (a perf_counter time); its last
+    realised plan (a Candidate), or None. Notes the program in ``phases``."""
+    phase = {"joins": joins, "swaps": swaps, "rounds": 0}
+    phases.append(phase)
+    cap, found = context.budget - model.resident, None
+    for _ in range(ROUNDS):
+        left = until - time.perf_counter()
+        if left <= 0 or cap <= 0:
+            break
+        solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
+        phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
+                     dual_bound=solution.dual_bound, gap=solution.gap,
+                     solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
+        if solution.recompute is None:
+            break
+        found = realise(schedule, context, solution.recompute, solution.offload, solution.swap)
+        found.recomputed = solution.recompute
+        phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
+                     swapped=len(solution.swap), realised_seconds=found.seconds, fits=_ok(found, context))
+        if _ok(found, context):
+            break
+        # Lower the cap by what it went over; by half at first where only the placement's
+        # holes (the arena, not the bytes live) went over: a tighter cap may not be needed.
+        over = found.plan.arena_bytes - context.budget
+        holes_only = found.plan.peak_bytes <= context.budget
+        cap -= over // 2 if holes_only and phase["rounds"] == 1 else over
+    return found
 
 
 def smallest_budget(schedule, context):

@@ -9,18 +9,23 @@ schedule gets it on top, which only frees more). Its compute steps are numbered 
 - a *stash* is a data root used in the forward (last at step ``a``) and read again in the
   backward (first at step ``e``). Each stash has up to three options, binaries summing to
   at most 1 (none: keep it):
-  ``recompute`` (a single-input layer's output; recompute.py's chains, each root recomputed
-  once, speed-centric): absent from steps a+1 .. e-1, costs its writers' forward time;
+  ``recompute`` (a single-input layer's output, or a join's, Eltwise or Concat, from all the
+  roots it reads; recompute.py's chains, each root recomputed once, speed-centric): absent
+  from steps a+1 .. e-2 (it is recomputed between e-1 and e, beside what e-1 holds: the
+  roots it is recomputed from are back there), costs its writers' forward time;
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
   step before ``e`` does not hide;
-  ``swap`` (checkpoints only: offload.py's copies, as far ahead as their time needs):
+  ``swap`` (checkpoints and joins only: offload.py's copies, as far ahead as they need):
   absent from the step its copy is done to the step its copy back must start, costs a token
   share of the copies; one copy at a time per stream, so none queues and the window holds.
 - a stash from which a chosen root is recomputed must be back before that root's backward:
-  for each root recomputed from it (``triggers``), when that root and every root between are
-  recomputed, the stash is on the device from that step on (continuous presence variables
-  per stretch between such steps, at least the AND of the binaries: see :func:`_triggers`).
+  for each root recomputed from it (``triggers``, one per path up from that root: a join
+  has several), when that root and every root between are recomputed, the stash is on the
+  device from that step on (continuous presence variables per stretch between such steps,
+  at least the AND of the binaries: see :func:`_triggers`). Paths are followed up to
+  optimal_stashes.MAX_JOINS joins; a chain through more may not be recomputed whole
+  (optimal_stashes.py).
 - a *choice* is a compute step whose layer offers algorithms: one binary per algorithm,
   summing to 1, with its time and its workspace, live at that step only.
 
@@ -39,7 +44,6 @@ size``), its time the Encode and Decode steps' cost; its row in the at-most-one 
 with the others, and the realisation one more set handed to the encode pass.
 """
 
-import bisect
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -49,36 +53,13 @@ import numpy as np
 from ..allocator import aligned
 from .cost import phase_of
 from .liveness import Roots, intervals, liveness
-from .recompute import recomputable_roots
+from .optimal_stashes import Stash, stashes_of  # noqa: F401 (Stash: the program's input, as Model)
 from .steps import BACKWARD, LAYER_STEPS, MEMORY
 
 MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
 SWAP_COST = 0.02  # of a swap's copy time, its cost in the objective: copies that hide are not free
 MIB = float(1 << 20)   # the program counts bytes in MiB and seconds in milliseconds: HiGHS's
 MS = 1e3               # tolerances are absolute, and bytes by the billion would lose them
-
-
-@dataclass
-class Stash:
-    """A stashed root: ``size`` (arena bytes), its last forward use ``a``, its first backward
-    read ``e`` (compute-step indices; None: no backward reads it, it matters only to the
-    recomputation of roots computed from it), and what recomputing (``recompute_seconds``) or
-    offloading it (``offload_seconds``) costs, None where that option does not apply.
-    ``swap``: ``(w, p)`` when it may be *swapped*, offloaded with copies that run ahead of the
-    compute as far as their time needs (``copy_seconds`` each way), absent from w to p-1.
-    ``triggers``: ``[(step, chain)]``, one per root recomputed from this one: when every
-    root of ``chain`` (stash indices, that root first, then those between) is recomputed,
-    this root must be on the device before ``step``, where that root's backward reads it."""
-
-    root: str
-    size: int
-    a: int
-    e: int
-    recompute_seconds: float = None
-    offload_seconds: float = None
-    triggers: list = field(default_factory=list)
-    swap: tuple = None           # (w, p): absent from w to p-1 when swapped (copies overlapped)
-    copy_seconds: float = 0.0
 
 
 @dataclass
@@ -97,7 +78,8 @@ class Model:
     """What the program is built from (see the module's docstring): ``live`` (bytes live at
     each compute step under liveness, workspaces aside), ``fixed_workspace`` and
     ``fixed_seconds`` (of the steps without a choice), the stashes, the choices and the
-    resident bytes."""
+    resident bytes; ``long_chains``: chains of stash indices (recomputable roots, each
+    recomputed from the next) that may not all be recomputed (see optimal_stashes.py)."""
 
     n: int
     live: np.ndarray
@@ -109,11 +91,12 @@ class Model:
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
     names: list = field(default_factory=list)
+    long_chains: list = field(default_factory=list)
 
 
-def build(schedule, model):
+def build(schedule, model, joins=True):
     """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
-    ``model`` (a cost.CostModel)."""
+    ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too."""
     live_schedule = liveness(schedule)
     roots = Roots.of(live_schedule)
     graph = schedule.graph
@@ -145,66 +128,9 @@ def build(schedule, model):
             fastest.append(model.step_seconds(live_schedule, step))
             fixed_seconds += fastest[-1]
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
-    return Model(n, live, fixed_ws, fixed_seconds, _stashes(live_schedule, steps, roots, model, fastest),
-                 choices, schedule.resident_bytes, sum(fastest[:turn]), sum(fastest[turn:]))
-
-
-def _stashes(schedule, steps, roots, model, fastest):
-    """The :class:`Stash` of every data root that lives across the forward/backward turn, or
-    from which such a root may be recomputed."""
-    graph, tensors = schedule.graph, schedule.tensors
-    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), len(steps))
-    last_forward, first_backward = {}, {}
-    for i, step in enumerate(steps):
-        reads, writes = roots.uses(step)
-        for r in reads + writes:
-            if i < turn:
-                last_forward[r] = i
-            elif r in reads:
-                first_backward.setdefault(r, i)
-    starts = list(itertools.accumulate(fastest, initial=0.0))  # each step's start, in seconds
-    recomputable, source = recomputable_roots(schedule, expensive=True)
-    # Walk up from each recomputable root a backward reads: every root it is recomputed from,
-    # through recomputable ones, must be back when it is recomputed (if all between are too).
-    triggers = {}
-    for d in recomputable:
-        need = first_backward.get(d)
-        if need is None:
-            continue
-        chain, r = [d], source[d]
-        while r is not None and r in last_forward:
-            triggers.setdefault(r, []).append((need, tuple(chain)))
-            if r not in recomputable:
-                break
-            chain.append(r)
-            r = source[r]
-    out, index = [], {}
-    for r, a in last_forward.items():
-        e = first_backward.get(r)
-        info = tensors[r]
-        if info.kind != "data" or (e is None and r not in triggers) or (e is not None and e - a < 2):
-            continue
-        stash = Stash(r, roots.size(r), a, e)
-        if r in recomputable:
-            stash.recompute_seconds = sum(
-                min(model.algo_seconds(graph.nodes[w].layer, "forward", al)
-                    for al in model.algorithms(graph.nodes[w].layer, "forward"))
-                for w in recomputable[r])
-        if e is not None and e - a >= 3:
-            copy = model.copy_seconds(info.nbytes)
-            stash.offload_seconds = copy + max(0.0, copy - fastest[e - 1])
-            w = bisect.bisect_left(starts, starts[a + 1] + copy, lo=a + 1)
-            p = bisect.bisect_right(starts, starts[e] - copy, hi=e + 1) - 1
-            # A swap only for checkpoints: a recomputable root is cheaper recomputed than copied
-            # on any device the cost model knows, and each option more makes the program harder.
-            if a < w < p < e and stash.recompute_seconds is None:
-                stash.swap, stash.copy_seconds = (w, p), copy
-        index[r] = len(out)
-        out.append(stash)
-    for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept
-        stash.triggers = [(need, tuple(index.get(c) for c in chain)) for need, chain in triggers.get(stash.root, ())
-                          if all(c in index for c in chain)]
-    return out
+    stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
+    return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
+                 sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains)
 
 
 @dataclass
@@ -267,7 +193,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
             continue
         by_stash.setdefault(k, []).append(j)
         s = m.stashes[k]
-        first, end = s.a + 1, s.e - 1 if what == "rec" else s.e - 2  # the steps it is absent from
+        first, end = s.a + 1, s.e - 2  # the steps it is absent from
         if what == "swap":
             first, end = s.swap[0], s.swap[1] - 1
         opening.setdefault(first, []).append((j, s.size / MIB))
@@ -275,6 +201,10 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     for js in by_stash.values():
         if len(js) > 1:
             row([(j, 1.0) for j in js], -np.inf, 1.0)
+    rec_of = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
+    for chain in m.long_chains:  # never all of a chain past MAX_JOINS joins recomputed
+        if all(k in rec_of for k in chain):
+            row([(rec_of[k], 1.0) for k in chain], -np.inf, len(chain) - 1.0)
     nx = _triggers(m, columns, cost, row, opening, closing)
     d0 = nx  # D[i] is column d0 + i
     by_choice = {}
@@ -346,8 +276,9 @@ def _triggers(m, columns, cost, row, opening, closing):
     the earliest active trigger's step (less one: a Prefetch comes a step ahead) to its own
     read: the steps between its triggers' steps are tiles, and tile k has a continuous
     presence ``p_k`` in [0, 1] with ``p_k >= (recompute binaries of the chain) + freed - len(chain)``
-    for every trigger at or before the tile (the least it can be is 1 exactly when one is
-    active), its bytes added over the tile. A stash that no backward reads (``e`` None) must
+    for every trigger at the tile's first step and ``p_k >= p_{k-1}``, the tile before, so
+    for every trigger at or before it (the least it can be is 1 exactly when one is active),
+    its bytes added over the tile. A stash that no backward reads (``e`` None) must
     be recomputed for an active trigger (it frees nothing otherwise) and is then on the
     device at the trigger's step; where it cannot be recomputed, the trigger may not fire."""
     rec = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
@@ -379,12 +310,16 @@ def _triggers(m, columns, cost, row, opening, closing):
             continue
         freed = ([rec[k]] if k in rec else []) + off.get(k, [])
         bounds = sorted({need for need, _ in live_chains} | {s.e}, reverse=True)
+        later = None  # the presence of the tile after this one, which is at least this one's
         for upper, lower in zip(bounds, bounds[1:]):  # the tile of steps lower-1 .. upper-2
             j = len(columns)
             columns.append(("presence", k, lower))
             cost.append(0.0)
+            if later is not None:
+                row([(later, 1.0), (j, -1.0)], 0.0, np.inf)
+            later = j
             for need, chain in live_chains:
-                if need <= lower:
+                if need == lower:  # and, through the rows above, every later tile
                     row([(j, 1.0)] + [(c, -1.0) for c in chain] + [(f, -1.0) for f in freed],
                         -float(len(chain)), np.inf)
             start, end = max(lower - 1, s.a + 1), upper - 2

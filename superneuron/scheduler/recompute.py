@@ -39,6 +39,11 @@ block on average (12.25 of 30.6 MiB every other block at 14x14, batch 16). Recom
 row would keep the first through the second's backward; one at a time, each recomputed join
 is needed only from the backward of the layer it feeds to that of the layer before it. A join
 is recomputed once (speed-centric), for the first backward step that reads it.
+
+The optimal policy's choice (:func:`with_recomputes` with ``only``) may recompute more: the
+outputs of single-input expensive layers (convolutions, inner products) and of any join,
+from every root it reads, each made valid again first (kept, or recomputed before it in the
+same gap), all speed-centric; its program decides which (optimal_stashes.py).
 """
 
 from .context import Context
@@ -60,31 +65,37 @@ def _writers(graph, roots):
     return writers
 
 
-def _recomputable(graph, roots, expensive=False):
+def _recomputable(graph, roots, expensive=False, joins=False):
     """``{root: [writer node indices, forward order]}`` for every recomputable root, and
-    ``{root: source root}`` (the root its first writer reads). ``expensive``: single-input
+    ``{root: (source roots)}`` (the roots its first writer reads). ``expensive``: single-input
     layers that are not cheap (convolutions, inner products) may be recomputed too (the
-    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not)."""
+    optimal policy weighs their cost; the cheap-layer rule of SuperNeurons does not).
+    ``joins``: so may any join (Eltwise, Concat), from every root it reads; it is valid again
+    once each of them is (kept, or recomputed first): the optimal policy's candidates, of
+    which its program chooses (:func:`_recomputable_joins` is the ``+params`` policies' rule)."""
     writers = _writers(graph, roots)
     last_writer = {r: w[-1] for r, w in writers.items()}
 
-    def cheap(node):
+    def recomputable_writer(node, first):
         layer = node.layer
-        data_bottoms = [b for i, b in enumerate(node.bottoms) if i not in layer.LABEL_BOTTOMS]
-        return ((layer.CHEAP or expensive) and not layer.LOSS and node.backward and len(data_bottoms) == 1
-                and len(node.bottoms) == 1 and len(node.tops) == 1)
+        if layer.LOSS or not node.backward or len(node.tops) != 1 or not (layer.CHEAP or expensive):
+            return False
+        if len(node.bottoms) == 1:
+            return 0 not in layer.LABEL_BOTTOMS
+        # a join: only as the root's first writer, from its data bottoms alone
+        return joins and first and layer.CHEAP and len(node.bottoms) > 1 and not layer.LABEL_BOTTOMS
 
     ok, source = {}, {}
     for r, ws in writers.items():  # writers' roots come in forward order: sources first
         first = graph.nodes[ws[0]]
-        if not all(cheap(graph.nodes[w]) for w in ws):
+        if not all(recomputable_writer(graph.nodes[w], k == 0) for k, w in enumerate(ws)):
             continue
-        src = roots.scheduled(first.bottoms[0])
-        if src is None or src == r or last_writer.get(src, -1) > first.index:
+        srcs = tuple(dict.fromkeys(roots.scheduled(b) for b in first.bottoms))
+        if any(src is None or src == r or last_writer.get(src, -1) > first.index for src in srcs):
             continue  # reads a root that is rewritten later: its contents are gone
         if any(roots(graph.nodes[w].bottoms[0]) != r for w in ws[1:]):
             continue
-        ok[r], source[r] = ws, src
+        ok[r], source[r] = ws, srcs
     return ok, source
 
 
@@ -100,7 +111,7 @@ def _recomputable_joins(graph, roots, recomputable, source):
 
     def through_join(r):
         while r in recomputable:
-            r = source[r]
+            (r,) = source[r]  # single-input layers' roots only (no join given)
         return r in chosen
 
     for r, ws in writers.items():  # in forward order: a join's inputs are decided before it
@@ -121,11 +132,12 @@ def _recomputable_joins(graph, roots, recomputable, source):
     return chosen, sources
 
 
-def recomputable_roots(schedule, expensive=False):
-    """``({root: [writer node indices]}, {root: source root})``: the roots of ``schedule`` that
-    recomputation may free between the forward and the backward (``expensive``: those of
-    convolutions and inner products too), and the root each is recomputed from."""
-    return _recomputable(schedule.graph, Roots.of(schedule), expensive)
+def recomputable_roots(schedule, expensive=False, joins=False):
+    """``({root: [writer node indices]}, {root: (source roots)})``: the roots of ``schedule``
+    that recomputation may free between the forward and the backward (``expensive``: those of
+    convolutions and inner products too; ``joins``: those of every Eltwise and Concat too),
+    and the roots each is recomputed from."""
+    return _recomputable(schedule.graph, Roots.of(schedule), expensive, joins)
 
 
 def _chain(r, recomputable, sources, have):
@@ -156,22 +168,23 @@ def recompute_joins(schedule, context=None):
 def with_recomputes(schedule, context=None, largest=None, only=None, joins=False):
     """:func:`recompute`, with ``largest`` (bytes; default: measured on ``schedule``) the
     working set a segment must fit under to be recomputed speed-centric. ``only``: recompute
-    just these roots (any of :func:`recomputable_roots` with ``expensive``), each segment
+    just these roots (any of :func:`recomputable_roots` with ``expensive`` and ``joins``),
     speed-centric (each root recomputed once: the optimal policy's cost model counts it so);
-    a root left out is a checkpoint. ``joins``: joins too, where their inputs allow (see the
-    module's docstring)."""
+    a root left out is a checkpoint. ``joins`` (without ``only``): every other join too,
+    where its inputs allow (see the module's docstring)."""
     from .simulate import largest_working_set
     model = (context or Context()).model
     graph = schedule.graph
     if not schedule.train:
         return schedule
     roots = Roots.of(schedule)
-    recomputable, source = _recomputable(graph, roots, expensive=only is not None)
-    if only is not None:
+    chosen = only is not None  # the optimal policy's choice: convolutions and joins too
+    recomputable, source = _recomputable(graph, roots, expensive=chosen, joins=chosen)
+    if chosen:
         recomputable = {r: ws for r, ws in recomputable.items() if r in only}
-    sources = {r: (src,) for r, src in source.items()}
+    sources = dict(source)
     joined = {}
-    if joins:
+    if joins and not chosen:
         joined, join_sources = _recomputable_joins(graph, roots, recomputable, source)
         recomputable.update(joined)
         sources.update(join_sources)
@@ -181,16 +194,17 @@ def with_recomputes(schedule, context=None, largest=None, only=None, joins=False
         largest = largest_working_set(schedule, roots)
 
     def checkpoint(r):
-        """The head of ``r``'s segment: its checkpoint, or the join it is recomputed from."""
-        while r in recomputable and r not in joined:
-            r = source[r]
+        """The head of ``r``'s segment: its checkpoint, or the join it is recomputed from (the
+        optimal policy's choice: ``r`` itself, each root its own segment, speed-centric)."""
+        while r in recomputable and r not in joined and not chosen:
+            (r,) = source[r]
         return r
 
     segments = {}
     for r in recomputable:
         segments.setdefault(checkpoint(r), []).append(r)
     nbytes = {r: schedule.tensors[r].nbytes for r in recomputable}
-    speed = {c: only is not None or c in joined or sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
+    speed = {c: chosen or c in joined or sum(nbytes[r] for r in rs) + schedule.tensors[c].nbytes <= largest
              for c, rs in segments.items()}
 
     tensors = dict(schedule.tensors)
