@@ -54,3 +54,27 @@ def test_numpy_settings_hold_blas_to_one_thread_and_give_it_back():
         assert np.getbufsize() == parallel.BUFSIZE
         assert set(np.geterr().values()) == {"ignore"}  # the trainer names a non-finite loss
     assert blas_threads() == before
+
+
+@pytest.mark.parametrize("pool,cfg", [("MAX", dict(kernel_size=2, stride=2)),
+                                      ("MAX", dict(kernel_size=3, stride=2, pad=1)),
+                                      ("AVE", dict(kernel_size=3, stride=1, pad=1))])
+def test_pooling_split_over_samples_gives_the_same_bits(monkeypatch, pool, cfg):
+    from layer_harness import backward, build, forward
+    shape = (6, 3, 9, 9)
+    layer, params = build("Pooling", [shape], np.float32, pool=pool, **cfg)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[:, :, ::3, ::3] = x[:, :, 1::3, 1::3]  # ties: the first maximum must win on every thread
+    dy = rng.standard_normal(layer.top_shapes[0]).astype(np.float32)
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
+    before, out = parallel.threads(), []
+    try:
+        for count in (1, 3):
+            parallel.set_threads(count)
+            y = forward(layer, [x], params)[0]
+            out.append((y, backward(layer, [x], [y], [dy], params)[0][0]))
+    finally:
+        parallel.set_threads(before)
+    for a, b in zip(*out, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -24,7 +24,7 @@ each tap's gradient straight into its pixels of dx, without zeroing dx first or 
 
 import numpy as np
 
-from . import register
+from . import parallel, register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .codecs import Encoding
 from .conv import scatter_add, window_keys, window_settings, window_taps
@@ -154,26 +154,44 @@ class Pooling(Layer):
         xp.divide(out, cols, out=out)
 
     def forward(self, ctx, bottoms, tops, params):
-        xp, x, top = ctx.xp, bottoms[0], tops[0]
-        is_max = self.cfg["pool"] == "MAX"
-        top.fill(-np.inf if is_max else 0)
-        for _, _, out_index, in_index in self._taps:
-            if out_index is None:
-                continue  # this tap sees only padding
-            view = top[out_index]
-            (xp.maximum if is_max else xp.add)(view, x[in_index], out=view)
-        if not is_max:
-            self._divide_by_sizes(xp, top, top)
+        xp, is_max = ctx.xp, self.cfg["pool"] == "MAX"
+
+        def samples(a, b):  # samples a..b, on one thread
+            x, top = bottoms[0][a:b], tops[0][a:b]
+            top.fill(-np.inf if is_max else 0)
+            for _, _, out_index, in_index in self._taps:
+                if out_index is None:
+                    continue  # this tap sees only padding
+                view = top[out_index]
+                (xp.maximum if is_max else xp.add)(view, x[in_index], out=view)
+            if not is_max:
+                self._divide_by_sizes(xp, top, top)
+        parallel.run(samples, len(tops[0]), tops[0][0].size * len(self._taps), xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
-        dx = bottom_grads[0]
-        if dx is None:
+        if bottom_grads[0] is None:
             return
-        xp, dy, shape, tiles = ctx.xp, top_grads[0], self.top_shapes[0], self._tiles
+        xp, shape = ctx.xp, self.top_shapes[0]
+        is_max = self.cfg["pool"] == "MAX"
+        # (tiling windows leave the routed-gradient buffer unused: the plan keeps one workspace
+        # size per layer, whatever its shape)
+        room = ([ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_)] if is_max else []) + [
+            ctx.scratch(shape, top_grads[0].dtype)]
+
+        def samples(a, b):  # samples a..b, on one thread (x, top and argmax may be None)
+            part = [None if t is None else t[a:b] for t in
+                    (bottoms[0], tops[0], top_grads[0], bottom_grads[0], ctx.encoded)]
+            self._backward_samples(xp, [t[a:b] for t in room], *part)
+        parallel.run(samples, shape[0], int(np.prod(shape[1:])) * len(self._taps), xp)
+
+    def _backward_samples(self, xp, room, x, top, dy, dx, argmax):
+        """The backward of some samples: ``room`` their (hit, todo,) routed-gradient scratch,
+        ``argmax`` their encoded form (or None)."""
+        tiles = self._tiles
         if not tiles:  # pixels in no window get 0, those in several a sum
             dx.fill(0)
         if self.cfg["pool"] == "AVE":
-            g = ctx.scratch(shape, dy.dtype)
+            (g,) = room
             self._divide_by_sizes(xp, dy, g)
             for _, _, out_index, in_index in self._taps:
                 if tiles:
@@ -181,11 +199,7 @@ class Pooling(Layer):
                 else:
                     scatter_add(xp, dx, g, out_index, in_index)
             return
-        x, top, argmax = bottoms[0], tops[0], ctx.encoded
-        # (tiling windows leave the routed-gradient buffer unused: the plan keeps one workspace
-        # size per layer, whatever its shape)
-        hit, todo, g = (ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_),
-                        ctx.scratch(shape, dy.dtype))
+        hit, todo, g = room
         todo.fill(True)
         for tap, (_, _, out_index, in_index) in enumerate(self._taps):  # scan order: the first max wins
             if out_index is None:
