@@ -17,8 +17,13 @@ the convolutions their GEMMs, column gathers and scatters, the rest (transposes,
 apart; what is left of the iteration is the runtime between the layers. Use one thread for it
 (the default), where other processes on the machine disturb it least.
 
-Threads: OpenBLAS's (threadpoolctl), PyTorch's, and superneuron's memory-bound kernels'
-(superneuron.layers.parallel) are all set to the count measured.
+Threads: OpenBLAS's (threadpoolctl), PyTorch's, and superneuron's kernels'
+(superneuron.layers.parallel) are all set to the count measured. Each timed block starts after
+a pause of ``SETTLE_SECONDS``: a framework's idle threads spin for a while after its last call
+(OpenBLAS's after a GEMM), and without the pause they took the cores from the block after
+them (measured: PyTorch's LeNet at 2 threads, 4066-4305 img/s right after 20 NumPy GEMMs on
+OpenBLAS's threads, 5038-5333 after a 0.2 s pause, 5216-5281 with no GEMMs before it), which
+flattered superneuron's 2-thread ratios before its GEMMs stopped using OpenBLAS's threads.
 """
 
 import argparse
@@ -146,8 +151,14 @@ def make_pair(name, batch, rng):
     return net, ours, torch_step(model(), x, y)
 
 
+# Pause before each timed block (see the module docstring)
+SETTLE_SECONDS = 0.2
+
+
 def timed_block(step, iters, counter):
-    """Seconds of ``iters`` calls of ``step``."""
+    """Seconds of ``iters`` calls of ``step``, after a pause in which the other framework's
+    idle threads stop spinning."""
+    time.sleep(SETTLE_SECONDS)
     start = CLOCK[0]()
     for _ in range(iters):
         step(counter[0])
