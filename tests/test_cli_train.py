@@ -64,6 +64,7 @@ def test_epochs_become_iterations(tmp_path, capsys):
     (lambda p: [TINY, "--set", "width"], "expected NAME=VALUE"),
     (lambda p: [TINY, "--resume", str(p / "nothing.npz")], "nothing.npz: no such snapshot"),
     (lambda p: [TINY, "--solver", str(p / "nosolver.yaml")], "nosolver.yaml: no such solver file"),
+    (lambda p: [TINY, "--threads", "0"], "--threads must be in 1 .. 4096, got 0"),
 ])
 def test_user_errors_are_one_line_with_status_2(tmp_path, capsys, make_args, message):
     (tmp_path / "bad.yaml").write_text("name: bad\ninput: {data: [2, 3, 4, 4], label: [2]}\nlayers:\n"
@@ -102,3 +103,23 @@ def test_budget_too_small_names_the_step(capsys):
     assert "needs" in err and "first exceeded at " in err and "the peak is " in err
     assert "budget 20.0 KiB (" in err and "(policy liveness)" in err
     assert "Forward(" in err or "Backward(" in err or "Update(" in err
+
+
+def test_threads_train_the_same_and_are_given_back(tmp_path, capsys):
+    """--threads 1 and --threads 3 train the tiny net to losses equal to float32 rounding (its
+    im2col convolutions bit for bit; its GEMMs split three ways may sum in another order), and
+    the kernels' thread count is the one asked for during the run."""
+    from superneuron.layers import parallel
+    before, losses = parallel.threads(), {}
+    try:
+        for n in (1, 3):
+            log = tmp_path / f"{n}.jsonl"
+            assert main([TINY, "--iters", "3", "--display", "1", "--test-interval", "0", "--threads", str(n),
+                         "--log", str(log)]) == 0
+            assert parallel.threads() == n
+            losses[n] = [json.loads(line)["loss"] for line in open(log) if '"loss"' in line]
+    finally:
+        parallel.set_threads(before)
+    capsys.readouterr()
+    assert len(losses[1]) == 3
+    np.testing.assert_allclose(losses[3], losses[1], rtol=1e-5)

@@ -68,6 +68,10 @@ def build_parser():
                         "each rank's own, as Caffe)")
     p.add_argument("--bucket-size", metavar="SIZE", default="25MiB",
                    help="under mpiexec: gradients all-reduced per bucket (default 25MiB, as PyTorch DDP)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads for the kernels (default: the CPUs this process may use, or "
+                        "SN_THREADS, else OMP_NUM_THREADS, when set); BLAS runs one thread per call inside "
+                        "them. Under mpiexec, per rank")
     return p
 
 
@@ -84,6 +88,11 @@ def run(args):
         raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
     if not args.timeout > 0:
         raise SNError(f"--timeout must be more than 0 seconds, got {args.timeout:g}")
+    if args.threads is not None:
+        if not 1 <= args.threads <= 4096:
+            raise SNError(f"--threads must be in 1 .. 4096, got {args.threads}")
+        from ..layers import parallel
+        parallel.set_threads(args.threads)
     from ..runtime.collective import world
     group = world(args.device, args.timeout)
     if group is not None and group.rank != 0:  # only rank 0 prints (cli/ranks.py)
