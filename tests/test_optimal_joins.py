@@ -306,3 +306,18 @@ def test_joins_lower_the_programs_optimum():
         lower = b.objective is None or a.objective < b.objective * (1 - MIP_GAP)
         lower_somewhere |= a.objective is not None and lower
     assert lower_somewhere
+
+
+def test_the_solver_cannot_print_into_our_output(capfd):
+    """What C++ code writes straight to descriptors 1 and 2 during a solve (HiGHS's stray
+    debugging line) is dropped; what is printed before and after is not."""
+    import os
+
+    from superneuron.scheduler.optimal_model import silenced_output
+    print("before", flush=True)
+    with silenced_output():
+        os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\n")
+        os.write(2, b"to stderr\n")
+    print("after", flush=True)
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n" and err == ""

@@ -44,7 +44,10 @@ size``), its time the Encode and Decode steps' cost; its row in the at-most-one 
 with the others, and the realisation one more set handed to the encode pass.
 """
 
+import contextlib
 import itertools
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -248,9 +251,10 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
                     np.concatenate([np.ones(nx), np.full(n, np.inf)]))
     matrix = coo_array((vals, (rows, cols)), shape=(len(lo), nx + n)).tocsr()
     start = time.perf_counter()
-    res = milp(c, integrality=integrality, bounds=bounds,
-               constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
-               options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": MIP_GAP})
+    with silenced_output():
+        res = milp(c, integrality=integrality, bounds=bounds,
+                   constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
+                   options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": MIP_GAP})
     seconds = time.perf_counter() - start
     base = m.fixed_seconds
     dual = getattr(res, "mip_dual_bound", None)
@@ -327,3 +331,25 @@ def _triggers(m, columns, cost, row, opening, closing):
                 opening.setdefault(start, []).append((j, -s.size / MIB))
                 closing.setdefault(end + 1, []).append((j, -s.size / MIB))
     return len(columns)
+
+
+@contextlib.contextmanager
+def silenced_output():
+    """The process's standard output and error (file descriptors 1 and 2) sent to the null
+    device while the block runs: HiGHS (SciPy 1.17's) at times prints a line of its own
+    debugging (``HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();``)
+    straight to the descriptor, ``disp`` off or not, into sn-plan's and sn-train's output. The
+    solver's outcome comes back in its result, so nothing a user needs is lost."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(fd) for fd in (1, 2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(null)
