@@ -115,20 +115,27 @@ def test_the_program_finds_the_brute_force_optimum_of_a_small_chain(seed):
 
 # -- the pass ------------------------------------------------------------------------------------
 
+def optimal_within_budget_and_fastest(graph, budget):
+    """``(schedule, plan, memo)`` of optimal at ``budget``, asserted within it and no slower
+    than any heuristic that fits it."""
+    memo = {}
+    schedule, plan = planned(graph, "optimal", budget, memo)
+    assert plan.peak_bytes <= plan.arena_bytes <= budget, (budget, plan.arena_bytes)
+    seconds = CPU.iteration_seconds(schedule)
+    for heuristic in HEURISTICS:
+        other, other_plan = planned(graph, heuristic, budget)
+        if other_plan.fits(budget):
+            assert seconds <= CPU.iteration_seconds(other) * (1 + 1e-12), (budget, heuristic)
+    return schedule, plan, memo
+
+
 @pytest.mark.parametrize("name", sorted(NETS))
 def test_optimal_fits_every_budget_and_beats_every_heuristic_that_fits(name):
     graph = NETS[name]()
     fitted = 0
     levels, _ = budgets(graph)
     for budget in levels:
-        memo = {}
-        schedule, plan = planned(graph, "optimal", budget, memo)
-        assert plan.peak_bytes <= plan.arena_bytes <= budget, (budget, plan.arena_bytes)
-        seconds = CPU.iteration_seconds(schedule)
-        for heuristic in HEURISTICS:
-            other, other_plan = planned(graph, heuristic, budget)
-            if other_plan.fits(budget):
-                assert seconds <= CPU.iteration_seconds(other) * (1 + 1e-12), (budget, heuristic)
+        _, _, memo = optimal_within_budget_and_fastest(graph, budget)
         assert memo["optimal"]["winner"] in (*HEURISTICS, "solver")
         fitted += 1
     assert fitted == len(levels)

@@ -15,13 +15,13 @@ import itertools
 import numpy as np
 import pytest
 from test_memory_passes import assert_same_results, check_copies, graph_of
-from test_optimal import CPU, budgets, planned, same_algorithms
+from test_optimal import CPU, budgets, optimal_within_budget_and_fastest, same_algorithms
 
 from superneuron.allocator import aligned
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.liveness import Roots, liveness
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.optimal import HEURISTICS, realise
+from superneuron.scheduler.optimal import realise
 from superneuron.scheduler.optimal_model import MIP_GAP, Model, Stash, build, solve
 from superneuron.scheduler.recompute import recomputable_roots
 from superneuron.scheduler.steps import MEMORY, Free
@@ -141,6 +141,19 @@ def brute_force(m, cap):
     return best
 
 
+def assert_solver_matches_brute_force(m, cap):
+    """The solver's optimum of model ``m`` under ``cap`` is brute force's (or both find none);
+    returns the stashes brute force's optimum recomputes (empty where none fits)."""
+    best, rec = brute_force(m, cap)
+    solution = solve(m, cap, 10.0, swaps=False)
+    if best is None:
+        assert solution.recompute is None, f"cap {cap}: brute force finds nothing, the solver does"
+        return set()
+    assert solution.recompute is not None, f"cap {cap}: the solver finds nothing, brute force {best}"
+    assert solution.objective == pytest.approx(best, rel=1e-3, abs=1e-9), cap
+    return rec
+
+
 @pytest.mark.parametrize("name", sorted(NETS))
 def test_the_program_finds_the_brute_force_optimum_with_joins(name):
     m = model_of(NETS[name])
@@ -149,15 +162,7 @@ def test_the_program_finds_the_brute_force_optimum_with_joins(name):
     peak = m.live.max()
     used_a_join = False
     for fraction in (1.0, 0.9, 0.8, 0.7, 0.6):
-        cap = int(peak * fraction)
-        best, rec = brute_force(m, cap)
-        solution = solve(m, cap, 10.0, swaps=False)
-        if best is None:
-            assert solution.recompute is None, f"cap {cap}: brute force finds nothing, the solver does"
-            continue
-        assert solution.recompute is not None, f"cap {cap}: the solver finds nothing, brute force {best}"
-        assert solution.objective == pytest.approx(best, rel=1e-3, abs=1e-9), cap
-        used_a_join |= bool(rec & joins)
+        used_a_join |= bool(assert_solver_matches_brute_force(m, int(peak * fraction)) & joins)
     assert used_a_join  # some budget's optimum recomputes a join: the option is exercised
 
 
@@ -190,14 +195,7 @@ def test_the_program_finds_the_brute_force_optimum_of_random_triggers(seed):
     m = random_model(np.random.default_rng(seed))
     peak = m.live.max()
     for fraction in (1.0, 0.85, 0.7, 0.55, 0.4):
-        cap = int(peak * fraction)
-        best, _ = brute_force(m, cap)
-        solution = solve(m, cap, 10.0, swaps=False)
-        if best is None:
-            assert solution.recompute is None, f"cap {cap}: brute force finds nothing, the solver does"
-            continue
-        assert solution.recompute is not None, f"cap {cap}: the solver finds nothing, brute force {best}"
-        assert solution.objective == pytest.approx(best, rel=1e-3, abs=1e-9), cap
+        assert_solver_matches_brute_force(m, int(peak * fraction))
 
 
 @pytest.mark.parametrize("name", sorted(NETS))
@@ -278,14 +276,7 @@ def test_optimal_with_joins_fits_tight_budgets_beats_the_heuristics_and_gives_ba
     graph = graph_of(NETS[name])
     levels, _ = budgets(graph)
     for budget in levels:
-        memo = {}
-        schedule, plan = planned(graph, "optimal", budget, memo)
-        assert plan.peak_bytes <= plan.arena_bytes <= budget, (budget, plan.arena_bytes)
-        seconds = CPU.iteration_seconds(schedule)
-        for heuristic in HEURISTICS:
-            other, other_plan = planned(graph, heuristic, budget)
-            if other_plan.fits(budget):
-                assert seconds <= CPU.iteration_seconds(other) * (1 + 1e-12), (budget, heuristic)
+        schedule, plan, _ = optimal_within_budget_and_fastest(graph, budget)
         check_copies(schedule)
         runtime = assert_same_results(graph, schedule, exact=same_algorithms(schedule, graph))[0]
         assert (runtime.peak_bytes, runtime.arena_bytes) == (plan.peak_bytes, plan.arena_bytes)

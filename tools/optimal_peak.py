@@ -14,19 +14,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from optimal_table import NETS  # noqa: E402
+from optimal_table import NETS, lowered_net  # noqa: E402
 
-from superneuron.backend import planning_kernels  # noqa: E402
 from superneuron.errors import SNError  # noqa: E402
-from superneuron.graph import Graph  # noqa: E402
-from superneuron.optim import SolverConfig, make_optimizer  # noqa: E402
-from superneuron.planning import lowered, plan  # noqa: E402
+from superneuron.planning import plan  # noqa: E402
 from superneuron.report import human_bytes  # noqa: E402
 from superneuron.scheduler.context import Context  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 from superneuron.scheduler.optimal import smallest_budget  # noqa: E402
 from superneuron.scheduler.steps import ALLOC, FREE, LAYER_STEPS  # noqa: E402
-from superneuron.spec import load_spec  # noqa: E402
 
 
 def live_at(schedule, index):
@@ -50,12 +46,7 @@ def main():
     args = p.parse_args()
     model = CostModel("gpu")
     for name in args.nets.split(","):
-        path, overrides = NETS[name]
-        spec = load_spec(path, overrides=overrides, batch=args.batch)
-        base = lowered(Graph(spec, kernels=planning_kernels("gpu")),
-                       optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
-        live_schedule, live = plan(base, "liveness", cost=model)
-        live_seconds = model.iteration_seconds(live_schedule)
+        base, live, live_seconds = lowered_net(name, args.batch, model)
         budget, label = round(live.arena_bytes * args.fraction), f"{args.fraction:.3f} of liveness"
         memo = {}
         try:

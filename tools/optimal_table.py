@@ -32,6 +32,17 @@ NETS = {"resnet50": ("nets/resnet.yaml", {"depth": 50}), "resnet101": ("nets/res
 FRACTIONS = (("2/3", 2 / 3), ("1/2", 1 / 2), ("1/3", 1 / 3), ("1/4", 1 / 4))
 
 
+def lowered_net(name, batch, model):
+    """``(lowered schedule, liveness's Plan, liveness's seconds)`` of net ``name`` (of NETS) at
+    ``batch``, SGD with momentum, planned for the GPU under cost ``model``."""
+    path, overrides = NETS[name]
+    spec = load_spec(path, overrides=overrides, batch=batch)
+    base = lowered(Graph(spec, kernels=planning_kernels("gpu")),
+                   optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
+    live_schedule, live = plan(base, "liveness", cost=model)
+    return base, live, model.iteration_seconds(live_schedule)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nets", default=",".join(NETS))
@@ -40,12 +51,7 @@ def main():
     args = p.parse_args()
     model = CostModel("gpu")
     for name in args.nets.split(","):
-        path, overrides = NETS[name]
-        spec = load_spec(path, overrides=overrides, batch=args.batch)
-        base = lowered(Graph(spec, kernels=planning_kernels("gpu")),
-                       optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
-        live_schedule, live = plan(base, "liveness", cost=model)
-        live_seconds = model.iteration_seconds(live_schedule)
+        base, live, live_seconds = lowered_net(name, args.batch, model)
         budgets = [(f, round(live.arena_bytes * x)) for f, x in FRACTIONS]
         budgets.append(("smallest", smallest_budget(base, Context(model=model))))
         rows = []
