@@ -35,12 +35,20 @@ import numpy
 
 # NumPy's ufunc buffer size in the kernels, in elements (see the module docstring)
 BUFSIZE = 1024
-# Below this many elements per chunk a split costs more than it saves (a thread hand-off is
-# some tens of microseconds, a float32 pass over 64 K elements a few times that).
-MIN_CHUNK = 1 << 16
-# A GEMM's flops that cost about as long as one element of a memory-bound pass, to weigh a
-# GEMM's chunks against MIN_CHUNK
-GEMM_FLOPS_PER_ELEMENT = 16
+# Below this many elements per chunk a split costs more than it saves. Handing a chunk to a
+# sleeping thread and waiting for it costs some tens of microseconds (20-75 us measured on the
+# 2-core development machine, a virtual machine whose idle vCPU must be woken), and a pass over
+# a few MB that sits in the shared L3 cache is not faster on two cores than on one: on 1 M
+# float32 elements a copy took 108 us whole against 124 us split in two, a product 117 against
+# 131, np.exp 534 against 380; on 4 M elements all three ran 1.9x faster split. Splitting the
+# memory-bound layers of CIFAR ResNet-20 (maps of at most 1 M elements) at 64 K elements per
+# chunk made its 2-thread iteration slower than one thread's for every such layer (BatchNorm's
+# forward 10.0 -> 15.5 ms); at 1 M per chunk the iteration took 314 against 367-396 ms.
+MIN_CHUNK = 1 << 20
+# A GEMM's flops (multiply-adds) that cost about as long as one element of a memory-bound pass,
+# to weigh a GEMM's chunks against MIN_CHUNK: a GEMM splits from about 16 M multiply-adds
+# (some 0.4 ms on one core), LeNet's fully connected layer (26 M) among them
+GEMM_FLOPS_PER_ELEMENT = 8
 
 
 def _default_threads():
