@@ -198,6 +198,9 @@ def test_numpy_settings_hold_for_the_block_and_this_thread_only():
     threads = parallel.threads()
     parallel.set_threads(2)
     try:
-        assert parallel._executor().submit(np.getbufsize).result() == parallel.BUFSIZE
+        on_worker = []  # the second chunk runs on the pool's thread
+        parallel.run(lambda a, b: a and on_worker.append(
+            (threading.current_thread() is threading.main_thread(), np.getbufsize())), 2, parallel.MIN_CHUNK)
+        assert on_worker == [(False, parallel.BUFSIZE)]
     finally:
         parallel.set_threads(threads)

@@ -78,3 +78,29 @@ def test_pooling_split_over_samples_gives_the_same_bits(monkeypatch, pool, cfg):
         parallel.set_threads(before)
     for a, b in zip(*out, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_run_covers_the_range_once_and_nests_inline(two_threads):
+    """Every index is handed to exactly one chunk, on two threads; a split inside a split
+    (the pool busy) runs inline rather than waiting on itself."""
+    import threading
+    hits, inner = np.zeros(10, int), []
+
+    def kernel(a, b):
+        hits[a:b] += 1
+        parallel.run(lambda c, d: inner.append((c, d, threading.current_thread().name)), 4)
+    parallel.run(kernel, 10)
+    assert hits.tolist() == [1] * 10
+    assert sorted(c for c, d, _ in inner) == [0, 0] and all(d == 4 for _, d, _ in inner)
+    assert len({name for _, _, name in inner}) == 2  # one chunk ran on the worker
+
+
+def test_an_error_on_a_worker_reaches_the_caller_and_the_pool_goes_on(two_threads):
+    def kernel(a, b):
+        if a:  # the worker's chunk
+            raise ValueError(f"chunk {a}:{b}")
+    with pytest.raises(ValueError, match="chunk 5:10"):
+        parallel.run(kernel, 10)
+    out = np.zeros(10)
+    parallel.run(lambda a, b: out.__setitem__(slice(a, b), 1), 10)
+    assert out.tolist() == [1] * 10
