@@ -415,3 +415,31 @@ def test_im2col_in_chunks_and_whole_against_torch(shape, cfg, chunked):
     for k in params:
         np.testing.assert_allclose(grads[k], dp[k], atol=1e-12, err_msg=f"dw alone {k}")
     assert_workspace_exact(layer, x, params)
+
+
+ONE_COPY_CASES = [  # each with room for a padded copy, so that the columns come from a view
+    ((2, 3, 7, 6), dict(num_output=4, kernel_size=3)),
+    ((2, 2, 6, 6), dict(num_output=8, kernel_size=3, pad=1)),
+    ((2, 2, 9, 9), dict(num_output=8, kernel_size=3, dilation=2, pad=2)),
+    ((2, 2, 9, 9), dict(num_output=12, kernel_size=3, stride=2, pad=1)),
+    ((2, 4, 7, 8), dict(num_output=24, kernel_size=[2, 3], stride=[2, 1], pad=[1, 0],
+                        dilation=[1, 2], group=2)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(ONE_COPY_CASES)))
+def test_columns_by_tap_and_in_one_copy_agree(monkeypatch, case):
+    """Small taps are gathered as one copy of a 6-D strided view, large ones tap by tap: both
+    give the same bits (strides, dilations, groups, padding)."""
+    shape, cfg = ONE_COPY_CASES[case]
+    layer, params = build("Convolution", [shape], np.float32, **cfg)
+    algos = list(zip(layer.algorithms("forward"), layer.algorithms("backward")))
+    views, as_strided = [], np.lib.stride_tricks.as_strided
+    monkeypatch.setattr(np.lib.stride_tricks, "as_strided", lambda *a, **k: views.append(1) or as_strided(*a, **k))
+    runs = []
+    for below in (0, 1 << 30):
+        monkeypatch.setattr(im2col_module, "ONE_COPY_BELOW", below)
+        runs.append(run_at_threads(layer, params, algos, (1,), shape)[0])
+        assert bool(views) == bool(below)  # the path meant is the one taken
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a, b)
