@@ -386,8 +386,9 @@ def test_inner_product_bad_axis():
         build("InnerProduct", [(2, 3, 4)], num_output=2, axis=3)
 
 
-# im2col with the batch in chunks (16 samples: several chunks, several slots) and a backward
-# with the whole batch at once (weights too large beside the columns for the slots' sums)
+# im2col with the batch in chunks (16 samples: several chunks, several slots) and with the
+# whole batch at once (weights too large beside the columns for the slots' sums and the
+# weight in rows order)
 CHUNKED = [((16,) + CONV_CASES[i][0][1:], CONV_CASES[i][1]) for i in (0, 1, 2, 3, 8, 10)]
 WHOLE = [((2, 16, 3, 3), dict(num_output=32, kernel_size=3, pad=1)),
          ((2, 16, 4, 4), dict(num_output=32, kernel_size=3, stride=2, pad=1))]
@@ -396,7 +397,7 @@ WHOLE = [((2, 16, 3, 3), dict(num_output=32, kernel_size=3, pad=1)),
 @pytest.mark.parametrize("shape,cfg,chunked", [c + (True,) for c in CHUNKED] + [c + (False,) for c in WHOLE])
 def test_im2col_in_chunks_and_whole_against_torch(shape, cfg, chunked):
     layer, params = build("Convolution", [shape], **cfg)
-    assert im2col_module.chunking(layer, {"y"}, np) is not None  # no sums: the forward always chunks
+    assert (im2col_module.chunking(layer, {"y"}, np) is not None) == chunked
     assert (im2col_module.chunking(layer, {"dw", "dx"}, np) is not None) == chunked
     x = np.random.default_rng(1).standard_normal(shape)
     dy = np.random.default_rng(2).standard_normal(layer.top_shapes[0])
@@ -415,31 +416,3 @@ def test_im2col_in_chunks_and_whole_against_torch(shape, cfg, chunked):
     for k in params:
         np.testing.assert_allclose(grads[k], dp[k], atol=1e-12, err_msg=f"dw alone {k}")
     assert_workspace_exact(layer, x, params)
-
-
-ONE_COPY_CASES = [  # each with room for a padded copy, so that the columns come from a view
-    ((2, 3, 7, 6), dict(num_output=4, kernel_size=3)),
-    ((2, 2, 6, 6), dict(num_output=8, kernel_size=3, pad=1)),
-    ((2, 2, 9, 9), dict(num_output=8, kernel_size=3, dilation=2, pad=2)),
-    ((2, 2, 9, 9), dict(num_output=12, kernel_size=3, stride=2, pad=1)),
-    ((2, 4, 7, 8), dict(num_output=24, kernel_size=[2, 3], stride=[2, 1], pad=[1, 0],
-                        dilation=[1, 2], group=2)),
-]
-
-
-@pytest.mark.parametrize("case", range(len(ONE_COPY_CASES)))
-def test_columns_by_tap_and_in_one_copy_agree(monkeypatch, case):
-    """Small taps are gathered as one copy of a 6-D strided view, large ones tap by tap: both
-    give the same bits (strides, dilations, groups, padding)."""
-    shape, cfg = ONE_COPY_CASES[case]
-    layer, params = build("Convolution", [shape], np.float32, **cfg)
-    algos = list(zip(layer.algorithms("forward"), layer.algorithms("backward")))
-    views, as_strided = [], np.lib.stride_tricks.as_strided
-    monkeypatch.setattr(np.lib.stride_tricks, "as_strided", lambda *a, **k: views.append(1) or as_strided(*a, **k))
-    runs = []
-    for below in (0, 1 << 30):
-        monkeypatch.setattr(im2col_module, "ONE_COPY_BELOW", below)
-        runs.append(run_at_threads(layer, params, algos, (1,), shape)[0])
-        assert bool(views) == bool(below)  # the path meant is the one taken
-    for a, b in zip(*runs, strict=True):
-        np.testing.assert_array_equal(a, b)

@@ -1,17 +1,18 @@
 """The ``im2col`` convolution algorithm: a batch's columns, one GEMM per group, and the data
 gradient as a convolution too (a gather, not col2im's scatter) where that pays.
 
-Columns are laid out (C, kh, kw, N, Ho, Wo), so with groups they read as
-(g, C/g·kh·kw, N·Ho·Wo) and match the weight's (g, K/g, C/g·kh·kw); the samples (of the batch,
-or of a chunk of it, below) sit inside the GEMM.
+With the whole batch at once (on a GPU, or where the CPU's chunks below find no room),
+columns are laid out (C, kh, kw, N, Ho, Wo), so with groups they read as
+(g, C/g·kh·kw, N·Ho·Wo) and match the weight's (g, K/g, C/g·kh·kw); the samples sit inside
+the GEMM. The CPU's chunks lay them out in rows instead (layers/im2col_rows.py).
 
 Building them takes no fills of column pieces where the workspace has room for a padded
 copy: the input is first copied once into a zero-bordered buffer (C, N, H+2p, W+2p) (only its
 borders are filled: four fills), and each tap's columns are then one strided copy of it
 (split over the cores); without that room the columns are zeroed with one fill and each
 tap's in-image part copied (measured 1-4 % faster than four fills per tap). Without padding
-they are copied from the input itself. Small taps (:data:`ONE_COPY_BELOW`) are copied all at
-once, as one copy of a 6-D ``as_strided`` view.
+they are copied from the input itself. (One copy of a 6-D ``as_strided`` view of all the taps
+at once measured slower than the nine copies.)
 
 The data gradient of a stride-1 convolution that keeps its size and channels is the
 convolution of dy, padded by
@@ -23,16 +24,18 @@ than the scatter (see :func:`_spans`), the columns' gradient is added back tap b
 (:func:`~.conv.scatter_add`).
 
 On the CPU the batch goes through in chunks of samples (:func:`chunking`): a chunk's columns
-(about :data:`CHUNK_COLUMNS` GEMM columns, a few MB) are built and multiplied while they are
-still in the core's cache, and y or dx is written from a chunk-sized product, where the whole
+(about :data:`CHUNK_COLUMNS` GEMM columns, a few MB), laid out in rows from a padded
+channels-last copy of the chunk's input (layers/im2col_rows.py), are built and multiplied
+while they are still in the core's cache, and y or dx is written from a chunk-sized product, where the whole
 batch's columns would go out to memory and back (they are tens of MB). Runs of chunks
 (``slots``) share the threads, each slot on one thread at a time with its own part of the
 regions below, and with the weight gradient the chunks' parts summed in a slot's own sum
 buffer, the slots' sums then added in slot order: every product is the same bit for bit on
 any number of threads. The slots live in the regions the whole batch would use, so chunking
-takes no workspace of its own; where the columns' region has no room beside the slots' sums
-(weights large beside a small batch's columns), or on a GPU, the whole batch goes at once,
-each copy and GEMM split over the threads instead.
+takes no workspace of its own; where the columns' region has no room beside the slots' rows
+for their sums and padded copies and for the weight in rows order (weights large beside a
+small batch's columns), or on a GPU, the whole batch goes at once, each copy and GEMM split
+over the threads instead.
 
 The workspace is a few regions reused in turn (see :func:`regions`): the columns of x or of
 dy; the padded input or dy (read up into the columns first), then y or dy in (K, N, Ho·Wo)
@@ -45,6 +48,7 @@ import math
 
 import numpy
 
+from . import im2col_rows as rows
 from . import parallel
 
 # Relative costs that decide how dx is taken (measured on the 2-core development machine, one
@@ -58,12 +62,6 @@ SCATTER_COPIES = 3.5
 CHUNK_COLUMNS = 4096
 MIN_CHUNKS = 8
 MAX_SLOTS = 4
-# Where one tap's copy is under this many elements, a chunk's columns are one copy of a 6-D
-# strided view of every tap, not a copy per tap: the calls' own cost counts there (LeNet's
-# 5x5 taps over 8 samples are 4.6 K and 10 K elements; its iteration measured 8 % faster at two
-# threads, 3 % at one, alternating in one process); on larger taps (ResNet-20's 3x3, 65 K and
-# more) the two measured alike.
-ONE_COPY_BELOW = 1 << 15
 
 
 def _spans(layer):
@@ -155,45 +153,22 @@ def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation, copyto=None):
         base = padded
     else:
         base = src.transpose(1, 0, 2, 3)
-    if xp is numpy and c * n * ho * wo < ONE_COPY_BELOW:  # small taps: all in one copy
-        st = base.strides
-        copyto(cols, numpy.lib.stride_tricks.as_strided(
-            base, cols.shape, (st[0], st[2] * dy, st[3] * dx, st[1], st[2] * sy, st[3] * sx)))
-        return
-    for i in range(kh):  # one copy per tap: as fast as one of a 6-D strided view (see above)
+    for i in range(kh):  # one copy per tap: faster than one copy of a 6-D strided view
         for j in range(kw):
             tap = base[:, :, i * dy:i * dy + (ho - 1) * sy + 1:sy, j * dx:j * dx + (wo - 1) * sx + 1:sx]
             copyto(cols[:, i, j], tap)
 
 
-class _Ops:
-    """How a piece of work copies and multiplies: split over the threads (the whole batch at
-    once), or inline on the calling thread (a chunk, already on a thread of its own)."""
-
-    def __init__(self, xp, split):
-        self.xp, self.split = xp, split
-
-    def copyto(self, dst, src):
-        if self.split:
-            parallel.copyto(self.xp, dst, src)
-        else:
-            self.xp.copyto(dst, src)
-
-    def matmul(self, a, b, out):
-        if self.split:
-            parallel.matmul(self.xp, a, b, out)
-        else:
-            self.xp.matmul(a, b, out=out)
-
-
 def chunking(layer, outputs, xp=None):
-    """``(samples per chunk, slots)`` for ``layer``'s declared ``outputs``, or None to take the
-    whole batch at once (see the module docstring): on NumPy, where the batch makes at least
-    two chunks and the columns' region has room, beside one chunk's columns per slot, for
-    each slot's weight-gradient sum and part."""
+    """``(samples per chunk, slots, padded)`` for ``layer``'s declared ``outputs``, or None to
+    take the whole batch at once (see the module docstring): on NumPy, where the batch makes
+    at least two chunks and the columns' region has room, beside one chunk's rows per slot,
+    for each slot's weight-gradient sum and part and its padded channels-last copy of the
+    chunk's input (``padded`` elements: of x, of dy, or of the scattered dx, the largest that
+    the outputs may need), and for the weight in rows order (layers/im2col_rows.py)."""
     if xp is not None and getattr(xp, "__name__", "numpy") != "numpy":
         return None
-    n, c, h, w, k, g, ho, wo = layer.geometry
+    (n, c, h, w, k, g, ho, wo), back = _spans(layer)
     weight = k * (c // g) * math.prod(layer.kernel)
     cols = dict(regions(layer, _declared(outputs)))["cols"]
     per_sample = cols // n
@@ -202,20 +177,24 @@ def chunking(layer, outputs, xp=None):
     if count < 2:
         return None
     sums = 2 * weight if "dw" in outputs else 0
+    sources = [(c, layer.pad)] + ([(k, back)] if back is not None and "dx" in outputs else [])
+    padded = max(ch * size * (h + 2 * ph) * (w + 2 * pw) for ch, (ph, pw) in sources)
     for slots in range(min(count, MAX_SLOTS), 0, -1):
-        if slots * (size * per_sample + sums) <= cols:
-            return size, slots
+        if slots * (size * per_sample + sums + padded) + weight <= cols:
+            return size, slots, padded
     return None
 
 
 def _chunk_areas(layer, room, plan, dw_wanted):
-    """Per slot: its columns' area, its top-sized area and (with dw) its sum and part buffers,
-    carved from the workspace regions."""
+    """``(areas, weight room)``: per slot its rows' area, its top-sized area, (with dw) its sum
+    and part buffers and the room for its padded copy, and one weight-sized buffer, all carved
+    from the workspace regions."""
     n, c, h, w, k, g, ho, wo = layer.geometry
-    size, slots = plan
+    size, slots, padded = plan
     wsize = k * (c // g) * math.prod(layer.kernel)
     per_cols, per_top = room["cols"].size // n, room["top"].size // n
     areas, end = [], slots * size * per_cols
+    pads = end + (2 * slots * wsize if dw_wanted else 0)
     for r in range(slots):
         cols = room["cols"][r * size * per_cols:(r + 1) * size * per_cols]
         top = room["top"][r * size * per_top:(r + 1) * size * per_top]
@@ -223,42 +202,46 @@ def _chunk_areas(layer, room, plan, dw_wanted):
         if dw_wanted:
             base = end + 2 * r * wsize
             sums = (room["cols"][base:base + wsize], room["cols"][base + wsize:base + 2 * wsize])
-        areas.append((cols, top, sums))
-    return areas
+        areas.append((cols, top, sums, room["cols"][pads + r * padded:pads + (r + 1) * padded]))
+    wroom = room["cols"][pads + slots * padded:pads + slots * padded + wsize]
+    return areas, wroom
 
 
 def _run_chunks(layer, plan, areas, kernel):
-    """``kernel(span, cols_area, top_area, sums, first)`` over every chunk: slot r takes its
-    run of chunks in order, and the slots share the threads."""
+    """``kernel(span, cols_area, top_area, sums, first, pad_area)`` over every chunk: slot r
+    takes its run of chunks in order, and the slots share the threads."""
     n = layer.geometry[0]
-    size, slots = plan
+    size, slots, _ = plan
     count = -(-n // size)
 
     def run_slots(r0, r1):
         for r in range(r0, r1):
-            cols, top, sums = areas[r]
+            cols, top, sums, pad = areas[r]
             for j, i in enumerate(range(r * count // slots, (r + 1) * count // slots)):
-                kernel((i * size, min(n, i * size + size)), cols, top, sums, j == 0)
+                kernel((i * size, min(n, i * size + size)), cols, top, sums, j == 0, pad)
 
     parallel.run(run_slots, slots, parallel.MIN_CHUNK)
 
 
-def _add_part(ops, xp, a, b, sums, first, shape):
-    """The sum in ``sums[0]`` (viewed as ``shape``) += a @ b (the first part is written)."""
-    total = sums[0].reshape(shape)
-    if first:
-        ops.matmul(a, b, total)
+def _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, by_dy):
+    """Any of y, dw, dx, chunk by chunk, with the columns in rows (layers/im2col_rows.py)."""
+    areas, wroom = _chunk_areas(layer, room, plan, dw is not None)
+    if by_dy:
+        back = _spans(layer)[1]
+        kernel = rows.from_dy_rows(layer, rows.weight_rows(layer, weight, wroom, flipped=True), back,
+                                   x, dy, dw, dx, dw is not None)
     else:
-        part = sums[1].reshape(shape)
-        ops.matmul(a, b, part)
-        xp.add(total, part, out=total)
+        kernel = rows.from_x_rows(layer, rows.weight_rows(layer, weight, wroom), x, dy, y, dw, dx)
+    _run_chunks(layer, plan, areas, kernel)
+    if dw is not None:
+        rows.write_dw(layer, dw, _total(numpy, areas), flipped=by_dy)
 
 
-def _total(xp, areas, shape):
-    """The slots' sums added in slot order, in the first slot's sum (viewed as ``shape``)."""
-    total = areas[0][2][0].reshape(shape)
-    for _, _, (other, _) in areas[1:]:
-        xp.add(total, other.reshape(shape), out=total)
+def _total(xp, areas):
+    """The slots' sums added in slot order, in the first slot's sum."""
+    total = areas[0][2][0]
+    for _, _, (other, _), _ in areas[1:]:
+        xp.add(total, other, out=total)
     return total
 
 
@@ -270,89 +253,62 @@ def im2col(layer, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
     room = {name: ctx.scratch((size,), layer.dtype) for name, size in regions(layer, declared)}
     plan = chunking(layer, declared, ctx.xp)
     by_dy = dx is not None and _spans(layer)[1] is not None
-    (_gradients_from_dy_columns if by_dy else _from_x_columns)(layer, ctx.xp, room, plan, weight,
-                                                               x, dy, y, dw, dx)
+    if plan is not None:
+        _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, by_dy)
+    else:
+        (_gradients_from_dy_columns if by_dy else _from_x_columns)(layer, ctx.xp, room, weight,
+                                                                   x, dy, y, dw, dx)
 
 
-def _from_x_columns(layer, xp, room, plan, weight, x, dy, y, dw, dx):
-    """y, dw and a scattered dx through the columns of x (dx: of dy's product with the weight)."""
+def _from_x_columns(layer, xp, room, weight, x, dy, y, dw, dx):
+    """y, dw and a scattered dx of the whole batch through the columns of x (dx: of dy's
+    product with the weight), each copy and GEMM split over the threads."""
+    from .conv import scatter_add
     n, c, h, w, k, g, ho, wo = layer.geometry
     (kh, kw), p = layer.kernel, ho * wo
     kg, ckk = k // g, c // g * kh * kw
     w3 = weight.reshape(g, kg, ckk)
-
-    def chunk(span, cols_area, top_area, sums, first, ops):
-        from .conv import scatter_add
-        s0, s1 = span
-        b = s1 - s0
-        cols = cols_area[:c * kh * kw * b * p].reshape(c, kh, kw, b, ho, wo)
-        cols3 = cols.reshape(g, ckk, b * p)
-        top = top_area[:k * b * p].reshape(k, b, p)  # y or dy with the samples inside the GEMM
-        if y is not None or dw is not None:
-            columns(xp, cols, x[s0:s1], top_area, layer.kernel, layer.stride, layer.pad, layer.dilation,
-                    ops.copyto)
-        if dy is not None:
-            ops.copyto(top, dy[s0:s1].reshape(b, k, p).transpose(1, 0, 2))
-        if dw is not None:
-            _add_part(ops, xp, top.reshape(g, kg, b * p), cols3.transpose(0, 2, 1), sums, first, (g, kg, ckk))
-        if y is not None:  # after dw, which reads dy from ``top``
-            ops.matmul(w3, cols3, top.reshape(g, kg, b * p))
-            ops.copyto(y[s0:s1].reshape(b, k, p), top.transpose(1, 0, 2))
-        if dx is not None:  # the columns' gradient replaces the columns, added back tap by tap
-            ops.matmul(w3.transpose(0, 2, 1), top.reshape(g, kg, b * p), cols3)
-            dxs = dx[s0:s1]
-            dxs.fill(0)
-            dxt = dxs.transpose(1, 0, 2, 3)
-            for i, j, out_index, in_index in layer._taps:
-                scatter_add(xp, dxt, cols[:, i, j], out_index, in_index)
-
-    if plan is None:  # the whole batch, each step split over the threads
-        dw3 = None if dw is None else dw.reshape(g, kg, ckk)
-        chunk((0, n), room["cols"], room["top"], (dw3, None), True, _Ops(xp, True))
-        return
-    areas = _chunk_areas(layer, room, plan, dw is not None)
-    inline = _Ops(xp, False)
-    _run_chunks(layer, plan, areas, lambda *a: chunk(*a, inline))
+    cols = room["cols"][:c * kh * kw * n * p].reshape(c, kh, kw, n, ho, wo)
+    cols3 = cols.reshape(g, ckk, n * p)
+    top = room["top"][:k * n * p].reshape(k, n, p)  # y or dy with the samples inside the GEMM
+    if y is not None or dw is not None:
+        columns(xp, cols, x, room["top"], layer.kernel, layer.stride, layer.pad, layer.dilation)
+    if dy is not None:
+        parallel.copyto(xp, top, dy.reshape(n, k, p).transpose(1, 0, 2))
     if dw is not None:
-        xp.copyto(dw.reshape(g, kg, ckk), _total(xp, areas, (g, kg, ckk)))
+        parallel.matmul(xp, top.reshape(g, kg, n * p), cols3.transpose(0, 2, 1), dw.reshape(g, kg, ckk))
+    if y is not None:  # after dw, which reads dy from ``top``
+        parallel.matmul(xp, w3, cols3, top.reshape(g, kg, n * p))
+        parallel.copyto(xp, y.reshape(n, k, p), top.transpose(1, 0, 2))
+    if dx is not None:  # the columns' gradient replaces the columns, added back tap by tap
+        parallel.matmul(xp, w3.transpose(0, 2, 1), top.reshape(g, kg, n * p), cols3)
+        dx.fill(0)
+        dxt = dx.transpose(1, 0, 2, 3)
+        for i, j, out_index, in_index in layer._taps:
+            scatter_add(xp, dxt, cols[:, i, j], out_index, in_index)
 
 
-def _gradients_from_dy_columns(layer, xp, room, plan, weight, x, dy, y, dw, dx):
-    """dx and dw of a stride-1 convolution from one gather, dy's columns (padded by
-    d(k-1) - p): dx is their product with the flipped kernel (C and K swapped), and dw the
-    product of x with them, read back flipped."""
+def _gradients_from_dy_columns(layer, xp, room, weight, x, dy, y, dw, dx):
+    """dx and dw of a stride-1 convolution from one gather of the whole batch, dy's columns
+    (padded by d(k-1) - p): dx is their product with the flipped kernel (C and K swapped), and
+    dw the product of x with them, read back flipped; each copy and GEMM split over the
+    threads."""
     (n, c, h, w, k, g, ho, wo), back = _spans(layer)
     (kh, kw), hw = layer.kernel, h * w
     cg, kkk = c // g, k // g * kh * kw
     by_tap = room["small"].reshape(g, cg, k // g, kh, kw)  # (C, K) swapped, taps flipped
     xp.copyto(by_tap, weight.reshape(g, k // g, cg, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
     flipped = by_tap.reshape(g, cg, kkk)
-
-    def chunk(span, cols_area, top_area, sums, first, ops):
-        s0, s1 = span
-        b = s1 - s0
-        dcols = cols_area[:k * kh * kw * b * hw].reshape(k, kh, kw, b, h, w)
-        columns(xp, dcols, dy[s0:s1], top_area, layer.kernel, (1, 1), back, layer.dilation, ops.copyto)
-        dcols3 = dcols.reshape(g, kkk, b * hw)
-        both = top_area[:c * b * hw].reshape(c, b, hw)  # x, then dx, in (C, N, H*W) order
-        if dw is not None:
-            ops.copyto(both, x[s0:s1].reshape(b, c, hw).transpose(1, 0, 2))
-            _add_part(ops, xp, both.reshape(g, cg, b * hw), dcols3.transpose(0, 2, 1), sums, first, (g, cg, kkk))
-        ops.matmul(flipped, dcols3, both.reshape(g, cg, b * hw))
-        ops.copyto(dx[s0:s1].reshape(b, c, hw), both.transpose(1, 0, 2))
-
-    def write_dw(total):  # dw read back from its flipped, (C, K)-swapped sum
-        xp.copyto(dw.reshape(g, k // g, cg, kh, kw),
-                  total.reshape(g, cg, k // g, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
-
-    if plan is None:  # the whole batch, each step split over the threads; dw's sum in dw itself
-        chunk((0, n), room["cols"], room["top"], (dw, None), True, _Ops(xp, True))
-        if dw is not None:  # read back through the weight-sized buffer, free now
-            xp.copyto(by_tap.reshape(-1), dw.reshape(-1))
-            write_dw(by_tap)
-        return
-    areas = _chunk_areas(layer, room, plan, dw is not None)
-    inline = _Ops(xp, False)
-    _run_chunks(layer, plan, areas, lambda *a: chunk(*a, inline))
+    dcols = room["cols"][:k * kh * kw * n * hw].reshape(k, kh, kw, n, h, w)
+    columns(xp, dcols, dy, room["top"], layer.kernel, (1, 1), back, layer.dilation)
+    dcols3 = dcols.reshape(g, kkk, n * hw)
+    both = room["top"][:c * n * hw].reshape(c, n, hw)  # x, then dx, in (C, N, H*W) order
+    if dw is not None:  # dw's flipped sum in dw itself, read back through the weight's buffer
+        parallel.copyto(xp, both, x.reshape(n, c, hw).transpose(1, 0, 2))
+        parallel.matmul(xp, both.reshape(g, cg, n * hw), dcols3.transpose(0, 2, 1), dw.reshape(g, cg, kkk))
+    parallel.matmul(xp, flipped, dcols3, both.reshape(g, cg, n * hw))
+    parallel.copyto(xp, dx.reshape(n, c, hw), both.transpose(1, 0, 2))
     if dw is not None:
-        write_dw(_total(xp, areas, (g, cg, kkk)))
+        xp.copyto(by_tap.reshape(-1), dw.reshape(-1))
+        xp.copyto(dw.reshape(g, k // g, cg, kh, kw),
+                  by_tap.reshape(g, cg, k // g, kh, kw)[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
