@@ -30,6 +30,9 @@ from .codecs import Encoding
 from .conv import scatter_add, window_keys, window_settings, window_taps
 
 NO_MAXIMUM = 255  # the argmax form's byte for a window with no maximum (all NaN)
+# A max pooling's backward makes about this many passes over its top per tap (the first-max
+# test's three, the routing's one): its work, for whether splitting it over the threads pays
+BACKWARD_PASSES_PER_TAP = 4
 
 
 def pooled_size(n, k, s, p, ceil=True):
@@ -182,7 +185,8 @@ class Pooling(Layer):
             part = [None if t is None else t[a:b] for t in
                     (bottoms[0], tops[0], top_grads[0], bottom_grads[0], ctx.encoded)]
             self._backward_samples(xp, [t[a:b] for t in room], *part)
-        parallel.run(samples, shape[0], int(np.prod(shape[1:])) * len(self._taps), xp)
+        passes = BACKWARD_PASSES_PER_TAP * len(self._taps)
+        parallel.run(samples, shape[0], int(np.prod(shape[1:])) * passes, xp)
 
     def _backward_samples(self, xp, room, x, top, dy, dx, argmax):
         """The backward of some samples: ``room`` their (hit, todo,) routed-gradient scratch,
