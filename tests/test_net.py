@@ -43,7 +43,6 @@ def small_net(path, batch=2, **kw):
 # which rounding leaves good to 1e-6, be wrong in its fifth digit unseen.
 F32_TOLERANCE = {
     "nets/lenet.yaml": 3e-6,         # 5e-7 (PyTorch f32: 8e-7): dot products of at most 800 terms
-    "nets/googlenet.yaml": 1e-5,     # 1.5e-6 (1.1e-6): deeper, but no BatchNorm
     "nets/resnet.yaml": 1e-4,        # 2.3e-5 (2.0e-5): 18 BatchNorms at batch 2, down to 2x2 maps
     # 2.1e-3 (2.1e-3): the first blocks' weight gradients are small differences of large terms
     # (BatchNorm takes out the mean at batch 2), so float32 leaves three digits of them; the
@@ -76,10 +75,14 @@ def test_loss_and_every_gradient_match_pytorch(path):
     compare_with_pytorch(path, "float32", F32_TOLERANCE[path])
 
 
-@pytest.mark.parametrize("path", ["nets/lenet.yaml", "nets/resnet_cifar.yaml"])
+@pytest.mark.parametrize("path", ["nets/lenet.yaml", "nets/resnet_cifar.yaml", "nets/googlenet.yaml"])
 def test_in_float64_the_nets_compute_what_pytorch_computes(path):
     """In float64 no rounding hides anything: the same loss and gradients to 1e-10 (measured:
-    2e-15 and 1.4e-14)."""
+    2e-15, 1.4e-14 and 6e-15). GoogLeNet is compared in float64 only: at batch 2 some of its
+    ReLUs see pre-activations within float32 rounding of zero (8e-5 of inception_3a's
+    3x3_reduce outputs within 1e-6), and which way such a mask falls depends on the order a
+    GEMM sums in (the BLAS build, the CPU, the layout of the columns): one order cost the
+    gradients upstream 4e-3 of their scale, another 1e-6."""
     compare_with_pytorch(path, "float64", 1e-10)
 
 
