@@ -22,11 +22,14 @@ the placement (dynamic or planned), which depends on every Alloc and Free
   per step its algorithm, against the heuristics above as incumbents (optimal.py; the pass
   plans its candidates to the end, workspace choice and placement included).
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
-- ``P+params`` (``superneurons+params``, or ``--offload-params`` with any policy): parameters,
+- ``P+params`` (``superneurons+params``, ``gist+params``, or ``--offload-params`` with a policy of
+  :data:`WITH_PARAMS`): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
   them; the optimiser updates on the host (params.py). Where the policy recomputes, it
   recomputes every other join too (recompute.recompute_joins): with the parameters gone,
-  the activations kept for the backward are what fills the host.
+  the activations kept for the backward are what fills the host. ``gist+params`` keeps the
+  stashes encoded besides: the encode pass runs after liveness, which it needs, on the
+  schedule whose parameter copies are already in place (it leaves them as they are).
 """
 
 from dataclasses import replace
@@ -66,6 +69,7 @@ WITH_PARAMS = {
     "recompute" + PARAMS: (recompute_joins, offload_params) + LIVENESS + LAST,
     "offload" + PARAMS: (offload_params,) + LIVENESS + (offload,) + LAST,
     "superneurons" + PARAMS: (recompute_joins, offload_params) + LIVENESS + (offload,) + LAST,
+    "gist" + PARAMS: (offload_params,) + LIVENESS + (encode,) + LAST,
 }
 # The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
 # with parameter offload; any preset but baseline takes "+params".
