@@ -2,11 +2,13 @@
 cost model.
 
 ``optimal`` solves the mixed-integer program of optimal_model.py (which stashed tensors to
-keep, offload or recompute, which algorithm each step runs) with HiGHS within the Context's
-``solver_seconds``, and realises the answer with the machinery of the other passes, so the
-Simulator and the Runtime run it unchanged and every guarantee of theirs holds (plan equals
-run; baseline's losses bit for bit where the algorithms are baseline's): recompute.py
-recomputes the chosen roots (each once), then in-place reuse and liveness, offload.py copies
+keep, keep encoded, offload or recompute, which algorithm each step runs) with HiGHS within
+the Context's ``solver_seconds``, and realises the answer with the machinery of the other
+passes, so the Simulator and the Runtime run it unchanged and every guarantee of theirs holds
+(plan equals run; baseline's losses bit for bit where the algorithms are baseline's and the
+encodings lossless): recompute.py recomputes the chosen roots (each once), then in-place
+reuse and liveness, encode.py keeps the chosen stashes encoded (Gist's forms; fp16 only with
+``--lossy fp16``), offload.py copies
 the chosen roots out and back, and workspace.fit gives each step the fastest algorithm that
 fits what the tensors leave (at least the solver's choice, which fitted). The program's
 memory model is conservative but not exact (a recomputation's own workspace, the placement's
@@ -14,7 +16,7 @@ holes): where the realised plan still goes over, the program is solved again wit
 budget lowered by the excess.
 
 HiGHS through scipy takes no starting solution, so the heuristic policies (liveness,
-recompute, offload, superneurons) are planned under the same budget too, and the fastest of
+recompute, offload, superneurons, gist) are planned under the same budget too, and the fastest of
 all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never slower than
 ``superneurons``. The Context's memo gets ``'optimal'``: the winner, every candidate's
 estimate, the solver's status, objective, proven bound and gap, and its time.
@@ -30,6 +32,7 @@ import time
 from ..errors import SNError
 from ..sizes import human_bytes
 from .inplace import inplace
+from .encode import encode
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
@@ -37,7 +40,7 @@ from .recompute import with_recomputes
 from .workspace import fit
 
 # The incumbents: presets of policy.py whose plans the solver's must beat.
-HEURISTICS = ("liveness", "recompute", "offload", "superneurons")
+HEURISTICS = ("liveness", "recompute", "offload", "superneurons", "gist")
 ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan went over
 # The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, the part
 # of the time limit by which it ends). The first is the quick one that every net solves to
@@ -130,10 +133,11 @@ def _candidate(name, schedule, context, passes=None):
                      context)
 
 
-def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
+def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), encoded=None):
     """``schedule`` (the baseline) with ``recompute_roots`` recomputed, ``offload_roots_``
     offloaded with the offload pass's lookahead and ``swap_roots`` with copies that run as far
-    ahead as they need (root names of the schedule before in-place reuse), by the other
+    ahead as they need (root names of the schedule before in-place reuse), the encodings of
+    ``encoded`` (``(layers, roots)``, encode.py's ``only``; None: none) kept, by the other
     passes' machinery, then fitted and placed under ``context``."""
     def offloaded(s, ctx):
         roots = Roots.of(s)
@@ -144,7 +148,13 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
     def recomputed(s, ctx):
         return with_recomputes(s, ctx, only=recompute_roots)
 
-    return _candidate("solver", schedule, context, (recomputed, inplace, liveness, offloaded, fit))
+    def encoded_(s, ctx):
+        layers, roots = encoded
+        names = Roots.of(s)  # the roots after in-place reuse
+        return encode(s, ctx, only=(layers, {names(r) for r in roots}))
+
+    passes = (recomputed, inplace, liveness) + ((encoded_,) if encoded and any(encoded) else ()) + (offloaded, fit)
+    return _candidate("solver", schedule, context, passes)
 
 
 def _solved(schedule, context, info):
@@ -163,7 +173,7 @@ def _solved(schedule, context, info):
     info["solver"] = solver = {"phases": phases}
     for joins, swaps, share in PHASES:
         if joins not in models:
-            models[joins] = build(schedule, context.model, joins=joins)
+            models[joins] = build(schedule, context.model, joins=joins, lossy=context.lossy)
         model, until = models[joins], start + context.solver_seconds * share
         for recomputed in sorted(earlier, key=earlier.get) if swaps else [frozenset()]:
             found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
@@ -199,10 +209,11 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
                      solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
         if solution.recompute is None:
             break
-        found = realise(schedule, context, solution.recompute, solution.offload, solution.swap)
+        found = realise(schedule, context, solution.recompute, solution.offload, solution.swap, solution.encode)
         found.recomputed = solution.recompute
         phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
-                     swapped=len(solution.swap), realised_seconds=found.seconds, fits=_ok(found, context))
+                     swapped=len(solution.swap), encoded=len(solution.encode[0] | solution.encode[1]),
+                     realised_seconds=found.seconds, fits=_ok(found, context))
         if _ok(found, context):
             break
         # Lower the cap by what it went over; by half at first where only the placement's

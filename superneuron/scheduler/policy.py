@@ -18,9 +18,10 @@ the placement (dynamic or planned), which depends on every Alloc and Free
 - ``gist``: liveness, with the stashes kept encoded between the forward and the backward
   (Gist: encode.py); lossless, or half precision too with ``--lossy fp16``.
 - ``optimal``: the fastest schedule under the cost model that fits the budget: a
-  mixed-integer program (HiGHS) chooses per stashed tensor keep, offload or recompute and
-  per step its algorithm, against the heuristics above as incumbents (optimal.py; the pass
-  plans its candidates to the end, workspace choice and placement included).
+  mixed-integer program (HiGHS) chooses per stashed tensor keep, keep encoded, offload or
+  recompute and per step its algorithm, against the heuristics above as incumbents
+  (optimal.py; the pass plans its candidates to the end, workspace choice and placement
+  included). ``--lossy fp16`` lets it choose half-precision stashes too.
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
 - ``P+params`` (``superneurons+params``, ``gist+params``, or ``--offload-params`` with a policy of
   :data:`WITH_PARAMS`): parameters,
@@ -111,9 +112,9 @@ def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_lim
         passes.insert(0, allreduce)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
-    if lossy and encode not in passes:
+    if lossy and not {encode, optimal, auto} & set(passes):
         raise SNError(f"--lossy {','.join(lossy)} keeps stashes in a lossy encoding, which policy "
-                      f"'{name}' does not encode; use --policy gist")
+                      f"'{name}' does not encode; use --policy gist, optimal or auto")
     context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
                       {} if memo is None else memo, tuple(lossy), ranks=ranks, bucket_bytes=bucket_bytes)
     if solver_seconds is not None:
