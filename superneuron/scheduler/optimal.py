@@ -42,11 +42,15 @@ from .workspace import fit
 # The incumbents: presets of policy.py whose plans the solver's must beat.
 HEURISTICS = ("liveness", "recompute", "offload", "superneurons", "gist")
 ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan went over
-# The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, the part
-# of the time limit by which it ends). The first is the quick one that every net solves to
-# its gap in seconds; the second, joins', is harder (ResNet-50 at 1/3 of liveness's arena:
-# 4-20 s on the 2-core machine, as loaded); the third adds swaps to the plans before.
-PHASES = ((False, False, 0.25), (True, False, 0.75), (True, True, 1.0))
+# The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, encodings
+# offered, the part of the time limit by which it ends). The first is the quick one that every
+# net solves to its gap in seconds; the second is it with encodings (only where the net has
+# some: its plans compete with the first's rather than replace them, since a plan with small
+# encoded forms may leave the placement more holes); the third, joins', is harder (ResNet-50
+# at 1/3 of liveness's arena: 4-20 s on the 2-core machine, as loaded); the fourth adds swaps
+# to the plans before.
+PHASES = ((False, False, False, 0.2), (False, False, True, 0.35), (True, False, False, 0.75),
+          (True, True, False, 1.0))
 
 
 @dataclasses.dataclass
@@ -161,7 +165,7 @@ def _solved(schedule, context, info):
     """The solver's best plan that fits (a Candidate), else its last, else None. The programs
     of :data:`PHASES`, each by its share of the time limit: without swaps or joins'
     recomputation first (easy: most of a net's savings are recomputations of single-input
-    layers), then with joins recomputed too (harder: a join's output comes back from several
+    layers), then the same with encodings, then with joins recomputed too (harder: a join's output comes back from several
     roots), then with swaps, once for the recomputations of each earlier program's last plan,
     the fastest first, those roots still recomputed (HiGHS takes no starting point; this
     keeps the last programs small, and swaps may make room where a plan went a little over);
@@ -171,12 +175,17 @@ def _solved(schedule, context, info):
     models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
-    for joins, swaps, share in PHASES:
+    for joins, swaps, encodings, share in PHASES:
         if joins not in models:
             models[joins] = build(schedule, context.model, joins=joins, lossy=context.lossy)
         model, until = models[joins], start + context.solver_seconds * share
+        if encodings != bool(model.units):  # no encoding to offer: the program of the phase before
+            if encodings:
+                continue
+            model = dataclasses.replace(model, units=[])
         for recomputed in sorted(earlier, key=earlier.get) if swaps else [frozenset()]:
             found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
+            phases[-1]["encodings"] = encodings
             if found is None:
                 continue
             last = found
