@@ -49,7 +49,7 @@ ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan
 # encoded forms may leave the placement more holes); the third, joins', is harder (ResNet-50
 # at 1/3 of liveness's arena: 4-20 s on the 2-core machine, as loaded); the fourth adds swaps
 # to the plans before.
-PHASES = ((False, False, False, 0.2), (False, False, True, 0.35), (True, False, False, 0.75),
+PHASES = ((False, False, False, 0.25), (False, False, True, 0.35), (True, False, False, 0.75),
           (True, True, False, 1.0))
 
 
