@@ -26,7 +26,7 @@ def net_arguments(parser):
                              f"--memory: auto)")
     parser.add_argument("--offload-params", action="store_true",
                         help="keep parameters, gradients and optimiser state in host memory and update "
-                             "there (adds +params to the policy: liveness, recompute, offload, superneurons or gist)")
+                             "there (adds +params to the policy: any but baseline)")
     parser.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
                         help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
     parser.add_argument("--host-memory", metavar="SIZE",

@@ -24,6 +24,12 @@ estimate, the solver's status, objective, proven bound and gap, and its time.
 ``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
 where it fits at full speed, without solving anything; the best heuristic that fits when
 the solver runs out of time).
+
+``optimal+params`` and ``auto+params`` (the schedule's policy name ends so): every plan has
+its parameters, their gradients and the optimiser state on the host (params.py): the
+heuristics are their ``+params`` presets, the program is built from the schedule with its
+parameter copies in place (so its resident bytes are those left on the device), and the
+solver's plan gets them right after its recomputations, as ``superneurons+params`` does.
 """
 
 import dataclasses
@@ -36,6 +42,7 @@ from .encode import encode
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
+from .params import offload_params
 from .recompute import with_recomputes
 from .workspace import fit
 
@@ -80,14 +87,22 @@ def auto(schedule, context):
     return _fastest(schedule, context, solve_always=False)
 
 
+def _params(schedule):
+    """``'+params'`` where ``schedule``'s policy keeps the parameters on the host, else ``''``:
+    the suffix of the heuristics' names (policy.py)."""
+    from .policy import PARAMS
+    return PARAMS if schedule.policy.endswith(PARAMS) else ""
+
+
 def _fastest(schedule, context, solve_always):
     info = {"winner": None, "candidates": {}, "solver": None}
     context.memo["optimal"] = info
-    live = _candidate("liveness", schedule, context)
-    info["candidates"]["liveness"] = live.seconds if _ok(live, context) else None
+    liveness_ = "liveness" + _params(schedule)
+    live = _candidate(liveness_, schedule, context)
+    info["candidates"][liveness_] = live.seconds if _ok(live, context) else None
     if context.budget is None or not schedule.train:
         return _win(live, info, context, "no budget: liveness at full speed is the fastest")
-    unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
+    unbounded = _candidate(liveness_, schedule, dataclasses.replace(context, budget=None))
     if _ok(live, context) and live.seconds <= unbounded.seconds:
         return _win(live, info, context, "liveness at full speed fits: nothing is faster")
     if _ok(live, context) and not solve_always:
@@ -95,6 +110,7 @@ def _fastest(schedule, context, solve_always):
     best = [live] if _ok(live, context) else []
     for name in HEURISTICS:
         if name != "liveness":
+            name += _params(schedule)
             found = _candidate(name, schedule, context)
             info["candidates"][name] = found.seconds if _ok(found, context) else None
             best += [found] if _ok(found, context) else []
@@ -124,12 +140,12 @@ def _win(candidate, info, context, proven):
 
 
 def _candidate(name, schedule, context, passes=None):
-    """Plan ``schedule`` with ``passes`` (default: the heuristic ``name``'s) under a Context
-    like ``context`` (its own memo) and weigh it."""
-    from .policy import PRESETS  # policy.py lists this module's passes: import it when planning
+    """Plan ``schedule`` with ``passes`` (default: the heuristic ``name``'s, a policy name)
+    under a Context like ``context`` (its own memo) and weigh it."""
+    from .policy import passes_of  # policy.py lists this module's passes: import it when planning
     from .simulate import simulate
     context = dataclasses.replace(context, memo={})
-    for apply in passes or PRESETS[name]:
+    for apply in passes or passes_of(name):
         schedule = apply(schedule, context)
     placed, replayed = context.memo.get("replayed", (None, None))
     plan = simulate(schedule, replayed if placed is schedule else None)
@@ -142,7 +158,8 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
     offloaded with the offload pass's lookahead and ``swap_roots`` with copies that run as far
     ahead as they need (root names of the schedule before in-place reuse), the encodings of
     ``encoded`` (``(layers, roots)``, encode.py's ``only``; None: none) kept, by the other
-    passes' machinery, then fitted and placed under ``context``."""
+    passes' machinery (parameter offload after the recomputations where the policy of
+    ``schedule`` ends in ``+params``), then fitted and placed under ``context``."""
     def offloaded(s, ctx):
         roots = Roots.of(s)
         ahead = {roots(r): len(s.steps) for r in swap_roots}
@@ -157,7 +174,8 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
         names = Roots.of(s)  # the roots after in-place reuse
         return encode(s, ctx, only=(layers, {names(r) for r in roots}))
 
-    passes = (recomputed, inplace, liveness) + ((encoded_,) if encoded and any(encoded) else ()) + (offloaded, fit)
+    passes = ((recomputed,) + ((offload_params,) if _params(schedule) else ()) + (inplace, liveness)
+              + ((encoded_,) if encoded and any(encoded) else ()) + (offloaded, fit))
     return _candidate("solver", schedule, context, passes)
 
 
@@ -177,7 +195,8 @@ def _solved(schedule, context, info):
     info["solver"] = solver = {"phases": phases}
     for joins, swaps, encodings, share in PHASES:
         if joins not in models:
-            models[joins] = build(schedule, context.model, joins=joins, lossy=context.lossy)
+            modelled = offload_params(schedule) if _params(schedule) else schedule
+            models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
         model, until = models[joins], start + context.solver_seconds * share
         if encodings != bool(model.units):  # no encoding to offer: the program of the phase before
             if encodings:
@@ -236,14 +255,16 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
 def smallest_budget(schedule, context):
     """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
     between the resident bytes and liveness's arena; each probe plans superneurons and
-    offload, the policies that go lowest), to within 1/4096 of it: a budget that fits, and
-    no more than that above the smallest (deep nets plan for seconds: each probe counts)."""
-    unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
-    lo, hi = schedule.resident_bytes, unbounded.plan.arena_bytes
+    offload, the policies that go lowest; their ``+params`` presets where ``schedule``'s policy
+    ends so), to within 1/4096 of it: a budget that fits, and no more than that above the
+    smallest (deep nets plan for seconds: each probe counts)."""
+    params = _params(schedule)
+    unbounded = _candidate("liveness" + params, schedule, dataclasses.replace(context, budget=None))
+    lo, hi = unbounded.schedule.resident_bytes, unbounded.plan.arena_bytes
 
     def fits(budget):
         ctx = dataclasses.replace(context, budget=budget)
-        return any(_ok(_candidate(name, schedule, ctx), ctx) for name in ("superneurons", "offload"))
+        return any(_ok(_candidate(name + params, schedule, ctx), ctx) for name in ("superneurons", "offload"))
 
     while hi - lo > hi >> 12:
         mid = (lo + hi) // 2

@@ -23,14 +23,16 @@ the placement (dynamic or planned), which depends on every Alloc and Free
   (optimal.py; the pass plans its candidates to the end, workspace choice and placement
   included). ``--lossy fp16`` lets it choose half-precision stashes too.
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
-- ``P+params`` (``superneurons+params``, ``gist+params``, or ``--offload-params`` with a policy of
-  :data:`WITH_PARAMS`): parameters,
+- ``P+params`` (``superneurons+params``, ``gist+params``, ``optimal+params``, or
+  ``--offload-params`` with any policy but baseline): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
   them; the optimiser updates on the host (params.py). Where the policy recomputes, it
   recomputes every other join too (recompute.recompute_joins): with the parameters gone,
   the activations kept for the backward are what fills the host. ``gist+params`` keeps the
   stashes encoded besides: the encode pass runs after liveness, which it needs, on the
   schedule whose parameter copies are already in place (it leaves them as they are).
+  ``optimal+params`` and ``auto+params`` weigh the ``+params`` presets and the solver's plan
+  with the parameters offloaded (optimal.py).
 """
 
 from dataclasses import replace
@@ -71,12 +73,16 @@ WITH_PARAMS = {
     "offload" + PARAMS: (offload_params,) + LIVENESS + (offload,) + LAST,
     "superneurons" + PARAMS: (recompute_joins, offload_params) + LIVENESS + (offload,) + LAST,
     "gist" + PARAMS: (offload_params,) + LIVENESS + (encode,) + LAST,
+    # each of their plans is made with the presets above, or with parameter offload right after
+    # the solver's recomputations (optimal.py reads the "+params" in the schedule's policy)
+    "optimal" + PARAMS: (optimal,),
+    "auto" + PARAMS: (auto,),
 }
 # The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
 # with parameter offload; any preset but baseline takes "+params".
 POLICIES = {**PRESETS, "superneurons" + PARAMS: WITH_PARAMS["superneurons" + PARAMS]}
 # Policies that solve a program per plan: not in sn-depth's default scan (a plan per depth).
-SOLVED = ("optimal", "auto")
+SOLVED = ("optimal", "auto", "optimal" + PARAMS, "auto" + PARAMS)
 
 
 def passes_of(name):
