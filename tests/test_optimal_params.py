@@ -82,3 +82,7 @@ def test_sn_plan_takes_optimal_params_and_auto_params(capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["policy"] == "optimal+params" and info["arena_bytes"] <= 60 << 10 and info["host_bytes"] > 0
     assert info["optimal"]["winner"].endswith("+params") or info["optimal"]["winner"] == "solver"
+    memo = {}  # auto+params: liveness+params where it fits
+    free = planned(graph_of(CHAIN), "liveness+params", None)[1]
+    assert planned(graph_of(CHAIN), "auto+params", free.arena_bytes, memo)[1].arena_bytes == free.arena_bytes
+    assert memo["optimal"]["winner"] == "liveness+params"

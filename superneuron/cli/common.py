@@ -37,8 +37,8 @@ def net_arguments(parser):
                              "the budget alone limits it)")
     parser.add_argument("--lossy", choices=("fp16",), action="append", default=[], metavar="fp16",
                         help="also keep stashed feature maps in half precision between the forward and "
-                             "the backward (Gist's delayed precision reduction; policies that encode: gist, and optimal "
-                             "and auto, which may choose it)")
+                             "the backward (Gist's delayed precision reduction; policies that encode: gist, and "
+                             "optimal and auto, which may choose it)")
     parser.add_argument("--solver-time", type=float, default=20.0, metavar="SECONDS",
                         help="time limit of the optimal and auto policies' solver (default 20)")
 

@@ -8,18 +8,18 @@ passes, so the Simulator and the Runtime run it unchanged and every guarantee of
 (plan equals run; baseline's losses bit for bit where the algorithms are baseline's and the
 encodings lossless): recompute.py recomputes the chosen roots (each once), then in-place
 reuse and liveness, encode.py keeps the chosen stashes encoded (Gist's forms; fp16 only with
-``--lossy fp16``), offload.py copies
-the chosen roots out and back, and workspace.fit gives each step the fastest algorithm that
-fits what the tensors leave (at least the solver's choice, which fitted). The program's
-memory model is conservative but not exact (a recomputation's own workspace, the placement's
-holes): where the realised plan still goes over, the program is solved again with the
-budget lowered by the excess.
+``--lossy fp16``), offload.py copies the chosen roots out and back, and workspace.fit gives
+each step the fastest algorithm that fits what the tensors leave (at least the solver's
+choice, which fitted). The program's memory model is conservative but not exact (a
+recomputation's or a coding step's own workspace, the placement's holes): where the realised
+plan still goes over, the program is solved again with the budget lowered by the excess.
 
 HiGHS through scipy takes no starting solution, so the heuristic policies (liveness,
-recompute, offload, superneurons, gist) are planned under the same budget too, and the fastest of
-all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never slower than
-``superneurons``. The Context's memo gets ``'optimal'``: the winner, every candidate's
-estimate, the solver's status, objective, proven bound and gap, and its time.
+recompute, offload, superneurons, gist) are planned under the same budget too, and the
+fastest of all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never
+slower than ``superneurons`` or ``gist``. The Context's memo gets ``'optimal'``: the winner,
+every candidate's estimate, the solver's status, objective, proven bound and gap, and its
+time.
 
 ``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
 where it fits at full speed, without solving anything; the best heuristic that fits when
@@ -37,8 +37,8 @@ import time
 
 from ..errors import SNError
 from ..sizes import human_bytes
-from .inplace import inplace
 from .encode import encode
+from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
@@ -169,13 +169,13 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
     def recomputed(s, ctx):
         return with_recomputes(s, ctx, only=recompute_roots)
 
-    def encoded_(s, ctx):
+    def kept_encoded(s, ctx):
         layers, roots = encoded
         names = Roots.of(s)  # the roots after in-place reuse
         return encode(s, ctx, only=(layers, {names(r) for r in roots}))
 
     passes = ((recomputed,) + ((offload_params,) if _params(schedule) else ()) + (inplace, liveness)
-              + ((encoded_,) if encoded and any(encoded) else ()) + (offloaded, fit))
+              + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fit))
     return _candidate("solver", schedule, context, passes)
 
 
@@ -183,24 +183,24 @@ def _solved(schedule, context, info):
     """The solver's best plan that fits (a Candidate), else its last, else None. The programs
     of :data:`PHASES`, each by its share of the time limit: without swaps or joins'
     recomputation first (easy: most of a net's savings are recomputations of single-input
-    layers), then the same with encodings, then with joins recomputed too (harder: a join's output comes back from several
-    roots), then with swaps, once for the recomputations of each earlier program's last plan,
-    the fastest first, those roots still recomputed (HiGHS takes no starting point; this
-    keeps the last programs small, and swaps may make room where a plan went a little over);
-    each solved again with a lower cap while its realised plan goes over the budget (the
-    model is not exact to the byte)."""
+    layers), then the same with encodings, then with joins recomputed too (harder: a join's
+    output comes back from several roots), then with swaps, once for the recomputations of
+    each earlier program's last plan, the fastest first, those roots still recomputed (HiGHS
+    takes no starting point; this keeps the last programs small, and swaps may make room
+    where a plan went a little over); each solved again with a lower cap while its realised
+    plan goes over the budget (the model is not exact to the byte)."""
     start = time.perf_counter()
     models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
+    modelled = offload_params(schedule) if _params(schedule) else schedule  # parameter copies in place
     for joins, swaps, encodings, share in PHASES:
         if joins not in models:
-            modelled = offload_params(schedule) if _params(schedule) else schedule
             models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
         model, until = models[joins], start + context.solver_seconds * share
-        if encodings != bool(model.units):  # no encoding to offer: the program of the phase before
-            if encodings:
-                continue
+        if encodings and not model.units:
+            continue  # nothing to encode: it would be the program before
+        if not encodings:
             model = dataclasses.replace(model, units=[])
         for recomputed in sorted(earlier, key=earlier.get) if swaps else [frozenset()]:
             found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)

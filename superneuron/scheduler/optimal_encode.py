@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .context import Context
 from .encode import encode, units
 from .liveness import Roots, intervals
-from .steps import CODING, DECODE, ENCODE, MEMORY
+from .steps import CODING, ENCODE, MEMORY
 
 
 @dataclass
@@ -50,15 +50,14 @@ def units_of(schedule, steps, roots, model, lossy=()):
     if not found:
         return []
     coded = encode(schedule, context)
-    owner = {}  # a root, an encoded form or a coding workspace → its unit
-    for u, (layers, rs) in enumerate(found):
-        owner.update((r, u) for r in rs)
+    owner = {r: u for u, (_, rs) in enumerate(found) for r in rs}  # a root or an encoded form → its unit
+    layer_of = {n: u for u, (layers, _) in enumerate(found) for n in layers}
     coded_steps = [s for s in coded.steps if s.kind not in MEMORY]
     at, k = [], 0  # each coded step's compute step in ``steps``
     seconds = [0.0] * len(found)
     for s in coded_steps:
         if s.kind in CODING:
-            u = owner[s.source] if s.kind == DECODE or s.source else _layer_unit(found, s.node)
+            u = owner[s.source] if s.source is not None else layer_of[s.node]  # a tensor's form, a layer's
             owner[s.tensor] = u
             seconds[u] += model.step_seconds(coded, s)
             at.append(k - 1 if s.kind == ENCODE else k)
@@ -76,10 +75,6 @@ def units_of(schedule, steps, roots, model, lossy=()):
             _add(events[owner[r]], a, b, -roots.size(r))
     return [Unit(layers, rs, seconds[u], sorted((i, -v) for i, v in events[u].items() if v))
             for u, (layers, rs) in enumerate(found)]
-
-
-def _layer_unit(found, node):
-    return next(u for u, (layers, _) in enumerate(found) if node in layers)
 
 
 def _add(events, first, last, nbytes):

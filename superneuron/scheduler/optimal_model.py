@@ -55,9 +55,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..allocator import aligned
+from . import optimal_encode
 from .cost import phase_of
 from .liveness import Roots, intervals, liveness
-from . import optimal_encode
 from .optimal_stashes import Stash, stashes_of  # noqa: F401 (Stash: the program's input, as Model)
 from .steps import BACKWARD, LAYER_STEPS, MEMORY
 
