@@ -129,14 +129,20 @@ class KernelTrace:
         trace = self
 
         def traced(ctx, codec, a, b):
-            if trace._depth:
-                return kernel(ctx, codec, a, b)
-            trace._depth += 1
-            try:
-                return trace._record_codec(kernel, ctx, codec, a, b, phase)
-            finally:
-                trace._depth -= 1
+            return trace._outermost(lambda: trace._record_codec(kernel, ctx, codec, a, b, phase),
+                                    lambda: kernel(ctx, codec, a, b))
         return traced
+
+    def _outermost(self, record, run):
+        """``record()`` (which runs the kernel), or ``run()`` alone inside a kernel already
+        recorded (a super() call, a kernel calling another)."""
+        if self._depth:
+            return run()
+        self._depth += 1
+        try:
+            return record()
+        finally:
+            self._depth -= 1
 
     def _record_codec(self, kernel, ctx, codec, a, b, phase):
         """An Encode (``a`` the map, ``b`` its form) or a Decode (``a`` the form, ``b`` the map)
@@ -186,13 +192,10 @@ class KernelTrace:
 
         def traced(layer, ctx, *args):
             node = trace.nodes.get(id(layer))
-            if node is None or trace._depth:  # another net's layer, or a super() call
+            if node is None:  # another net's layer
                 return kernel(layer, ctx, *args)
-            trace._depth += 1
-            try:
-                return trace._record(kernel, layer, ctx, args, node, phase)
-            finally:
-                trace._depth -= 1
+            return trace._outermost(lambda: trace._record(kernel, layer, ctx, args, node, phase),
+                                    lambda: kernel(layer, ctx, *args))
         return traced
 
     def _record(self, kernel, layer, ctx, args, node, phase):
