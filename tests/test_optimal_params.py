@@ -20,6 +20,8 @@ from superneuron.optim import SolverConfig, make_optimizer
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal import HEURISTICS, smallest_budget
+from superneuron.scheduler.optimal_model import build, solve
+from superneuron.scheduler.params import offload_params
 from superneuron.scheduler.policy import passes_of
 from superneuron.spec import loads_spec
 
@@ -86,3 +88,17 @@ def test_sn_plan_takes_optimal_params_and_auto_params(capsys):
     free = planned(graph_of(CHAIN), "liveness+params", None)[1]
     assert planned(graph_of(CHAIN), "auto+params", free.arena_bytes, memo)[1].arena_bytes == free.arena_bytes
     assert memo["optimal"]["winner"] == "liveness+params"
+
+
+def test_the_program_leaves_the_parameters_host_bytes_out_of_what_stashes_may_take():
+    """Built with the parameters on the host, the program counts what they take there as fixed
+    (liveness+params' host bytes): with a host memory of exactly that, no stash may go there."""
+    graph = graph_of(CHAIN)
+    m = build(offload_params(lower(graph)), CPU)
+    assert m.host_fixed == planned(graph, "liveness+params", None)[1].host_bytes > 0
+    cap = int(m.live.max() * 0.9)
+    free = solve(m, cap, 5.0)
+    assert free.offload | free.swap  # the premise: without a host bound it copies a stash out
+    bounded = solve(m, cap, 5.0, host_memory=m.host_fixed)
+    assert bounded.recompute is not None and not bounded.offload | bounded.swap
+    assert bounded.objective > free.objective

@@ -59,6 +59,7 @@ from . import optimal_encode
 from .cost import phase_of
 from .liveness import Roots, intervals, liveness
 from .optimal_stashes import Stash, stashes_of  # noqa: F401 (Stash: the program's input, as Model)
+from .simulate import simulate
 from .steps import BACKWARD, LAYER_STEPS, MEMORY
 
 MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
@@ -85,7 +86,8 @@ class Model:
     ``fixed_seconds`` (of the steps without a choice), the stashes, the choices and the
     resident bytes; ``long_chains``: chains of stash indices (recomputable roots, each
     recomputed from the next) that may not all be recomputed (see optimal_stashes.py);
-    ``units``: the encodings that may be chosen (optimal_encode.Unit)."""
+    ``units``: the encodings that may be chosen (optimal_encode.Unit); ``host_fixed``: the
+    host bytes taken whatever the choices (parameter offload's: params.py)."""
 
     n: int
     live: np.ndarray
@@ -99,6 +101,7 @@ class Model:
     names: list = field(default_factory=list)
     long_chains: list = field(default_factory=list)
     units: list = field(default_factory=list)
+    host_fixed: int = 0
 
 
 def build(schedule, model, joins=True, lossy=()):
@@ -139,7 +142,8 @@ def build(schedule, model, joins=True, lossy=()):
     stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
     return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
                  sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains,
-                 units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy))
+                 units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy),
+                 host_fixed=simulate(live_schedule).host_bytes if schedule.host_resident else 0)
 
 
 @dataclass
@@ -164,7 +168,8 @@ class Solution:
 
 def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
-    resident ones, the offloaded stashes' bytes within ``host_memory`` (None: unbounded), in
+    resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
+    (None: unbounded), in
     at most ``time_limit`` seconds; a :class:`Solution`. ``swaps``: offer the swap option
     (a harder program: its copies' streams are constrained too). ``recomputed``: roots that
     must be recomputed (an earlier solution's: the program left is much smaller)."""
@@ -239,7 +244,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
         row([(d0 + i, -1.0)] + [(j, v) for j, v in workspace_of.get(i, ()) if v], -np.inf, room[i])
     if host_memory is not None:
         row([(j, m.stashes[k].size / MIB) for j, (what, k, _) in enumerate(columns) if what in ("off", "swap")],
-            -np.inf, host_memory / MIB)
+            -np.inf, (host_memory - m.host_fixed) / MIB)
     # One copy at a time on each stream: the swaps' copies never queue, so each ends when the
     # model says (the offload pass times them so) and its window holds.
     on_stream = {}
