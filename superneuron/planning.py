@@ -81,7 +81,7 @@ def min_memory(net, policy="baseline", host_memory=None, phases=(True,), **optio
         from .scheduler.optimal import smallest_budget
         context = Context(None, host_memory, options["cost"], options.get("workspace_limit"),
                           options.get("placement", "dynamic"))
-        return max(smallest_budget(base, context) for base in bases)
+        return max(smallest_budget(base.replace(policy=policy), context) for base in bases)
     known = {}
 
     def plans(budget):

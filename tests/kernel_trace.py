@@ -25,6 +25,15 @@ it derives what a run really used:
   writes bytes other than the forward wrote (a Dropout mask drawn anew), and every recompute
   that changes a parameter or state buffer (BatchNorm's statistics updated twice).
 
+Gist's Encode and Decode steps (scheduler/encode.py) are kernel calls too: a layer's own form
+(``Layer.encode``, max pooling's argmax) and the codecs' (``codecs.encode`` and
+``codecs.decode``) are wrapped, their operands recorded like any other (``source``: the map,
+named by the last kernel write to its bytes; ``encoded``: its form, named as encode.py names
+it). An Encode must read what was written to its source; a Decode, and a Backward that reads a
+layer's form, must read the bytes its Encode wrote (not, say, a freed buffer's new contents);
+a Decode must give back what the form keeps of the value encoded (its signs, its half
+precision, or every bit), and from then on its bytes are what the value's names hold.
+
 Only the CPU backend is traced (operands must be NumPy arrays).
 """
 
@@ -38,7 +47,7 @@ try:
 except ImportError:  # NumPy 1
     byte_bounds = np.byte_bounds
 
-from superneuron.layers import REGISTRY
+from superneuron.layers import REGISTRY, codecs
 
 ALIGN = 256  # the arena's alignment (cudaMalloc's), stated in DESIGN.md's accounting
 
@@ -70,18 +79,23 @@ class Operand:
 @dataclass
 class Call:
     index: int
-    node: object
-    phase: str      # forward, recompute, backward
+    node: object    # None: a codec's Encode or Decode of a tensor form
+    phase: str      # forward, recompute, backward, encode, decode
     operands: list = field(default_factory=list)
 
     @property
     def label(self):
-        return f"{self.phase}({self.node.name})#{self.index}"
+        what = self.node.name if self.node is not None else self.operands[0].name
+        return f"{self.phase}({what})#{self.index}"
 
 
 RESIDENT = ("param", "param_grad")
-READS = {"forward": ("bottom",), "recompute": ("bottom",), "backward": ("bottom", "top", "top_grad")}
-WRITES = {"forward": ("top",), "recompute": ("top",), "backward": ("bottom_grad", "param_grad")}
+READS = {"forward": ("bottom",), "recompute": ("bottom",), "backward": ("bottom", "top", "top_grad", "encoded"),
+         "encode": ("bottom", "top", "source"), "decode": ("encoded",)}
+WRITES = {"forward": ("top",), "recompute": ("top",), "backward": ("bottom_grad", "param_grad"),
+          "encode": ("encoded",), "decode": ("source",)}
+# What a Decode must give back of the value encoded, by codec: a digest of it
+KEPT = {"sign": lambda a: digest(a > 0), "fp16": lambda a: digest(a.astype(np.float16)), "sparse": digest}
 
 
 class KernelTrace:
@@ -96,6 +110,9 @@ class KernelTrace:
         self.root_written = {}  # storage root → digest of the last value written there
         self.forward_digest = {}  # name → digest its forward wrote (recompute must match)
         self.unchecked_reads = set()  # names read that no kernel wrote (a loss's top gradient)
+        self.at_bytes = {}      # (start, end) address → the name last written there
+        self.kept = {}          # encoded form → (codec, digest of what it keeps, digest of the value)
+        self.forms = {}         # node name → the name of its own encoded form, as last written
         self._depth = 0
 
     # -- recording ------------------------------------------------------------------------
@@ -103,32 +120,101 @@ class KernelTrace:
         for cls in set(REGISTRY.values()):
             monkeypatch.setattr(cls, "forward", self._wrap(cls.forward, "forward"))
             monkeypatch.setattr(cls, "backward", self._wrap(cls.backward, "backward"))
+            monkeypatch.setattr(cls, "encode", self._wrap(cls.encode, "encode"))
+        monkeypatch.setattr(codecs, "encode", self._wrap_codec(codecs.encode, "encode"))
+        monkeypatch.setattr(codecs, "decode", self._wrap_codec(codecs.decode, "decode"))
         return self
+
+    def _wrap_codec(self, kernel, phase):
+        trace = self
+
+        def traced(ctx, codec, a, b):
+            return trace._outermost(lambda: trace._record_codec(kernel, ctx, codec, a, b, phase),
+                                    lambda: kernel(ctx, codec, a, b))
+        return traced
+
+    def _outermost(self, record, run):
+        """``record()`` (which runs the kernel), or ``run()`` alone inside a kernel already
+        recorded (a super() call, a kernel calling another)."""
+        if self._depth:
+            return run()
+        self._depth += 1
+        try:
+            return record()
+        finally:
+            self._depth -= 1
+
+    def _record_codec(self, kernel, ctx, codec, a, b, phase):
+        """An Encode (``a`` the map, ``b`` its form) or a Decode (``a`` the form, ``b`` the map)
+        of a tensor form."""
+        x, form = (a, b) if phase == "encode" else (b, a)
+        name = self.at_bytes.get(byte_bounds(x), "?") if phase == "encode" else self._decoded_name(form)
+        call = Call(len(self.calls), None, phase,
+                    [Operand("source", name, x), Operand("encoded", f"{name}#{codec}", form)])
+        if ctx.workspace is not None:
+            call.operands.append(Operand("workspace", "", ctx.workspace))
+        for op in call.operands:
+            op.nbytes = op.array.nbytes
+        self.calls.append(call)
+        self._check_reads(call)
+        result = kernel(ctx, codec, a, b)
+        self._note_writes(call)
+        if phase == "encode":
+            self.kept[f"{name}#{codec}"] = (codec, KEPT[codec](x), digest(x))
+        else:
+            self._decoded(call, codec, name, x)
+        return result
+
+    def _decoded_name(self, form):
+        """The name of the map whose form ``form`` is: the one whose form was last written at
+        its bytes."""
+        found = self.at_bytes.get(byte_bounds(form), "?#")
+        return found.rsplit("#", 1)[0]
+
+    def _decoded(self, call, codec, name, x):
+        """After a Decode into ``x``: it must give back what the form keeps; the names that held
+        the value encoded now hold what it gave back."""
+        e = f"{name}#{codec}"
+        if e not in self.kept:
+            self.violations.append(f"{call.label}: decodes '{e}', which nothing encoded")
+            return
+        _, kept, value = self.kept[e]
+        if KEPT[codec](x) != kept:
+            self.violations.append(f"{call.label}: '{name}' decoded is not what '{e}' kept")
+        now = digest(x)
+        for names in (self.written, self.root_written):
+            for n, d in names.items():
+                if d == value:
+                    names[n] = now
 
     def _wrap(self, kernel, phase):
         trace = self
 
         def traced(layer, ctx, *args):
             node = trace.nodes.get(id(layer))
-            if node is None or trace._depth:  # another net's layer, or a super() call
+            if node is None:  # another net's layer
                 return kernel(layer, ctx, *args)
-            trace._depth += 1
-            try:
-                return trace._record(kernel, layer, ctx, args, node, phase)
-            finally:
-                trace._depth -= 1
+            return trace._outermost(lambda: trace._record(kernel, layer, ctx, args, node, phase),
+                                    lambda: kernel(layer, ctx, *args))
         return traced
 
     def _record(self, kernel, layer, ctx, args, node, phase):
         if phase == "forward" and ctx.recompute:
             phase = "recompute"
         call = Call(len(self.calls), node, phase)
-        if phase == "backward":
+        if phase == "encode":  # a layer's own form of its backward's operands
+            codec, bottoms, tops, out = args
+            self.forms[node.name] = f"{node.name}#{codec}"
+            groups = [("bottom", node.bottoms, bottoms), ("top", node.tops, tops),
+                      ("encoded", [self.forms[node.name]], [out])]
+        elif phase == "backward":
             bottoms, tops, top_grads, bottom_grads, params, param_grads = args
             groups = [("bottom", node.bottoms, bottoms), ("top", node.tops, tops),
                       ("top_grad", node.top_grads, top_grads), ("bottom_grad", node.bottom_grads, bottom_grads),
                       ("param", [node.params[k] for k in params], list(params.values())),
                       ("param_grad", [node.param_grads[k] for k in param_grads], list(param_grads.values()))]
+            if ctx.encoded is not None:  # it reads its layer's own form instead of its operands
+                groups.append(("encoded", [self.forms.get(node.name, "?")], [ctx.encoded]))
         else:
             bottoms, tops, params = args
             groups = [("bottom", node.bottoms, bottoms), ("top", node.tops, tops),
@@ -157,7 +243,7 @@ class KernelTrace:
             if op.role not in READS[call.phase]:
                 continue
             expect = self.written.get(op.name)
-            if expect is None:  # a view no kernel writes (Split, Flatten): its root's value
+            if expect is None and op.role != "encoded":  # a view no kernel writes (Split, Flatten): its root's value
                 expect = self.root_written.get(self.graph.root(op.name))
             if expect is None:
                 self.unchecked_reads.add(op.name)
@@ -174,7 +260,8 @@ class KernelTrace:
             if call.phase == "forward":
                 self.forward_digest[op.name] = d
             self.written[op.name] = d
-            if op.role != "param_grad":
+            self.at_bytes[byte_bounds(op.array)] = op.name
+            if op.role not in ("param_grad", "encoded"):
                 self.root_written[self.graph.root(op.name)] = d
 
     # -- what the run used ---------------------------------------------------------------
@@ -205,6 +292,8 @@ class KernelTrace:
                 min(op.offset for op in ops if not self._resident(op)))
 
     def _key(self, call, op):
+        if op.role == "encoded":  # not a graph tensor: its own value
+            return op.name
         return f"ws#{call.index}" if op.role == "workspace" else self.graph.root(op.name)
 
     def instances(self):
@@ -272,5 +361,5 @@ class KernelTrace:
     @staticmethod
     def _in_place(call, a, b):
         pairs = {("bottom", "top"), ("top", "bottom"), ("top_grad", "bottom_grad"), ("bottom_grad", "top_grad")}
-        return (call.node.layer.INPLACE and (a.role, b.role) in pairs
+        return (call.node is not None and call.node.layer.INPLACE and (a.role, b.role) in pairs
                 and (a.offset, a.nbytes) == (b.offset, b.nbytes))

@@ -115,17 +115,17 @@ def test_the_program_finds_the_brute_force_optimum_of_a_small_chain(seed):
 
 # -- the pass ------------------------------------------------------------------------------------
 
-def optimal_within_budget_and_fastest(graph, budget):
+def optimal_within_budget_and_fastest(graph, budget, model=CPU):
     """``(schedule, plan, memo)`` of optimal at ``budget``, asserted within it and no slower
-    than any heuristic that fits it."""
+    than any heuristic that fits it, under cost ``model``."""
     memo = {}
-    schedule, plan = planned(graph, "optimal", budget, memo)
+    schedule, plan = planned(graph, "optimal", budget, memo, model=model)
     assert plan.peak_bytes <= plan.arena_bytes <= budget, (budget, plan.arena_bytes)
-    seconds = CPU.iteration_seconds(schedule)
+    seconds = model.iteration_seconds(schedule)
     for heuristic in HEURISTICS:
-        other, other_plan = planned(graph, heuristic, budget)
+        other, other_plan = planned(graph, heuristic, budget, model=model)
         if other_plan.fits(budget):
-            assert seconds <= CPU.iteration_seconds(other) * (1 + 1e-12), (budget, heuristic)
+            assert seconds <= model.iteration_seconds(other) * (1 + 1e-12), (budget, heuristic)
     return schedule, plan, memo
 
 

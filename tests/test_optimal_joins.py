@@ -78,17 +78,20 @@ def join_roots(schedule):
 
 # -- the program against brute force -------------------------------------------------------------
 
-def model_of(text, joins=True):
+def model_of(text, joins=True, encodings=False):
     """The program's Model of ``text``'s net on the CPU cost model (``joins``: their outputs
     may be recomputed), without algorithm choices (each step on its fastest, counted in the
-    fixed time), without swaps, and with offload only for the stashes that cannot be
-    recomputed when joins can, so that enumerating it stays small (and the Model without
-    joins is the one with them less their recomputation)."""
+    fixed time), without swaps, without encodings unless asked (``encodings``), and with
+    offload only for the stashes that cannot be recomputed when joins can, so that
+    enumerating it stays small (and the Model without joins is the one with them less their
+    recomputation)."""
     base = lower(graph_of(text))
     recomputable = {s.root for s in build(base, CPU).stashes if s.recompute_seconds is not None}
     m = build(base, CPU, joins=joins)
     m.fixed_seconds += sum(min(c.seconds) for c in m.choices)
     m.choices = []
+    if not encodings:
+        m.units = []
     for s in m.stashes:
         s.swap = None
         if s.root in recomputable:

@@ -6,10 +6,12 @@ to a layer's kernel, with its offset in the one block they are all views of, and
 alone finds the highest byte used, the bytes alive at each kernel call, and whether every read
 sees what was written. Those are compared with the Simulator's plan (DESIGN.md invariants 2
 and 3: plan equals run; every tensor on the device is a view into the arena, the resident
-region first)."""
+region first). Under gist the Encode and Decode kernels are witnessed too: each encoded form
+is read as its Encode wrote it, and each Decode gives back what its form kept."""
 
 import pytest
 from kernel_trace import ALIGN, KernelTrace
+from test_encode import RELU_POOL
 from test_memory_passes import CAFFE_CHAIN, CHAIN
 from test_net import SMALL, feed_for
 
@@ -20,14 +22,17 @@ from superneuron.spec import loads_spec
 
 TINY = "tests/nets/tiny.yaml"  # in-place BatchNorm and ReLU, Dropout, Concat, Eltwise, fan-out
 TEXTS = {"chain": CHAIN,               # conv → BatchNorm → Scale → ReLU blocks: BatchNorm recomputed
-         "caffe_chain": CAFFE_CHAIN}   # the same all in place, as Caffe writes it, and Dropout in place
+         "caffe_chain": CAFFE_CHAIN,   # the same all in place, as Caffe writes it, and Dropout in place
+         "relu_pool": RELU_POOL}       # conv → ReLU → max pooling twice: gist's argmaxes and sign masks
 
 CASES = ([(TINY, p, pl) for p in ("baseline", "liveness", "recompute", "offload", "superneurons",
                                    "liveness+params", "superneurons+params") for pl in ("dynamic", "planned")]
          + [("chain", p, "dynamic") for p in ("recompute", "superneurons")]
          + [("caffe_chain", p, "planned") for p in ("liveness", "recompute", "offload", "superneurons")]
          + [("nets/lenet.yaml", p, "dynamic") for p in ("liveness", "recompute", "offload")]
-         + [("nets/resnet_cifar.yaml", p, "planned") for p in ("recompute", "superneurons")])
+         + [("nets/resnet_cifar.yaml", p, "planned") for p in ("recompute", "superneurons")]
+         + [(TINY, p, pl) for p in ("gist", "gist+params") for pl in ("dynamic", "planned")]
+         + [(c, "gist", "dynamic") for c in ("chain", "relu_pool")])
 
 
 def traced_run(monkeypatch, case, policy, placement):
@@ -48,7 +53,7 @@ def traced_run(monkeypatch, case, policy, placement):
 def test_what_the_kernels_touched_is_what_the_plan_said(monkeypatch, case, policy, placement):
     net, trace = traced_run(monkeypatch, case, policy, placement)
     plan = net.plans["train"]
-    kinds = {(c.node.layer.type, c.phase) for c in trace.calls}
+    kinds = {(c.node.layer.type, c.phase) for c in trace.calls if c.node is not None}
     assert len(trace.calls) >= len(net.graph.nodes) and ("Convolution", "backward") in kinds
 
     # every activation, gradient, workspace and parameter handed to a kernel is a view of one
@@ -134,3 +139,68 @@ def test_each_round_of_an_iter_size_iteration_touches_what_the_plan_said(monkeyp
     assert net.peak_bytes == plan.peak_bytes
     assert trace.clashes() == []
     assert trace.violations == []
+
+
+def test_the_witness_sees_every_encode_and_decode(monkeypatch):
+    """Under gist, the witness records the argmax and sign Encodes, each Decode and the pool
+    backwards that read their argmax, with the forms' bytes in the arena like any operand."""
+    net, trace = traced_run(monkeypatch, "relu_pool", "gist", "dynamic")
+    done = {(c.phase, op.name) for c in trace.calls for op in c.operands if op.role == "encoded"}
+    assert {("encode", "pool1#argmax"), ("backward", "pool1#argmax"), ("encode", "conv1@relu1#sign"),
+            ("decode", "conv1@relu1#sign"), ("decode", "conv2@relu2#sign")} <= done
+    assert trace.locate().nbytes == net.arena_bytes  # the forms are views of the arena too
+    assert trace.violations == [] and trace.clashes() == []
+    assert trace.high_water <= net.plans["train"].arena_bytes
+
+
+@pytest.mark.parametrize("form, phase", [("conv1@relu1#sign", "decode"), ("pool1#argmax", "backward")])
+def test_the_witness_sees_an_encoded_form_overwritten_before_it_is_read(monkeypatch, form, phase):
+    """Control: clobber one encoded form between its Encode and its reader (a Decode, or the
+    pool backward that reads its argmax), as a liveness pass freeing it early and another
+    tensor taking its bytes would; the witness names the read."""
+    from superneuron.layers import codecs
+    net = Net(loads_spec(TEXTS["relu_pool"]), policy="gist")
+    trace = KernelTrace(net)
+    pool = type(net.graph.node("pool1").layer)
+    with monkeypatch.context() as m:
+        trace.install(m)
+        if phase == "decode":
+            traced = codecs.decode
+
+            def clobber(ctx, codec, encoded, x):
+                if trace._decoded_name(encoded) == form.split("#")[0]:
+                    encoded[...] = ~encoded
+                return traced(ctx, codec, encoded, x)
+
+            m.setattr(codecs, "decode", clobber)
+        else:
+            traced = pool.backward
+
+            def clobber(layer, ctx, *rest):
+                if ctx.encoded is not None and layer is net.graph.node("pool1").layer:
+                    ctx.encoded[...] += 1
+                return traced(layer, ctx, *rest)
+
+            m.setattr(pool, "backward", clobber)
+        net.forward_backward(feed_for(net))
+    assert any(v.startswith(f"{phase}(") and f"'{form}' is not what was written" in v
+               for v in trace.violations), trace.violations
+
+
+def test_the_witness_sees_a_decode_that_gives_back_other_signs(monkeypatch):
+    """Control: a sign decoder that gets one value's sign wrong; the witness names the Decode."""
+    from superneuron.layers import codecs
+    net = Net(loads_spec(TEXTS["relu_pool"]), policy="gist")
+    trace = KernelTrace(net)
+    decode = codecs.decode
+
+    def wrong(ctx, codec, encoded, x):
+        decode(ctx, codec, encoded, x)
+        x.reshape(-1)[0] = 1.0 - x.reshape(-1)[0]
+
+    with monkeypatch.context() as m:
+        m.setattr(codecs, "decode", wrong)  # the kernel the witness wraps
+        trace.install(m)
+        net.forward_backward(feed_for(net))
+    assert any(v.startswith("decode(") and "'conv1@relu1' decoded is not what 'conv1@relu1#sign' kept" in v
+               for v in trace.violations), trace.violations

@@ -26,7 +26,7 @@ def net_arguments(parser):
                              f"--memory: auto)")
     parser.add_argument("--offload-params", action="store_true",
                         help="keep parameters, gradients and optimiser state in host memory and update "
-                             "there (adds +params to the policy: liveness, recompute, offload or superneurons)")
+                             "there (adds +params to the policy: any but baseline)")
     parser.add_argument("--placement", default="dynamic", choices=PLACEMENTS,
                         help="allocator: dynamic best fit, or planned from lifetimes (default dynamic)")
     parser.add_argument("--host-memory", metavar="SIZE",
@@ -37,7 +37,8 @@ def net_arguments(parser):
                              "the budget alone limits it)")
     parser.add_argument("--lossy", choices=("fp16",), action="append", default=[], metavar="fp16",
                         help="also keep stashed feature maps in half precision between the forward and "
-                             "the backward (Gist's delayed precision reduction; policies that encode: gist)")
+                             "the backward (Gist's delayed precision reduction; policies that encode: gist, and "
+                             "optimal and auto, which may choose it)")
     parser.add_argument("--solver-time", type=float, default=20.0, metavar="SECONDS",
                         help="time limit of the optimal and auto policies' solver (default 20)")
 

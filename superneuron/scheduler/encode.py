@@ -43,18 +43,17 @@ from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Ba
 TENSOR_CODECS = ("sign", "fp16", "sparse")  # forms of one tensor, each written back by a Decode
 
 
-def encode(schedule, context=None):
+def encode(schedule, context=None, only=None):
     """The pass: ``schedule`` (after liveness) with its stashes kept encoded, lossy forms only
-    those in ``context.lossy``."""
-    lossy = tuple(getattr(context, "lossy", ()) or ())
-    steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
-    if not schedule.train or turn is None:
+    those in ``context.lossy``. ``only``: ``(layers, roots)``, the direct forms of those layers
+    (node indices) and the tensor forms of those roots alone (the optimal policy's choice:
+    see :func:`units`); None: every one worth keeping."""
+    plan = _plan(schedule, context)
+    if plan is None:
         return schedule
-    tensors = dict(schedule.tensors)
-    plan = _Stashes(schedule, steps, turn, lossy)
+    steps, tensors = plan.steps, dict(schedule.tensors)
     after, before = {}, {}  # step index → steps to put after it, before it
-    for i, node, enc in plan.direct_forms():
+    for i, node, enc in plan.direct_forms(None if only is None else only[0]):
         e = f"{node.name}#{enc.codec}"
         shape, dtype = enc.form
         tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
@@ -62,7 +61,7 @@ def encode(schedule, context=None):
         forward = plan.forward_of[node.index]
         after.setdefault(forward, []).append(Encode(e, enc.codec, node=node.index, workspace=ws))
         steps[i] = Backward(node.index, steps[i].algorithm, steps[i].workspace, encoded=e)
-    for r, (last, first), enc in plan.tensor_forms(steps):
+    for r, (last, first), enc in plan.tensor_forms(steps, None if only is None else only[1]):
         e = f"{r}#{enc.codec}"
         shape, dtype = enc.form
         tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
@@ -79,6 +78,45 @@ def encode(schedule, context=None):
         out += after.get(i, ())
     rewritten = schedule.replace(out, tensors=tensors)
     return allocate_live(rewritten, Roots.of(rewritten))
+
+
+def units(schedule, context=None):
+    """``[(layers, roots)]``: the encodings the pass would choose in ``schedule`` (after
+    liveness), in groups that stand or fall together: a layer's direct form with the roots it
+    relieves (they lose a reader, which may let one of them take a tensor form: conv → ReLU →
+    max pool's mask goes with the pool's argmax), and each other tensor form alone. Each is
+    ``(frozenset of node indices, frozenset of roots)``; ``encode(..., only=...)`` with the
+    union of some of them encodes exactly those (no two share a root)."""
+    plan = _plan(schedule, context)
+    if plan is None:
+        return []
+    group = {}  # ("layer", index) or ("root", name) → its group's representative
+
+    def find(x):
+        while group.setdefault(x, x) != x:
+            x = group[x]
+        return x
+
+    for _, node, _ in plan.direct_forms():
+        for r in plan.relieved[node.index]:
+            group[find(("root", r))] = find(("layer", node.index))
+    for r, _, _ in plan.tensor_forms(plan.steps):
+        find(("root", r))
+    out = {}
+    for x in list(group):
+        layers, roots = out.setdefault(find(x), (set(), set()))
+        (layers if x[0] == "layer" else roots).add(x[1])
+    return [(frozenset(layers), frozenset(roots)) for layers, roots in out.values()]
+
+
+def _plan(schedule, context):
+    """The :class:`_Stashes` of ``schedule`` (lossy forms: ``context.lossy``), or None where
+    nothing is stashed (no training, or no backward)."""
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
+    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
+    if not schedule.train or turn is None:
+        return None
+    return _Stashes(schedule, steps, turn, tuple(getattr(context, "lossy", ()) or ()))
 
 
 def _bytes(form):
@@ -113,6 +151,7 @@ class _Stashes:
                     self.readers.setdefault(r, []).append(i)
         self.stashed = {r: rs for r, rs in self.readers.items() if r in self.last and r not in written}
         self.steps = steps
+        self.relieved = {}  # node index → the stashes its direct form took a reader from
 
     def _operand_roots(self, node, which):
         """The scheduled roots of ``node``'s operands ``which`` (bottom and top indices)."""
@@ -161,14 +200,17 @@ class _Stashes:
                     best = (enc, nbytes)
         return best
 
-    def direct_forms(self):
+    def direct_forms(self, layers=None):
         """``[(Backward step index, node, Encoding)]``: the layers' own forms worth keeping
-        (their Forward before the turn, their Backward after it), in step order; each one
-        chosen takes that Backward off the readers of its operands for the next."""
+        (their Forward before the turn, their Backward after it; of ``layers`` alone, node
+        indices, where given), in step order; each one chosen takes that Backward off the
+        readers of its operands for the next."""
         chosen = []
         for i in range(self.turn, len(self.steps)):
             step = self.steps[i]
             if step.kind != BACKWARD or step.tensor is not None or step.node not in self.forward_of:
+                continue
+            if layers is not None and step.node not in layers:
                 continue
             node = self.graph.nodes[step.node]
             enc = next((e for e in node.layer.encodings() if e.direct), None)
@@ -179,17 +221,18 @@ class _Stashes:
             gain = sum(self._best(r, self.stashed[r])[1] - self._best(r, without[r])[1] for r in relieved)
             if gain > _bytes(enc.form):
                 self.stashed.update(without)
+                self.relieved[node.index] = relieved
                 chosen.append((i, node, enc))
         return chosen
 
-    def tensor_forms(self, steps):
+    def tensor_forms(self, steps, roots=None):
         """``[(root, (last use before the turn, first read after it), Encoding)]`` of every stash
-        kept in a tensor form, the readers being those of ``steps`` (after
-        direct_forms)."""
+        kept in a tensor form (of ``roots`` alone, where given), the readers being those of
+        ``steps`` (after direct_forms)."""
         self.steps = steps
         out = []
         for r, readers in self.stashed.items():
-            if readers:
+            if readers and (roots is None or r in roots):
                 enc = self._best(r, readers)[0]
                 if enc is not None:
                     out.append((r, (self.last[r], readers[0]), enc))

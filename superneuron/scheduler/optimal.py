@@ -2,26 +2,34 @@
 cost model.
 
 ``optimal`` solves the mixed-integer program of optimal_model.py (which stashed tensors to
-keep, offload or recompute, which algorithm each step runs) with HiGHS within the Context's
-``solver_seconds``, and realises the answer with the machinery of the other passes, so the
-Simulator and the Runtime run it unchanged and every guarantee of theirs holds (plan equals
-run; baseline's losses bit for bit where the algorithms are baseline's): recompute.py
-recomputes the chosen roots (each once), then in-place reuse and liveness, offload.py copies
-the chosen roots out and back, and workspace.fit gives each step the fastest algorithm that
-fits what the tensors leave (at least the solver's choice, which fitted). The program's
-memory model is conservative but not exact (a recomputation's own workspace, the placement's
-holes): where the realised plan still goes over, the program is solved again with the
-budget lowered by the excess.
+keep, keep encoded, offload or recompute, which algorithm each step runs) with HiGHS within
+the Context's ``solver_seconds``, and realises the answer with the machinery of the other
+passes, so the Simulator and the Runtime run it unchanged and every guarantee of theirs holds
+(plan equals run; baseline's losses bit for bit where the algorithms are baseline's and the
+encodings lossless): recompute.py recomputes the chosen roots (each once), then in-place
+reuse and liveness, encode.py keeps the chosen stashes encoded (Gist's forms; fp16 only with
+``--lossy fp16``), offload.py copies the chosen roots out and back, and workspace.fit gives
+each step the fastest algorithm that fits what the tensors leave (at least the solver's
+choice, which fitted). The program's memory model is conservative but not exact (a
+recomputation's or a coding step's own workspace, the placement's holes): where the realised
+plan still goes over, the program is solved again with the budget lowered by the excess.
 
 HiGHS through scipy takes no starting solution, so the heuristic policies (liveness,
-recompute, offload, superneurons) are planned under the same budget too, and the fastest of
-all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never slower than
-``superneurons``. The Context's memo gets ``'optimal'``: the winner, every candidate's
-estimate, the solver's status, objective, proven bound and gap, and its time.
+recompute, offload, superneurons, gist) are planned under the same budget too, and the
+fastest of all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never
+slower than ``superneurons`` or ``gist``. The Context's memo gets ``'optimal'``: the winner,
+every candidate's estimate, the solver's status, objective, proven bound and gap, and its
+time.
 
 ``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
 where it fits at full speed, without solving anything; the best heuristic that fits when
 the solver runs out of time).
+
+``optimal+params`` and ``auto+params`` (the schedule's policy name ends so): every plan has
+its parameters, their gradients and the optimiser state on the host (params.py): the
+heuristics are their ``+params`` presets, the program is built from the schedule with its
+parameter copies in place (so its resident bytes are those left on the device), and the
+solver's plan gets them right after its recomputations, as ``superneurons+params`` does.
 """
 
 import dataclasses
@@ -29,21 +37,27 @@ import time
 
 from ..errors import SNError
 from ..sizes import human_bytes
+from .encode import encode
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
+from .params import offload_params
 from .recompute import with_recomputes
 from .workspace import fit
 
 # The incumbents: presets of policy.py whose plans the solver's must beat.
-HEURISTICS = ("liveness", "recompute", "offload", "superneurons")
+HEURISTICS = ("liveness", "recompute", "offload", "superneurons", "gist")
 ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan went over
-# The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, the part
-# of the time limit by which it ends). The first is the quick one that every net solves to
-# its gap in seconds; the second, joins', is harder (ResNet-50 at 1/3 of liveness's arena:
-# 4-20 s on the 2-core machine, as loaded); the third adds swaps to the plans before.
-PHASES = ((False, False, 0.25), (True, False, 0.75), (True, True, 1.0))
+# The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, encodings
+# offered, the part of the time limit by which it ends). The first is the quick one that every
+# net solves to its gap in seconds; the second is it with encodings (only where the net has
+# some: its plans compete with the first's rather than replace them, since a plan with small
+# encoded forms may leave the placement more holes); the third, joins', is harder (ResNet-50
+# at 1/3 of liveness's arena: 4-20 s on the 2-core machine, as loaded); the fourth adds swaps
+# to the plans before.
+PHASES = ((False, False, False, 0.25), (False, False, True, 0.35), (True, False, False, 0.75),
+          (True, True, False, 1.0))
 
 
 @dataclasses.dataclass
@@ -73,14 +87,22 @@ def auto(schedule, context):
     return _fastest(schedule, context, solve_always=False)
 
 
+def _params(schedule):
+    """``'+params'`` where ``schedule``'s policy keeps the parameters on the host, else ``''``:
+    the suffix of the heuristics' names (policy.py)."""
+    from .policy import PARAMS
+    return PARAMS if schedule.policy.endswith(PARAMS) else ""
+
+
 def _fastest(schedule, context, solve_always):
     info = {"winner": None, "candidates": {}, "solver": None}
     context.memo["optimal"] = info
-    live = _candidate("liveness", schedule, context)
-    info["candidates"]["liveness"] = live.seconds if _ok(live, context) else None
+    liveness_ = "liveness" + _params(schedule)
+    live = _candidate(liveness_, schedule, context)
+    info["candidates"][liveness_] = live.seconds if _ok(live, context) else None
     if context.budget is None or not schedule.train:
         return _win(live, info, context, "no budget: liveness at full speed is the fastest")
-    unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
+    unbounded = _candidate(liveness_, schedule, dataclasses.replace(context, budget=None))
     if _ok(live, context) and live.seconds <= unbounded.seconds:
         return _win(live, info, context, "liveness at full speed fits: nothing is faster")
     if _ok(live, context) and not solve_always:
@@ -88,6 +110,7 @@ def _fastest(schedule, context, solve_always):
     best = [live] if _ok(live, context) else []
     for name in HEURISTICS:
         if name != "liveness":
+            name += _params(schedule)
             found = _candidate(name, schedule, context)
             info["candidates"][name] = found.seconds if _ok(found, context) else None
             best += [found] if _ok(found, context) else []
@@ -117,12 +140,12 @@ def _win(candidate, info, context, proven):
 
 
 def _candidate(name, schedule, context, passes=None):
-    """Plan ``schedule`` with ``passes`` (default: the heuristic ``name``'s) under a Context
-    like ``context`` (its own memo) and weigh it."""
-    from .policy import PRESETS  # policy.py lists this module's passes: import it when planning
+    """Plan ``schedule`` with ``passes`` (default: the heuristic ``name``'s, a policy name)
+    under a Context like ``context`` (its own memo) and weigh it."""
+    from .policy import passes_of  # policy.py lists this module's passes: import it when planning
     from .simulate import simulate
     context = dataclasses.replace(context, memo={})
-    for apply in passes or PRESETS[name]:
+    for apply in passes or passes_of(name):
         schedule = apply(schedule, context)
     placed, replayed = context.memo.get("replayed", (None, None))
     plan = simulate(schedule, replayed if placed is schedule else None)
@@ -130,11 +153,13 @@ def _candidate(name, schedule, context, passes=None):
                      context)
 
 
-def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
+def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), encoded=None):
     """``schedule`` (the baseline) with ``recompute_roots`` recomputed, ``offload_roots_``
     offloaded with the offload pass's lookahead and ``swap_roots`` with copies that run as far
-    ahead as they need (root names of the schedule before in-place reuse), by the other
-    passes' machinery, then fitted and placed under ``context``."""
+    ahead as they need (root names of the schedule before in-place reuse), the encodings of
+    ``encoded`` (``(layers, roots)``, encode.py's ``only``; None: none) kept, by the other
+    passes' machinery (parameter offload after the recomputations where the policy of
+    ``schedule`` ends in ``+params``), then fitted and placed under ``context``."""
     def offloaded(s, ctx):
         roots = Roots.of(s)
         ahead = {roots(r): len(s.steps) for r in swap_roots}
@@ -144,29 +169,42 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=()):
     def recomputed(s, ctx):
         return with_recomputes(s, ctx, only=recompute_roots)
 
-    return _candidate("solver", schedule, context, (recomputed, inplace, liveness, offloaded, fit))
+    def kept_encoded(s, ctx):
+        layers, roots = encoded
+        names = Roots.of(s)  # the roots after in-place reuse
+        return encode(s, ctx, only=(layers, {names(r) for r in roots}))
+
+    passes = ((recomputed,) + ((offload_params,) if _params(schedule) else ()) + (inplace, liveness)
+              + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fit))
+    return _candidate("solver", schedule, context, passes)
 
 
 def _solved(schedule, context, info):
     """The solver's best plan that fits (a Candidate), else its last, else None. The programs
     of :data:`PHASES`, each by its share of the time limit: without swaps or joins'
     recomputation first (easy: most of a net's savings are recomputations of single-input
-    layers), then with joins recomputed too (harder: a join's output comes back from several
-    roots), then with swaps, once for the recomputations of each earlier program's last plan,
-    the fastest first, those roots still recomputed (HiGHS takes no starting point; this
-    keeps the last programs small, and swaps may make room where a plan went a little over);
-    each solved again with a lower cap while its realised plan goes over the budget (the
-    model is not exact to the byte)."""
+    layers), then the same with encodings, then with joins recomputed too (harder: a join's
+    output comes back from several roots), then with swaps, once for the recomputations of
+    each earlier program's last plan, the fastest first, those roots still recomputed (HiGHS
+    takes no starting point; this keeps the last programs small, and swaps may make room
+    where a plan went a little over); each solved again with a lower cap while its realised
+    plan goes over the budget (the model is not exact to the byte)."""
     start = time.perf_counter()
     models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
-    for joins, swaps, share in PHASES:
+    modelled = offload_params(schedule) if _params(schedule) else schedule  # parameter copies in place
+    for joins, swaps, encodings, share in PHASES:
         if joins not in models:
-            models[joins] = build(schedule, context.model, joins=joins)
+            models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
         model, until = models[joins], start + context.solver_seconds * share
+        if encodings and not model.units:
+            continue  # nothing to encode: it would be the program before
+        if not encodings:
+            model = dataclasses.replace(model, units=[])
         for recomputed in sorted(earlier, key=earlier.get) if swaps else [frozenset()]:
             found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
+            phases[-1]["encodings"] = encodings
             if found is None:
                 continue
             last = found
@@ -199,10 +237,11 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
                      solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
         if solution.recompute is None:
             break
-        found = realise(schedule, context, solution.recompute, solution.offload, solution.swap)
+        found = realise(schedule, context, solution.recompute, solution.offload, solution.swap, solution.encode)
         found.recomputed = solution.recompute
         phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
-                     swapped=len(solution.swap), realised_seconds=found.seconds, fits=_ok(found, context))
+                     swapped=len(solution.swap), encoded=len(solution.encode[0] | solution.encode[1]),
+                     realised_seconds=found.seconds, fits=_ok(found, context))
         if _ok(found, context):
             break
         # Lower the cap by what it went over; by half at first where only the placement's
@@ -216,14 +255,16 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
 def smallest_budget(schedule, context):
     """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
     between the resident bytes and liveness's arena; each probe plans superneurons and
-    offload, the policies that go lowest), to within 1/4096 of it: a budget that fits, and
-    no more than that above the smallest (deep nets plan for seconds: each probe counts)."""
-    unbounded = _candidate("liveness", schedule, dataclasses.replace(context, budget=None))
-    lo, hi = schedule.resident_bytes, unbounded.plan.arena_bytes
+    offload, the policies that go lowest; their ``+params`` presets where ``schedule``'s policy
+    ends so), to within 1/4096 of it: a budget that fits, and no more than that above the
+    smallest (deep nets plan for seconds: each probe counts)."""
+    params = _params(schedule)
+    unbounded = _candidate("liveness" + params, schedule, dataclasses.replace(context, budget=None))
+    lo, hi = unbounded.schedule.resident_bytes, unbounded.plan.arena_bytes
 
     def fits(budget):
         ctx = dataclasses.replace(context, budget=budget)
-        return any(_ok(_candidate(name, schedule, ctx), ctx) for name in ("superneurons", "offload"))
+        return any(_ok(_candidate(name + params, schedule, ctx), ctx) for name in ("superneurons", "offload"))
 
     while hi - lo > hi >> 12:
         mid = (lo + hi) // 2

@@ -38,10 +38,11 @@ MONeT's segment structure: a stash is one window between its checkpoint's uses, 
 in the model is quadratic in the steps (Checkmate's n² recompute variables are not needed,
 since the recompute machinery decides where a recomputation runs: right before its backward).
 
-An ``encode`` option (Gist) is one more binary per stash: a window like keep's in which the
-stash takes its encoded bytes rather than its own (the window's D entry adds ``size - encoded
-size``), its time the Encode and Decode steps' cost; its row in the at-most-one constraint
-with the others, and the realisation one more set handed to the encode pass.
+An ``encode`` option (Gist) is one binary per group of encodings that stand or fall
+together (optimal_encode.py: a max pooling's argmax with the ReLU mask it makes possible, or
+one tensor form): what it frees at each step enters D as the other options' windows do, its
+time is its Encode and Decode steps', it excludes the other options of its stashes, and the
+realisation hands the chosen groups to the encode pass.
 """
 
 import contextlib
@@ -54,9 +55,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..allocator import aligned
+from . import optimal_encode
 from .cost import phase_of
 from .liveness import Roots, intervals, liveness
 from .optimal_stashes import Stash, stashes_of  # noqa: F401 (Stash: the program's input, as Model)
+from .simulate import simulate
 from .steps import BACKWARD, LAYER_STEPS, MEMORY
 
 MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
@@ -82,7 +85,9 @@ class Model:
     each compute step under liveness, workspaces aside), ``fixed_workspace`` and
     ``fixed_seconds`` (of the steps without a choice), the stashes, the choices and the
     resident bytes; ``long_chains``: chains of stash indices (recomputable roots, each
-    recomputed from the next) that may not all be recomputed (see optimal_stashes.py)."""
+    recomputed from the next) that may not all be recomputed (see optimal_stashes.py);
+    ``units``: the encodings that may be chosen (optimal_encode.Unit); ``host_fixed``: the
+    host bytes taken whatever the choices (parameter offload's: params.py)."""
 
     n: int
     live: np.ndarray
@@ -95,11 +100,14 @@ class Model:
     backward_seconds: float = 0.0
     names: list = field(default_factory=list)
     long_chains: list = field(default_factory=list)
+    units: list = field(default_factory=list)
+    host_fixed: int = 0
 
 
-def build(schedule, model, joins=True):
+def build(schedule, model, joins=True, lossy=()):
     """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
-    ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too."""
+    ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too; ``lossy``:
+    the lossy encodings that may be chosen besides the lossless ones."""
     live_schedule = liveness(schedule)
     roots = Roots.of(live_schedule)
     graph = schedule.graph
@@ -133,7 +141,9 @@ def build(schedule, model, joins=True):
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
     stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
     return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
-                 sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains)
+                 sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains,
+                 units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy),
+                 host_fixed=simulate(live_schedule).host_bytes if schedule.host_resident else 0)
 
 
 @dataclass
@@ -141,7 +151,8 @@ class Solution:
     """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
     proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time); the sets
-    are None when it found no schedule."""
+    are None when it found no schedule. ``encode``: ``(layers, roots)``, the encodings chosen
+    (encode.py's ``only``)."""
 
     recompute: set
     offload: set
@@ -152,11 +163,13 @@ class Solution:
     gap: float
     status: str
     seconds: float
+    encode: tuple = (frozenset(), frozenset())
 
 
 def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
-    resident ones, the offloaded stashes' bytes within ``host_memory`` (None: unbounded), in
+    resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
+    (None: unbounded), in
     at most ``time_limit`` seconds; a :class:`Solution`. ``swaps``: offer the swap option
     (a harder program: its copies' streams are constrained too). ``recomputed``: roots that
     must be recomputed (an earlier solution's: the program left is much smaller)."""
@@ -178,6 +191,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
         for a, seconds in enumerate(choice.seconds):
             columns.append(("alg", c, a))
             cost.append(seconds * MS)
+    optimal_encode.add_columns(m, columns, cost, MS)
     n = m.n
     rows, cols, vals, lo, hi = [], [], [], [], []
 
@@ -192,7 +206,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
 
     by_stash, opening, closing = {}, {}, {}
     for j, (what, k, _) in enumerate(columns):
-        if what == "alg" or m.stashes[k].e is None:  # no backward reads it: it frees nothing
+        if what in ("alg", "enc") or m.stashes[k].e is None:  # no backward reads it: it frees nothing
             continue
         by_stash.setdefault(k, []).append(j)
         s = m.stashes[k]
@@ -209,6 +223,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
         if all(k in rec_of for k in chain):
             row([(rec_of[k], 1.0) for k in chain], -np.inf, len(chain) - 1.0)
     nx = _triggers(m, columns, cost, row, opening, closing)
+    optimal_encode.add_rows(m, columns, row, opening, MIB)
     d0 = nx  # D[i] is column d0 + i
     by_choice = {}
     for j, (what, c, _) in enumerate(columns):
@@ -229,7 +244,7 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
         row([(d0 + i, -1.0)] + [(j, v) for j, v in workspace_of.get(i, ()) if v], -np.inf, room[i])
     if host_memory is not None:
         row([(j, m.stashes[k].size / MIB) for j, (what, k, _) in enumerate(columns) if what in ("off", "swap")],
-            -np.inf, host_memory / MIB)
+            -np.inf, (host_memory - m.host_fixed) / MIB)
     # One copy at a time on each stream: the swaps' copies never queue, so each ends when the
     # model says (the offload pass times them so) and its window holds.
     on_stream = {}
@@ -269,7 +284,8 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
     return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual,
-                    None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds)
+                    None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds,
+                    optimal_encode.chosen(m, columns, x))
 
 
 def _triggers(m, columns, cost, row, opening, closing):

@@ -18,15 +18,21 @@ the placement (dynamic or planned), which depends on every Alloc and Free
 - ``gist``: liveness, with the stashes kept encoded between the forward and the backward
   (Gist: encode.py); lossless, or half precision too with ``--lossy fp16``.
 - ``optimal``: the fastest schedule under the cost model that fits the budget: a
-  mixed-integer program (HiGHS) chooses per stashed tensor keep, offload or recompute and
-  per step its algorithm, against the heuristics above as incumbents (optimal.py; the pass
-  plans its candidates to the end, workspace choice and placement included).
+  mixed-integer program (HiGHS) chooses per stashed tensor keep, keep encoded, offload or
+  recompute and per step its algorithm, against the heuristics above as incumbents
+  (optimal.py; the pass plans its candidates to the end, workspace choice and placement
+  included). ``--lossy fp16`` lets it choose half-precision stashes too.
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
-- ``P+params`` (``superneurons+params``, or ``--offload-params`` with any policy): parameters,
+- ``P+params`` (``superneurons+params``, ``gist+params``, ``optimal+params``, or
+  ``--offload-params`` with any policy but baseline): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
   them; the optimiser updates on the host (params.py). Where the policy recomputes, it
   recomputes every other join too (recompute.recompute_joins): with the parameters gone,
-  the activations kept for the backward are what fills the host.
+  the activations kept for the backward are what fills the host. ``gist+params`` keeps the
+  stashes encoded besides: the encode pass runs after liveness, which it needs, on the
+  schedule whose parameter copies are already in place (it leaves them as they are).
+  ``optimal+params`` and ``auto+params`` weigh the ``+params`` presets and the solver's plan
+  with the parameters offloaded (optimal.py).
 """
 
 from dataclasses import replace
@@ -66,12 +72,17 @@ WITH_PARAMS = {
     "recompute" + PARAMS: (recompute_joins, offload_params) + LIVENESS + LAST,
     "offload" + PARAMS: (offload_params,) + LIVENESS + (offload,) + LAST,
     "superneurons" + PARAMS: (recompute_joins, offload_params) + LIVENESS + (offload,) + LAST,
+    "gist" + PARAMS: (offload_params,) + LIVENESS + (encode,) + LAST,
+    # each of their plans is made with the presets above, or with parameter offload right after
+    # the solver's recomputations (optimal.py reads the "+params" in the schedule's policy)
+    "optimal" + PARAMS: (optimal,),
+    "auto" + PARAMS: (auto,),
 }
 # The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
 # with parameter offload; any preset but baseline takes "+params".
 POLICIES = {**PRESETS, "superneurons" + PARAMS: WITH_PARAMS["superneurons" + PARAMS]}
 # Policies that solve a program per plan: not in sn-depth's default scan (a plan per depth).
-SOLVED = ("optimal", "auto")
+SOLVED = ("optimal", "auto", "optimal" + PARAMS, "auto" + PARAMS)
 
 
 def passes_of(name):
@@ -107,9 +118,9 @@ def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_lim
         passes.insert(0, allreduce)
     if placement not in PLACEMENTS:
         raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
-    if lossy and encode not in passes:
+    if lossy and not {encode, optimal, auto} & set(passes):
         raise SNError(f"--lossy {','.join(lossy)} keeps stashes in a lossy encoding, which policy "
-                      f"'{name}' does not encode; use --policy gist")
+                      f"'{name}' does not encode; use --policy gist, optimal or auto")
     context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
                       {} if memo is None else memo, tuple(lossy), ranks=ranks, bucket_bytes=bucket_bytes)
     if solver_seconds is not None:

@@ -1,0 +1,130 @@
+"""The encode option of the optimal policy's program (optimal_model.py): Gist's encodings
+(encode.py), one binary per *unit*, the encodings that stand or fall together (encode.units:
+a max pooling's argmax with the ReLU output it relieves, which then keeps a 1-bit mask; any
+other tensor form alone; fp16 only with ``--lossy fp16``).
+
+A unit's effect is read off the schedule the encode pass makes of the net's liveness
+schedule, not modelled anew: per compute step, the bytes of its roots live under liveness
+less those of its roots and encoded forms live once encoded (an Encode counted at the step
+before it, a Decode at the step after it, so an encoded form a step longer than it lives), as
+change points the program's running sum of freed bytes takes. A coding step's workspace is
+not counted, as a recomputation's is not: it lives at that step alone, which has no row of
+its own (where the realised plan goes over, the program is solved again lower); its
+cost, the Encode and Decode steps' time under the cost model. One encode pass and two
+sweeps of the steps in all, whatever the number of units.
+
+A unit excludes every other option of its roots (keep encoded, or recompute, offload or
+swap them), and the recomputation of any root recomputed directly from one of them: that
+Recompute would read the root after the turn, which a 1-bit mask or an argmax cannot serve
+(the encode pass would then not encode it).
+"""
+
+from dataclasses import dataclass
+
+from .context import Context
+from .encode import encode, units
+from .liveness import Roots, intervals
+from .steps import CODING, ENCODE, MEMORY
+
+
+@dataclass
+class Unit:
+    """Encodings chosen together: the direct forms of ``layers`` (node indices) and the tensor
+    forms of ``roots`` (with the roots those layers relieve); ``seconds``: its Encode and
+    Decode steps' time; ``freed``: ``[(compute step, change)]``, the bytes it frees from that
+    step on change by ``change`` there (the sum of the changes up to a step is what it frees
+    there; negative where the encoded forms add more than the roots give back)."""
+
+    layers: frozenset
+    roots: frozenset
+    seconds: float
+    freed: list
+
+
+def units_of(schedule, steps, roots, model, lossy=()):
+    """The :class:`Unit` of every encoding the encode pass would choose in ``schedule`` (a
+    liveness schedule, with ``steps`` its compute steps and ``roots`` its Roots) under cost
+    model ``model``, lossy forms ``lossy``."""
+    context = Context(model=model, lossy=tuple(lossy))
+    found = units(schedule, context)
+    if not found:
+        return []
+    coded = encode(schedule, context)
+    owner = {r: u for u, (_, rs) in enumerate(found) for r in rs}  # a root or an encoded form → its unit
+    layer_of = {n: u for u, (layers, _) in enumerate(found) for n in layers}
+    coded_steps = [s for s in coded.steps if s.kind not in MEMORY]
+    at, k = [], 0  # each coded step's compute step in ``steps``
+    seconds = [0.0] * len(found)
+    for s in coded_steps:
+        if s.kind in CODING:
+            u = owner[s.source] if s.source is not None else layer_of[s.node]  # a tensor's form, a layer's
+            owner[s.tensor] = u
+            seconds[u] += model.step_seconds(coded, s)
+            at.append(k - 1 if s.kind == ENCODE else k)
+        else:
+            at.append(k)
+            k += 1
+    assert k == len(steps), "the encode pass adds coding steps only"
+    events = [{} for _ in found]
+    coded_roots = Roots.of(coded)
+    for r, a, b in intervals(coded, coded_steps, coded_roots):
+        if r in owner:
+            _add(events[owner[r]], at[a], at[b], coded_roots.size(r))
+    for r, a, b in intervals(schedule, steps, roots):
+        if r in owner:
+            _add(events[owner[r]], a, b, -roots.size(r))
+    return [Unit(layers, rs, seconds[u], sorted((i, -v) for i, v in events[u].items() if v))
+            for u, (layers, rs) in enumerate(found)]
+
+
+def _add(events, first, last, nbytes):
+    """``nbytes`` live from step ``first`` to ``last``, as change points."""
+    events[first] = events.get(first, 0) + nbytes
+    events[last + 1] = events.get(last + 1, 0) - nbytes
+
+
+def add_columns(m, columns, cost, ms):
+    """One ``('enc', unit)`` column per unit of Model ``m``, its cost its time (``ms``: the
+    program's seconds to its unit)."""
+    for u, unit in enumerate(m.units):
+        columns.append(("enc", u, None))
+        cost.append(unit.seconds * ms)
+
+
+def add_rows(m, columns, row, opening, mib):
+    """The units' bytes freed, into the running sum's change points ``opening`` (``mib``: the
+    program's bytes to its unit), and their exclusions (see the module's docstring)."""
+    stash_of = {s.root: k for k, s in enumerate(m.stashes)}
+    options, rec = {}, {}
+    for j, (what, k, _) in enumerate(columns):
+        if what in ("rec", "off", "swap"):
+            options.setdefault(k, []).append(j)
+        if what == "rec":
+            rec[k] = j
+    for j, (what, u, _) in enumerate(columns):
+        if what != "enc":
+            continue
+        unit = m.units[u]
+        for i, change in unit.freed:
+            if i < m.n:
+                opening.setdefault(i, []).append((j, change / mib))
+        for r in unit.roots:
+            k = stash_of.get(r)
+            if k is None:
+                continue
+            if options.get(k):
+                row([(j, 1.0)] + [(o, 1.0) for o in options[k]], -float("inf"), 1.0)
+            readers = {chain[-1] for _, chain in m.stashes[k].triggers if chain[-1] in rec}
+            for c in readers:
+                row([(j, 1.0), (rec[c], 1.0)], -float("inf"), 1.0)
+
+
+def chosen(m, columns, x):
+    """``(layers, roots)``: the union of the units solution ``x`` encodes (encode.py's
+    ``only``)."""
+    layers, roots = set(), set()
+    for j, (what, u, _) in enumerate(columns):
+        if what == "enc" and x[j] > 0.5:
+            layers |= m.units[u].layers
+            roots |= m.units[u].roots
+    return frozenset(layers), frozenset(roots)
