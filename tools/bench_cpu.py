@@ -248,7 +248,7 @@ FUSED_GROUP = ("BatchNorm", "Scale", "ReLU", "Eltwise", "Split")
 CONV_HELPERS = {("conv", "gather"): "im2col gathers", ("im2col", "columns"): "im2col gathers",
                 ("im2col_rows", "rows_of"): "im2col gathers",
                 ("conv", "scatter_add"): "col2im scatter_add",
-                ("im2col_rows", "_scatter_rows"): "col2im scatter_add"}
+                ("im2col_rows", "_scatter_taps"): "col2im scatter_add"}
 PARTS = ["convolution GEMMs", "col2im scatter_add", "im2col gathers",
          "convolution: transposes, fills, bias", "BatchNorm, Scale, ReLU, Eltwise, Split",
          "other layers (pooling, inner product, loss)", "optimizer update", "runtime between layers"]

@@ -116,26 +116,29 @@ def from_x_rows(layer, wrows, x, dy, y, dw, dx):
             prod = top_area[:k * b * ho * wo].reshape(g, b * ho * wo, kg)
             numpy.matmul(rows, wrows, out=prod)
             to_channels_first(y[s0:s1], prod, g)
-        if dx is not None:  # the rows' gradient, added back tap by tap into a padded dx
-            drows = cols_area[:g * b * ho * wo * kh * kw * cg].reshape(g, b * ho * wo, kh * kw * cg)
-            numpy.matmul(dyr, wrows.transpose(0, 2, 1), out=drows)
-            _scatter_rows(layer, pad_area, drows, dx[s0:s1])
+        if dx is not None:  # each tap's gradient, added back into a padded dx
+            by_tap = cols_area[:g * kh * kw * b * ho * wo * cg].reshape(g, kh * kw, b * ho * wo, cg)
+            numpy.matmul(dyr[:, None], wrows.reshape(g, kh * kw, cg, kg).transpose(0, 1, 3, 2), out=by_tap)
+            _scatter_taps(layer, pad_area, by_tap, dx[s0:s1])
     return chunk
 
 
-def _scatter_rows(layer, pad_area, drows, dx):
-    """dx (N, C, H, W) = the sum over taps of the rows' gradient ``drows`` put back where each
-    tap read, through a zeroed padded channels-last buffer in ``pad_area``."""
+def _scatter_taps(layer, pad_area, by_tap, dx):
+    """dx (N, C, H, W) = the sum over taps of their gradients ``by_tap`` (g, taps, N·Ho·Wo,
+    C/g) put back where each tap read, through a zeroed padded channels-last buffer in
+    ``pad_area``. By tap, not in rows: each tap's add then reads whole rows of the image
+    (Wo·C/g contiguous elements, not C/g; LeNet's conv2, 25 adds: 136 against 340 us a
+    chunk, for 274 against 165 us of GEMM)."""
     n, c, h, w, k, g, ho, wo = layer.geometry
     (kh, kw), (ph, pw), (sy, sx), (dy, dx_) = layer.kernel, layer.pad, layer.stride, layer.dilation
     b, cg = dx.shape[0], c // g
     buf = pad_area[:b * (h + 2 * ph) * (w + 2 * pw) * c].reshape(b, h + 2 * ph, w + 2 * pw, g, cg)
     buf.fill(0)
-    taps = drows.reshape(g, b, ho, wo, kh, kw, cg)
+    taps = by_tap.reshape(g, kh, kw, b, ho, wo, cg)
     for i in range(kh):
         for j in range(kw):
             view = buf[:, i * dy:i * dy + (ho - 1) * sy + 1:sy, j * dx_:j * dx_ + (wo - 1) * sx + 1:sx]
-            numpy.add(view, taps[:, :, :, :, i, j].transpose(1, 2, 3, 0, 4), out=view)
+            numpy.add(view, taps[:, i, j].transpose(1, 2, 3, 0, 4), out=view)
     numpy.copyto(dx, buf[:, ph:h + ph, pw:w + pw].reshape(b, h, w, c).transpose(0, 3, 1, 2))
 
 
