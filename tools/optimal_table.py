@@ -7,6 +7,9 @@ liveness's peak and the smallest that fits, each figure as
 prints (planned in this process through planning.plan), with how long optimal took.
 
     python tools/optimal_table.py [--nets resnet50,resnet101,resnet152,vgg16,googlenet] [--solver-time 20]
+    python tools/optimal_table.py --nets vgg16 --policies superneurons+params,optimal+params
+
+(``--policies``: the heuristic to compare and the solved policy, in that order.)
 """
 
 import argparse
@@ -48,7 +51,10 @@ def main():
     p.add_argument("--nets", default=",".join(NETS))
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--solver-time", type=float, default=20.0)
+    p.add_argument("--policies", default="superneurons,optimal",
+                   help="the heuristic and the solved policy compared (e.g. superneurons+params,optimal+params)")
     args = p.parse_args()
+    heuristic, solved = args.policies.split(",")
     model = CostModel("gpu")
     for name in args.nets.split(","):
         base, live, live_seconds = lowered_net(name, args.batch, model)
@@ -57,17 +63,17 @@ def main():
         rows = []
         for label, budget in budgets:
             cells = [label, human_bytes(budget)]
-            for policy in ("superneurons", "optimal"):
+            for policy in (heuristic, solved):
                 memo, start = {}, time.perf_counter()
                 try:
                     schedule, p_ = plan(base, policy, budget, cost=model, solver_seconds=args.solver_time, memo=memo)
                 except SNError:
-                    cells += ["-", ""] if policy == "optimal" else ["-"]
+                    cells += ["-", ""] if policy == solved else ["-"]
                     continue
                 took = time.perf_counter() - start
                 seconds = model.iteration_seconds(schedule)
                 cells.append(f"x{seconds / live_seconds:.3f}" if p_.fits(budget) else "-")
-                if policy == "optimal":
+                if policy == solved:
                     info = memo["optimal"]
                     solver = info.get("solver") or {}
                     gap = solver.get("gap")
@@ -76,7 +82,7 @@ def main():
             rows.append(cells)
         print(f"\n{name}, batch {args.batch}: liveness {human_bytes(live.arena_bytes)}, "
               f"{live_seconds * 1e3:.2f} ms (H100 estimates)")
-        print(table(rows, ["budget", "bytes", "superneurons", "optimal", "optimal: winner, solver gap, plan time"]))
+        print(table(rows, ["budget", "bytes", heuristic, solved, f"{solved}: winner, solver gap, plan time"]))
 
 
 if __name__ == "__main__":
