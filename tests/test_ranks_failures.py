@@ -78,7 +78,7 @@ def test_nccl_id_reaches_every_rank_whole():
     """rank 0's id, 128 signed chars, is the id every rank holds after the exchange."""
     run = launch([ROOT / "tests/mpi_nccl_id.py", 20, -1], 2)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip() == "rank 1: holds rank 0's id: True"
+    assert run.stdout.strip() == "rank 1: holds rank 0's id: True, communicator of 2"
 
 
 @pytest.mark.parametrize("absent", [0, 1])
@@ -91,6 +91,18 @@ def test_nccl_id_exchange_has_the_collectives_deadline(absent):
     assert run.returncode != 0 and run.seconds < 30  # the absent rank would sleep 60 s
     assert (f"error: rank {waiting}: no answer within 2 s at the exchange of NCCL's unique id: another rank "
             f"did not answer") in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("absent", [0, 1])
+def test_making_nccls_communicator_has_the_collectives_deadline(absent):
+    """A rank that comes to the id's exchange and never to the communicator, which NCCL makes
+    only once every rank has come (here a stand-in that waits as it would), stops the other
+    within the timeout, named at that stage, where NCCL's own call would wait forever."""
+    run = launch([ROOT / "tests/mpi_nccl_id.py", 2, absent, "communicator"], 2)
+    waiting = 1 - absent
+    assert run.returncode != 0 and run.seconds < 30  # the absent rank would sleep 60 s
+    assert (f"error: rank {waiting}: no answer within 2 s at the making of NCCL's communicator: another "
+            f"rank did not answer") in run.stdout, run.stdout + run.stderr
 
 
 def test_ranks_whose_plans_pair_different_sums_are_refused_before_training(tmp_path):

@@ -21,6 +21,7 @@ job still ends without MPI_Abort.
 import os
 import socket
 import sys
+import threading
 import time
 import zlib
 
@@ -281,8 +282,9 @@ class NcclGroup(MpiGroup):
         self.cupy, self.nccl = cupy, nccl
         # the rank among this node's, from the names gathered at the join (no blocking collective)
         local = sum(1 for host in self.hosts[:self.rank] if host == self.hosts[self.rank])
-        cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount()).use()  # one GPU per rank
-        self.communicator = nccl.NcclCommunicator(self.size, nccl_id(self, nccl), self.rank)
+        device = cupy.cuda.Device(local % cupy.cuda.runtime.getDeviceCount())
+        device.use()  # one GPU per rank
+        self.communicator = communicator(self, nccl, nccl_id(self, nccl), on_thread=device.use)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.types = {np.dtype("float32"): nccl.NCCL_FLOAT32, np.dtype("float64"): nccl.NCCL_FLOAT64}
 
@@ -301,13 +303,38 @@ class NcclGroup(MpiGroup):
         self.cupy.cuda.get_current_stream().wait_event(event)
 
 
+def communicator(group, nccl, unique_id, on_thread=None):
+    """NCCL's communicator over ``group``'s ranks from ``unique_id``, made with the timeout of
+    every collective: NCCL's ``ncclCommInitRank`` waits for every rank without a deadline (and
+    CuPy offers no non-blocking form of it), so it runs on a thread of its own (CuPy releases
+    the GIL for it) while this one polls, a failed rank's notice stopping it too, and a rank
+    that never comes to it is NoAnswer here (the job is then aborted, that thread with it).
+    ``on_thread``: called first on that thread (CUDA's current device is the thread's own)."""
+    made = {}
+
+    def make():
+        try:
+            if on_thread is not None:
+                on_thread()
+            made["communicator"] = nccl.NcclCommunicator(group.size, unique_id, group.rank)
+        except BaseException as e:  # noqa: BLE001 - raised on the polling thread below
+            made["error"] = e
+
+    thread = threading.Thread(target=make, name="nccl-init", daemon=True)
+    thread.start()
+    group._poll(lambda: not thread.is_alive(), "the making of NCCL's communicator")
+    if "error" in made:
+        raise made["error"]
+    return made["communicator"]
+
+
 def nccl_id(group, nccl):
     """NCCL's unique id (a tuple of NCCL_ID_BYTES C chars, as ``cupy.cuda.nccl`` gives and takes
     it), made by rank 0 and handed to every rank of ``group`` over MPI with the timeout of
     every collective. Then the ranks compare checksums of the id they hold: rank 0's broadcast
-    of a small buffer may end before anyone receives it, and NCCL's communicator, made next,
-    waits for every rank without a deadline, so this is where a rank that never came to the
-    exchange is noticed (NoAnswer) on every rank, rank 0 included."""
+    of a small buffer may end before anyone receives it, so this is where a rank that never
+    came to the exchange is noticed (NoAnswer) on every rank, rank 0 included; one that comes
+    to the exchange and not to the communicator is noticed there (:func:`communicator`)."""
     what = "the exchange of NCCL's unique id"
     made = nccl.get_unique_id() if group.rank == 0 else ()
     held = group.broadcast(made, NCCL_ID_BYTES, what)
