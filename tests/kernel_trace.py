@@ -144,6 +144,15 @@ class KernelTrace:
         finally:
             self._depth -= 1
 
+    def _begin(self, call, ctx):
+        """Record ``call`` (its workspace an operand too) and check what it reads."""
+        if ctx.workspace is not None:
+            call.operands.append(Operand("workspace", "", ctx.workspace))
+        for op in call.operands:
+            op.nbytes = op.array.nbytes
+        self.calls.append(call)
+        self._check_reads(call)
+
     def _record_codec(self, kernel, ctx, codec, a, b, phase):
         """An Encode (``a`` the map, ``b`` its form) or a Decode (``a`` the form, ``b`` the map)
         of a tensor form."""
@@ -151,12 +160,7 @@ class KernelTrace:
         name = self.at_bytes.get(byte_bounds(x), "?") if phase == "encode" else self._decoded_name(form)
         call = Call(len(self.calls), None, phase,
                     [Operand("source", name, x), Operand("encoded", f"{name}#{codec}", form)])
-        if ctx.workspace is not None:
-            call.operands.append(Operand("workspace", "", ctx.workspace))
-        for op in call.operands:
-            op.nbytes = op.array.nbytes
-        self.calls.append(call)
-        self._check_reads(call)
+        self._begin(call, ctx)
         result = kernel(ctx, codec, a, b)
         self._note_writes(call)
         if phase == "encode":
@@ -223,12 +227,7 @@ class KernelTrace:
             for name, a in zip(names, arrays):
                 if a is not None:
                     call.operands.append(Operand(role, name, a))
-        if ctx.workspace is not None:
-            call.operands.append(Operand("workspace", "", ctx.workspace))
-        for op in call.operands:
-            op.nbytes = op.array.nbytes
-        self.calls.append(call)
-        self._check_reads(call)
+        self._begin(call, ctx)
         before = {op.name: digest(op.array) for op in call.operands if op.role == "param"}
         result = kernel(layer, ctx, *args)
         if phase == "recompute":
