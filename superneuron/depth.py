@@ -58,8 +58,9 @@ from . import planning
 from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
-from .optim import SolverConfig, make_optimizer
+from .optim import make_optimizer
 from .scheduler.cost import CostModel
+from .solver_config import SolverConfig
 from .spec import load_spec
 
 MIN_BLOCKS = 16          # depth 50: stages [3, 8, 2, 3]

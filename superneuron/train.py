@@ -33,7 +33,7 @@ from .files import LineFile, check_output_path
 class Trainer:
     """Trains ``net`` (built with an optimiser) on batches from ``train_loader``.
 
-    ``solver`` is an optim.SolverConfig (max_iter, display, test_interval, test_iter,
+    ``solver`` is a solver_config.SolverConfig (max_iter, display, test_interval, test_iter,
     snapshot); ``snapshot_dir`` None disables snapshots; ``log_path`` appends one JSON object
     per line: a ``start`` record, then one per display (``display``) and test (``test``), and an
     ``end`` record; each has ``kind``, ``time`` (Unix seconds) and ``run`` (an id shared by the

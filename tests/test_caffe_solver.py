@@ -10,7 +10,8 @@ import pytest
 
 from superneuron.cli import convert, train
 from superneuron.errors import SpecError
-from superneuron.optim import SolverConfig, learning_rate, load_solver, load_solver_prototxt, make_optimizer
+from superneuron.optim import make_optimizer
+from superneuron.solver_config import SolverConfig, learning_rate, load_solver, load_solver_prototxt
 
 SOLVER = "tests/caffe/lenet_solver.prototxt"
 

@@ -27,11 +27,12 @@ import pytest
 
 from superneuron.data import Loader, open_source
 from superneuron.feed import data_config
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.planning import plan
 from superneuron.scheduler.allreduce import buckets_of, collective_order
 from superneuron.scheduler.cost import Link
 from superneuron.scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, OFFLOAD, RECOMPUTE, UPDATE, WAIT_REDUCE
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

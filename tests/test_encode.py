@@ -26,7 +26,7 @@ from superneuron.errors import SNError
 from superneuron.layers import codecs
 from superneuron.layers.base import Context
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.scheduler.context import Context as PlanContext
 from superneuron.scheduler.encode import encode, summary
 from superneuron.scheduler.inplace import inplace
@@ -36,6 +36,7 @@ from superneuron.scheduler.offload import offload
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.workspace import fit
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec
 
 SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 3.0, -2.0], np.float32)

@@ -20,8 +20,9 @@ from superneuron.cli import plan as plan_cli
 from superneuron.cli import train as train_cli
 from superneuron.data import Loader, open_source, source_config
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, load_solver, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.planning import plan
+from superneuron.solver_config import SolverConfig, load_solver
 from superneuron.spec import loads_spec
 from superneuron.train import Trainer
 

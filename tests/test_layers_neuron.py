@@ -324,7 +324,8 @@ def test_net_is_bit_identical_under_baseline_and_superneurons():
     """Losses and every parameter gradient are the same bits under superneurons (offload and
     recomputation of the cheap neuron layers) as under baseline, and so are three training
     steps; plan equals run for both."""
-    from superneuron.optim import SolverConfig, make_optimizer
+    from superneuron.optim import make_optimizer
+    from superneuron.solver_config import SolverConfig
     nets = {p: load_net(NET, policy=p) for p in ("baseline", "superneurons")}
     feed = feed_for(nets["baseline"])
     losses = {p: net.forward_backward(feed) for p, net in nets.items()}

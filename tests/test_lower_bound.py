@@ -17,7 +17,8 @@ from superneuron import planning
 from superneuron.allocator import aligned
 from superneuron.cli.plan import main as sn_plan
 from superneuron.graph import Graph, storage_root
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec, loads_spec
 
 PRESETS = ("baseline", "liveness", "recompute", "offload", "superneurons")

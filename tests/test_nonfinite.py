@@ -8,7 +8,7 @@ from one_line import cli_error, one_line, raises_one_line
 from superneuron import data
 from superneuron.cli.train import main
 from superneuron.errors import SNError, SpecError
-from superneuron.optim import SolverConfig, load_solver
+from superneuron.solver_config import SolverConfig, load_solver
 from superneuron.spec import loads_spec
 from tests.test_train import TINY, tiny_trainer
 

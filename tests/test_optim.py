@@ -12,7 +12,8 @@ from one_line import raises_one_line
 
 from superneuron.errors import SNError, SpecError
 from superneuron.layers.base import Context, workspace_bytes
-from superneuron.optim import SolverConfig, learning_rate, load_solver, make_optimizer, solver_from_mapping
+from superneuron.optim import make_optimizer
+from superneuron.solver_config import SolverConfig, learning_rate, load_solver, solver_from_mapping
 
 SHAPES = [(3, 4), (5,), (2, 2, 3)]
 

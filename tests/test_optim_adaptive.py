@@ -15,8 +15,9 @@ from superneuron.caffe.solver import solver_mapping
 from superneuron.errors import SpecError
 from superneuron.layers.base import workspace_bytes
 from superneuron.net import load_net
-from superneuron.optim import SolverConfig, load_solver, load_solver_prototxt, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.snapshot import expected_arrays
+from superneuron.solver_config import SolverConfig, load_solver, load_solver_prototxt
 
 KINDS = ("AdaGrad", "RMSProp", "AdaDelta")
 

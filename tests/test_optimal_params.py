@@ -16,13 +16,14 @@ from test_memory_passes import CHAIN, assert_same_results, check_copies, feed_of
 from test_optimal import CPU, planned, same_algorithms
 
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal import HEURISTICS, smallest_budget
 from superneuron.scheduler.optimal_model import build, solve
 from superneuron.scheduler.params import offload_params
 from superneuron.scheduler.policy import passes_of
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import loads_spec
 
 

@@ -15,12 +15,13 @@ from test_memory_passes import CHAIN, check_copies, feed_of, graph_of
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.scheduler.liveness import liveness
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.params import APPLY_LAG, offload_params
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec
 
 TINY = "tests/nets/tiny.yaml"

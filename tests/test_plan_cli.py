@@ -34,7 +34,8 @@ def test_json_agrees_with_the_simulator(capsys):
                          "--memory", "1GiB")
     info = json.loads(out)
     # sn-plan counts the optimiser's state, as sn-train allocates it (default: SGD with momentum)
-    from superneuron.optim import SolverConfig, make_optimizer
+    from superneuron.optim import make_optimizer
+    from superneuron.solver_config import SolverConfig
     optimizer = make_optimizer(SolverConfig())
     plan = simulate(apply_policy(lower(Graph(load_spec(TINY, batch=2)), optimizer=optimizer), "liveness"))
     assert status == 0 and info["fits"] is True and info["overflow"] is None

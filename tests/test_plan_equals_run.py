@@ -17,7 +17,8 @@ from test_net import SMALL, feed_for
 
 from superneuron import load_net
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import loads_spec
 
 TINY = "tests/nets/tiny.yaml"  # in-place BatchNorm and ReLU, Dropout, Concat, Eltwise, fan-out

@@ -11,9 +11,10 @@ from superneuron.allocator import aligned
 from superneuron.cli.plan import build_parser, main, plan_from_args
 from superneuron.errors import SNError
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.planning import fits, min_memory, plan
 from superneuron.scheduler.simulate import compute_step
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

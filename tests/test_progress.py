@@ -14,7 +14,8 @@ from superneuron.cli.progress import PERIOD, Progress, count_tests
 from superneuron.cli.train import build_parser, main
 from superneuron.data import Loader, open_source, source_config
 from superneuron.net import load_net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
+from superneuron.solver_config import SolverConfig
 from superneuron.train import Trainer
 
 TINY = os.path.join(os.path.dirname(__file__), "nets", "tiny.yaml")

@@ -12,8 +12,9 @@ from one_line import raises_one_line
 from superneuron.data import Loader, open_source, source_config
 from superneuron.errors import SNError
 from superneuron.net import load_net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.snapshot import expected_arrays
+from superneuron.solver_config import SolverConfig
 from superneuron.train import Trainer
 
 TINY = os.path.join(os.path.dirname(__file__), "nets", "tiny.yaml")

@@ -39,7 +39,8 @@ NETS = {  # ours (file, --set) and torchvision's constructor
 
 
 def solver():
-    from superneuron.optim import SolverConfig, make_optimizer
+    from superneuron.optim import make_optimizer
+    from superneuron.solver_config import SolverConfig
     return make_optimizer(SolverConfig(type="SGD", base_lr=0.01, momentum=0.9, weight_decay=5e-4))
 
 

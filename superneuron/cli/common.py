@@ -86,7 +86,7 @@ def _solver_net(args):
     """The net a Caffe solver.prototxt names (``--solver`` without NET), as ``caffe train`` does."""
     solver = getattr(args, "solver", None)
     if solver and str(solver).lower().endswith(".prototxt"):
-        from ..optim import load_solver_prototxt
+        from ..solver_config import load_solver_prototxt
         net = load_solver_prototxt(solver)[1]
         if net is not None:
             return net
@@ -97,7 +97,7 @@ def _solver_net(args):
 def solver_from_args(args, spec):
     """The SolverConfig: --solver FILE, else the net file's ``solver:`` section, else defaults;
     then the command-line flags."""
-    from ..optim import SolverConfig, load_solver, solver_from_mapping
+    from ..solver_config import SolverConfig, load_solver, solver_from_mapping
     if getattr(args, "solver", None):
         solver = load_solver(args.solver)
     elif getattr(spec, "solver", None):

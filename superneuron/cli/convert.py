@@ -71,7 +71,8 @@ def _snapshot_to_caffemodel(args):
     from .. import snapshot as snap
     from ..caffe.weights import write_caffemodel
     from ..net import Net
-    from ..optim import SolverConfig, make_optimizer
+    from ..optim import make_optimizer
+    from ..solver_config import SolverConfig
     from ..spec import load_spec
     if not args.from_net or not args.output:
         raise SNError("a snapshot converts with --net NET (the net it was trained from) and -o MODEL.caffemodel")
@@ -101,7 +102,7 @@ def _solver_yaml(path):
     import yaml
 
     from ..caffe.solver import solver_mapping
-    from ..optim import solver_from_mapping
+    from ..solver_config import solver_from_mapping
     mapping, lines, net = solver_mapping(path)
     solver_from_mapping(mapping, str(path), lines)  # checked before anything is written
     head = f"# converted from {os.path.basename(str(path))} by sn-convert\n"
