@@ -255,7 +255,7 @@ def load_solver(path):
     :mod:`superneuron.caffe.solver`."""
     if str(path).lower().endswith(".prototxt"):
         return load_solver_prototxt(path)[0]
-    from .expr import count_nodes
+    from .yaml_read import count_nodes
     if not os.path.lexists(path):
         raise SpecError(f"{path}: no such solver file")
     text = read_text_capped(path, MAX_SOLVER_FILE_BYTES, "solver file", "MAX_SOLVER_FILE_BYTES", SpecError)

@@ -16,12 +16,13 @@ import re
 from dataclasses import dataclass, field
 
 from .errors import SpecError, where
-from .expr import ExprError, Map, Seq, parse_yaml, substitute
+from .expr import ExprError, substitute
 from .files import read_text_capped
 from .layers import layer_class
 from .layers.base import Key
 from .limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, over
 from .rules import PHASES, param_blocks, phases_of
+from .yaml_read import Map, Seq, parse_yaml
 
 
 @dataclass

@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from ..errors import SpecError, where
-from ..expr import Map, Seq
+from ..yaml_read import Map, Seq
 from . import caffe_pb2
 from .textproto import parse
 
