@@ -1,5 +1,7 @@
 """layers/parallel.py: GEMMs split over the pool, and BLAS held to one thread in an iteration."""
 
+import time
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
@@ -104,3 +106,30 @@ def test_an_error_on_a_worker_reaches_the_caller_and_the_pool_goes_on(two_thread
     out = np.zeros(10)
     parallel.run(lambda a, b: out.__setitem__(slice(a, b), 1), 10)
     assert out.tolist() == [1] * 10
+
+
+def test_a_forked_child_splits_on_workers_of_its_own(two_threads):
+    """After a fork the parent's kernel threads are gone from the child: its first split makes
+    new ones rather than waiting forever on the parent's."""
+    import os
+    out = np.zeros(10)
+    parallel.run(lambda a, b: out.__setitem__(slice(a, b), 1), 10)  # the parent's workers exist
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if a split completes
+        try:
+            got = np.zeros(10)
+            parallel.run(lambda a, b: got.__setitem__(slice(a, b), 2), 10)
+            os._exit(0 if got.tolist() == [2] * 10 else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's split never ended")
+    assert os.waitstatus_to_exitcode(status) == 0

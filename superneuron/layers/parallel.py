@@ -148,6 +148,15 @@ def _workers():
         return _pool
 
 
+def _forget_workers():
+    """In a forked child the parent's workers do not exist: make new ones on first use."""
+    global _pool, _lock
+    _pool, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_workers)
+
+
 _blas = []  # threadpoolctl's controller of the BLAS libraries, made on first use
 
 
