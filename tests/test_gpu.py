@@ -276,3 +276,24 @@ def test_an_iteration_allocates_almost_nothing_outside_the_arena():
         net.train_step(feed, it)
     outside = net.runtime.outside
     assert outside is not None and outside.bytes < 256 << 10, outside
+
+
+@pytest.mark.parametrize("cfg", [dict(local_size=5, alpha=1.5, k=2.0),
+                                 dict(local_size=3, norm_region="WITHIN_CHANNEL")])
+def test_lrn_chunked_on_gpu_gives_the_default_bits(monkeypatch, cfg):
+    """LRN's ``chunked`` algorithm (layers/lrn.py) is the same xp code on CuPy: the default's
+    bits, in exactly its declared workspace, and the CPU's values to float32 rounding."""
+    import cupy
+
+    from superneuron.layers.lrn import LRN
+    shape = (5, 7, 6, 4)
+    monkeypatch.setattr(LRN, "CHUNK_BYTES", 2 * 7 * 6 * 4 * 4)  # two samples a chunk, the last one alone
+    layer, params = build("LRN", [shape], dtype=np.float32, **cfg)
+    assert [a.name for a in layer.algorithms("backward")] == ["default", "chunked"]
+    bottoms = [np.random.default_rng(1).standard_normal(shape).astype(np.float32)]
+    cpu = _run(layer, params, bottoms, np, None)
+    default = _run_algos(layer, params, bottoms, cupy, "default", "default")
+    chunked = _run_algos(layer, params, bottoms, cupy, "chunked", "chunked")
+    for a, b, c in zip(cpu[0] + cpu[1], default[0] + default[1], chunked[0] + chunked[1], strict=True):
+        np.testing.assert_array_equal(c, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))

@@ -1,4 +1,4 @@
-"""BatchNorm, Scale and LRN: normalisation layers over the channel axis (axis 1).
+"""BatchNorm and Scale: normalisation layers over the channel axis (axis 1); LRN is in lrn.py.
 
 As in Caffe, BatchNorm only normalises (``x_hat = (x - mean) / sqrt(var + eps)``) and the
 learned per-channel affine map is a separate Scale layer after it. Every kernel views its
@@ -15,7 +15,7 @@ import numpy as np
 
 from . import cuda_kernels as cuda
 from . import parallel, register
-from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .base import Algo, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
 
 
@@ -330,107 +330,3 @@ class Scale(Layer):
             if dx is not None:
                 xp.multiply(dys, weight[a:b, None], out=dx[:, a:b])
         parallel.run(block, c, n * l, xp)
-
-
-def _box_sum(xp, src, dst, half, axis):
-    """``dst[..., i, ...] = sum of src[..., i - half .. i + half, ...]`` along ``axis``
-    (positions outside count as 0)."""
-    xp.copyto(dst, src)
-    before = (slice(None),) * axis
-    for o in range(1, half + 1):
-        dst[before + (slice(o, None),)] += src[before + (slice(None, -o),)]
-        dst[before + (slice(None, -o),)] += src[before + (slice(o, None),)]
-
-
-@register
-class LRN(Layer):
-    """Local response normalisation over Caffe's two regions (``norm_region``):
-
-    - ``ACROSS_CHANNELS`` (the default): ``y = x / (k + alpha/n * s)^beta``, s the sum of x^2
-      over the n channels centred on this one, the window clipped at the first and last channel;
-    - ``WITHIN_CHANNEL``: ``y = x / (1 + alpha/n^2 * s)^beta``, s the sum of x^2 over the n x n
-      pixels centred on this one, zeros beyond the border. Caffe computes this with an AVE
-      pooling padded by (n-1)/2 (whose every window counts n^2, padding included) and a power
-      layer with shift 1, so ``k`` plays no part there, nor here. Needs a 4-D bottom.
-    """
-
-    KEYS = {
-        "local_size": Key("int", 5, doc="n, the window of channels or pixels (odd)"),
-        "alpha": Key("float", 1.0),
-        "beta": Key("float", 0.75),
-        "k": Key("float", 1.0, doc="ACROSS_CHANNELS only (Caffe's WITHIN_CHANNEL ignores it)"),
-        "norm_region": Key("str", "ACROSS_CHANNELS", choices=("ACROSS_CHANNELS", "WITHIN_CHANNEL")),
-    }
-    CHEAP = True
-
-    def setup(self, bottom_shapes):
-        shape, n = tuple(bottom_shapes[0]), self.cfg["local_size"]
-        within = self.cfg["norm_region"] == "WITHIN_CHANNEL"
-        if len(shape) < 2 or (within and len(shape) != 4):
-            need = ("a 4-D bottom (N, C, H, W) within a channel" if within
-                    else "a bottom of at least 2 dims (N, C, ...)")
-            self.fail(f"needs {need}, got {shape_str(shape)}")
-        if n < 1 or n % 2 == 0:
-            self.fail(f"local_size must be a positive odd number, got {n}")
-        if not within and self.cfg["k"] <= 0:
-            self.fail(f"k must be > 0, got {self.cfg['k']}")
-        # kernels view the bottom as ``view`` and sum windows along ``axes`` of it
-        if within:
-            self.view, self.axes = (shape[0] * shape[1],) + shape[2:], (1, 2)
-            self.window, self.k = n * n, 1.0
-        else:
-            self.view, self.axes = _ncl(shape), (1,)
-            self.window, self.k = n, self.cfg["k"]
-        return [shape]
-
-    def backward_reads(self):
-        return (0,), (0,)
-
-    def algorithms(self, phase):
-        count = 1 if phase == "forward" else 2  # x^2 / the scale, and the backward's window terms
-        return [Algo("default", workspace_bytes(*[(self.view, self.dtype)] * count))]
-
-    def cost(self):
-        e = int(np.prod(self.view))
-        item, n = self.dtype.itemsize, self.cfg["local_size"] * len(self.axes)
-        return Cost(e * (n + 6), e * (2 * n + 12), 2 * e * item, 4 * e * item)
-
-    def _window_sum(self, xp, src, dst):
-        """``dst`` = the sum of ``src`` over each position's window (separable: along each axis
-        in turn, the first pass's sums copied back into ``src``, which is lost)."""
-        for i, axis in enumerate(self.axes):
-            if i:
-                xp.copyto(src, dst)
-            _box_sum(xp, src, dst, self.cfg["local_size"] // 2, axis)
-
-    def _scale(self, xp, x, sq, out):
-        """``out = k + alpha/window * window sum of x^2``, with ``sq`` as room for x^2."""
-        xp.multiply(x, x, out=sq)
-        self._window_sum(xp, sq, out)
-        out *= self.cfg["alpha"] / self.window
-        out += self.k
-
-    def forward(self, ctx, bottoms, tops, params):
-        xp = ctx.xp
-        x, y = bottoms[0].reshape(self.view), tops[0].reshape(self.view)
-        self._scale(xp, x, ctx.scratch(self.view, self.dtype), y)
-        xp.power(y, -self.cfg["beta"], out=y)
-        y *= x
-
-    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
-        # dx = dy * scale^-beta - 2*alpha*beta/window * x * window sum of (dy * y / scale)
-        if bottom_grads[0] is None:
-            return
-        xp, view = ctx.xp, self.view
-        x, y, dy = bottoms[0].reshape(view), tops[0].reshape(view), top_grads[0].reshape(view)
-        dx = bottom_grads[0].reshape(view)
-        tmp, scale = ctx.scratch(view, self.dtype), ctx.scratch(view, self.dtype)
-        self._scale(xp, x, tmp, scale)
-        xp.multiply(dy, y, out=tmp)
-        tmp /= scale
-        self._window_sum(xp, tmp, dx)
-        dx *= x
-        dx *= -2.0 * self.cfg["alpha"] * self.cfg["beta"] / self.window
-        xp.power(scale, -self.cfg["beta"], out=scale)
-        scale *= dy
-        dx += scale
