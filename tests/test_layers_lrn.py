@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 import torch.nn.functional as F
 from kernel_trace import KernelTrace
-from layer_harness import assert_workspace_exact, backward, build, forward, gradcheck, only, peak_allocation, \
-    torch_grads
+from layer_harness import (
+    assert_workspace_exact,
+    backward,
+    build,
+    forward,
+    gradcheck,
+    only,
+    peak_allocation,
+    torch_grads,
+)
 from test_net import feed_for
 from torch_ref import lrn_within_channel
 
