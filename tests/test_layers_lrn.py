@@ -26,8 +26,9 @@ from superneuron.graph import Graph
 from superneuron.layers.base import workspace_bytes
 from superneuron.layers.lrn import LRN
 from superneuron.net import Net
-from superneuron.optim import SolverConfig, make_optimizer
+from superneuron.optim import make_optimizer
 from superneuron.scheduler.cost import CostModel
+from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec, loads_spec
 
 RNG_SEED = 23
