@@ -124,12 +124,13 @@ def workspace_shapes(layer, outputs):
     return [((size,), layer.dtype) for _, size in regions(layer, outputs)]
 
 
-def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation, copyto=None):
+def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
     """``cols`` (C, kh, kw, N, Ho, Wo) = what each output sees of ``src`` (N, C, H, W) through
-    each tap, zeros in the padding; ``pad_buf`` is flat room for the padded copy (unused
-    without padding), free to be overwritten once this returns. ``copyto(dst, src)``: how
-    to copy (default: split over the threads)."""
-    copyto = copyto or (lambda dst, src_: parallel.copyto(xp, dst, src_))
+    each tap, zeros in the padding, each copy split over the threads; ``pad_buf`` is flat room
+    for the padded copy (unused without padding), free to be overwritten once this returns."""
+    def copyto(dst, src_):
+        parallel.copyto(xp, dst, src_)
+
     c, kh, kw, n, ho, wo = cols.shape
     h, w = src.shape[2:]
     ph, pw = pad
