@@ -224,25 +224,26 @@ def _run_chunks(layer, plan, areas, kernel):
     parallel.run(run_slots, slots, parallel.MIN_CHUNK)
 
 
-def _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, by_dy):
-    """Any of y, dw, dx, chunk by chunk, with the columns in rows (layers/im2col_rows.py)."""
+def _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, back):
+    """Any of y, dw, dx, chunk by chunk, with the columns in rows (layers/im2col_rows.py);
+    ``back``: the pads of dx's convolution of dy, or None to scatter dx."""
     areas, wroom = _chunk_areas(layer, room, plan, dw is not None)
+    by_dy = back is not None
     if by_dy:
-        back = _spans(layer)[1]
         kernel = rows.from_dy_rows(layer, rows.weight_rows(layer, weight, wroom, flipped=True), back,
-                                   x, dy, dw, dx, dw is not None)
+                                   x, dy, dw, dx)
     else:
         kernel = rows.from_x_rows(layer, rows.weight_rows(layer, weight, wroom), x, dy, y, dw, dx)
     _run_chunks(layer, plan, areas, kernel)
     if dw is not None:
-        rows.write_dw(layer, dw, _total(numpy, areas), flipped=by_dy)
+        rows.write_dw(layer, dw, _total(areas), flipped=by_dy)
 
 
-def _total(xp, areas):
+def _total(areas):
     """The slots' sums added in slot order, in the first slot's sum."""
     total = areas[0][2][0]
     for _, _, (other, _), _ in areas[1:]:
-        xp.add(total, other, out=total)
+        numpy.add(total, other, out=total)
     return total
 
 
@@ -253,9 +254,10 @@ def im2col(layer, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
     declared = _declared(outputs)
     room = {name: ctx.scratch((size,), layer.dtype) for name, size in regions(layer, declared)}
     plan = chunking(layer, declared, ctx.xp)
-    by_dy = dx is not None and _spans(layer)[1] is not None
+    back = _spans(layer)[1] if dx is not None else None  # dx by a convolution of dy, or scattered
+    by_dy = back is not None
     if plan is not None:
-        _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, by_dy)
+        _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, back)
     else:
         (_gradients_from_dy_columns if by_dy else _from_x_columns)(layer, ctx.xp, room, weight,
                                                                    x, dy, y, dw, dx)

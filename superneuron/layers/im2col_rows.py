@@ -142,11 +142,11 @@ def _scatter_taps(layer, pad_area, by_tap, dx):
     numpy.copyto(dx, buf[:, ph:h + ph, pw:w + pw].reshape(b, h, w, c).transpose(0, 3, 1, 2))
 
 
-def from_dy_rows(layer, frows, back, x, dy, dw, dx, dw_rows):
-    """A chunk's kernel for dx and dw of a stride-1 convolution from one gather, dy's rows
-    (padded by ``back``): dx is their product with the flipped weight (``frows``), and dw's
-    flipped, (C, K)-swapped sum (``dw_rows``: whether to take it) the product of x's rows with
-    them."""
+def from_dy_rows(layer, frows, back, x, dy, dw, dx):
+    """A chunk's kernel for dx and (where ``dw`` is asked for) dw's sum of a stride-1
+    convolution from one gather, dy's rows (padded by ``back``): dx is their product with the
+    flipped weight (``frows``), and dw's flipped, (C, K)-swapped sum the product of x's rows
+    with them."""
     n, c, h, w, k, g, ho, wo = layer.geometry
     cg = c // g
 
@@ -156,7 +156,7 @@ def from_dy_rows(layer, frows, back, x, dy, dw, dx, dw_rows):
         buf = padded_channels_last(pad_area, dy[s0:s1], back)
         drows = rows_of(cols_area, buf, g, layer.kernel, (1, 1), layer.dilation, (h, w))
         both = top_area[:c * b * h * w]  # x's rows (g, Q, C/g), then dx's
-        if dw_rows:
+        if dw is not None:
             xr = to_rows(both, x[s0:s1], g)
             add_part(xr.transpose(0, 2, 1), drows, sums, first)  # (g, C/g, kh·kw·K/g)
         prod = both.reshape(g, b * h * w, cg)
