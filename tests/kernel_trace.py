@@ -344,7 +344,8 @@ class KernelTrace:
 
     def clashes(self):
         """Operands of one call that share bytes without being one value (or an in-place pair:
-        an INPLACE layer's top over its bottom, its bottom gradient over its top gradient)."""
+        an INPLACE layer's top over its bottom; a bottom gradient over a top gradient where the layer
+        allows it: Layer.grad_inplace)."""
         out = []
         for c in self.calls:
             ops = sorted(c.operands, key=lambda op: op.offset)
@@ -359,6 +360,12 @@ class KernelTrace:
 
     @staticmethod
     def _in_place(call, a, b):
-        pairs = {("bottom", "top"), ("top", "bottom"), ("top_grad", "bottom_grad"), ("bottom_grad", "top_grad")}
-        return (call.node is not None and call.node.layer.INPLACE and (a.role, b.role) in pairs
-                and (a.offset, a.nbytes) == (b.offset, b.nbytes))
+        if call.node is None or (a.offset, a.nbytes) != (b.offset, b.nbytes):
+            return False
+        node, names = call.node, {a.role: a.name, b.role: b.name}
+        if set(names) == {"bottom", "top"}:
+            return node.layer.INPLACE
+        if set(names) == {"bottom_grad", "top_grad"}:  # the pairs the layer allows (Layer.grad_inplace)
+            return any(node.bottom_grads[i] == names["bottom_grad"] and node.top_grads[j] == names["top_grad"]
+                       for i, j in node.layer.grad_inplace())
+        return False

@@ -417,10 +417,11 @@ def test_offload_under_a_budget_copies_only_what_it_must():
         assert 0 < offloads(s) < offloads(full)
         check_copies(s)
         assert simulate(s).peak_bytes <= budget
-    assert simulate(s).fits(budget)  # planned placement leaves no holes here
-    # the convolutions get smaller workspaces, hence other algorithms: the same to rounding
-    runtime, plan = assert_same_results(g, s, exact=False)[:2]
-    assert runtime.stalls == 0 and runtime.host_peak == plan.host_bytes
+        if placement == "dynamic":
+            assert simulate(s).fits(budget)  # its holes stay within the budget here
+        # the convolutions get smaller workspaces, hence other algorithms: the same to rounding
+        runtime, plan = assert_same_results(g, s, exact=False)[:2]
+        assert runtime.stalls == 0 and runtime.host_peak == plan.host_bytes
 
 
 def test_a_budget_met_stays_met_when_raised_with_dynamic_placement():

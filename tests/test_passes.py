@@ -15,7 +15,7 @@ from superneuron.backend import Backend
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.graph import storage_root as root
-from superneuron.layers.base import fill
+from superneuron.layers.base import Context, fill
 from superneuron.runtime.executor import Runtime
 from superneuron.scheduler.inplace import inplace
 from superneuron.scheduler.liveness import Roots, liveness, step_roots
@@ -170,8 +170,9 @@ def test_inplace_refused_when_a_later_layer_reads_the_bottom(tmp_path):
     """, "sum")
     s = inplace(lower(g))
     assert root(s.tensors, "relu") == "relu"
-    # its gradients may still share: nothing reads relu.grad after the ReLU's backward
-    assert root(s.tensors, "conv#0.grad") == "relu.grad"
+    # its gradients may still share: nothing reads relu.grad after the ReLU's backward (and
+    # the sum's first bottom gradient took its top gradient's memory: Eltwise SUM's may)
+    assert root(s.tensors, "conv#0.grad") == root(s.tensors, "relu.grad") == "sum.grad"
 
 
 def test_inplace_refused_after_batchnorm_whose_backward_reads_its_top(tmp_path):
@@ -330,8 +331,9 @@ def test_policies_give_bit_identical_results_in_less_memory(path, policy):
 
 
 def test_layers_the_pass_puts_in_place_give_bit_identical_results(tmp_path):
-    """BatchNorm, ReLU, Dropout and Softmax writing over their bottoms and bottom gradients
-    (not asked for in the file) compute what they compute with tops of their own."""
+    """BatchNorm, ReLU, Dropout and Softmax writing over their bottoms and bottom gradients,
+    and Scale over its bottom gradient (not asked for in the file), compute what they compute
+    with tops of their own."""
     g = graph_of(tmp_path, """\
       - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3}
       - {name: bn, type: BatchNorm, bottom: conv, top: bn}
@@ -343,7 +345,8 @@ def test_layers_the_pass_puts_in_place_give_bit_identical_results(tmp_path):
     s = inplace(lower(g))
     # not Dropout over the ReLU's top, which the ReLU's backward reads; Softmax over Dropout's
     assert [root(s.tensors, t) for t in ("bn", "relu", "drop", "soft")] == ["conv", "scale", "drop", "drop"]
-    assert root(s.tensors, "conv.grad") == "bn.grad" and root(s.tensors, "scale.grad") == "soft.grad"
+    # the gradients in one chain: Scale's bottom gradient over its top gradient too
+    assert {root(s.tensors, t) for t in ("conv.grad", "bn.grad", "scale.grad", "relu.grad")} == {"soft.grad"}
     params = _params(g)
     base = _execute(g, params, "baseline", "dynamic", classes=5)
     for placement in ("dynamic", "planned"):
@@ -351,3 +354,48 @@ def test_layers_the_pass_puts_in_place_give_bit_identical_results(tmp_path):
         assert loss == base[2] and (peak, arena) == (plan.peak_bytes, plan.arena_bytes)
         for name, grad in base[3].items():
             np.testing.assert_array_equal(grads[name], grad, err_msg=name)
+
+
+@pytest.mark.parametrize("coeff", ["", ", coeff: [2.0, -0.5]", ", coeff: [1.0, 3.0]"])
+def test_gradients_the_pass_puts_over_a_sums_and_a_splits_give_bit_identical_results(tmp_path, coeff):
+    """An Eltwise SUM's bottom gradient over its top gradient (its weighted copy written last,
+    whichever bottom it is), and a Split's (three readers) over one of the two gradients it
+    adds first, compute what they compute with gradients of their own; each backward holds
+    one map fewer than with none in place."""
+    g = graph_of(tmp_path, f"""\
+      - {{name: conv, type: Convolution, bottom: data, top: conv, num_output: 4, kernel_size: 3, pad: 1}}
+      - {{name: a, type: Convolution, bottom: conv, top: a, num_output: 4, kernel_size: 1}}
+      - {{name: b, type: Convolution, bottom: conv, top: b, num_output: 4, kernel_size: 1}}
+      - {{name: sum, type: Eltwise, bottom: [a, conv], top: sum{coeff}}}
+      - {{name: sum2, type: Eltwise, bottom: [sum, b], top: sum2, operation: SUM}}
+    """, "sum2")
+    s = inplace(lower(g))
+    sums = [n for n in g.nodes if n.layer.type == "Eltwise"]
+    shared = [root(s.tensors, dx) == root(s.tensors, n.top_grads[0]) for n in sums for dx in n.bottom_grads if dx]
+    assert shared.count(True) == len(sums)  # one bottom gradient of each sum
+    split = next(n for n in g.nodes if n.layer.type == "Split")
+    assert len(split.tops) == 3
+    assert root(s.tensors, split.bottom_grads[0]) in {root(s.tensors, t) for t in split.top_grads[:2]}
+    params = _params(g)
+    base = _execute(g, params, "baseline", "dynamic", classes=5)
+    for placement in ("dynamic", "planned"):
+        plan, (peak, arena), loss, grads = _execute(g, params, "liveness", placement, classes=5)
+        assert loss == base[2] and (peak, arena) == (plan.peak_bytes, plan.arena_bytes)
+        for name, grad in base[3].items():
+            np.testing.assert_array_equal(grads[name], grad, err_msg=name)
+    # and the layers themselves, handed a gradient that is the top gradient's memory
+    rng = np.random.default_rng(2)
+    ctx = Context(np)
+    for node in sums + [split]:
+        layer, shape = node.layer, g.tensors[node.tops[0]].shape
+        for b, t in layer.grad_inplace():
+            dys = [rng.standard_normal(shape).astype(np.float32) for _ in node.tops]
+            bottoms = [rng.standard_normal(shape).astype(np.float32) for _ in node.bottoms]
+            apart = [np.empty(shape, np.float32) for _ in node.bottoms]
+            layer.backward(ctx, bottoms, None, [d.copy() for d in dys], apart, {}, {})
+            given = [d.copy() for d in dys]
+            shared = [np.empty(shape, np.float32) for _ in node.bottoms]
+            shared[b] = given[t]
+            layer.backward(ctx, bottoms, None, given, shared, {}, {})
+            for x, y in zip(apart, shared):
+                np.testing.assert_array_equal(x, y, err_msg=f"{node.name} ({b}, {t})")

@@ -10,6 +10,7 @@ A layer knows shapes and kernels, never the schedule. It declares:
   reason about exactly this; the test harness hands ``None`` for everything else);
 - ``INPLACE``: whether its top may share bottom 0's memory (and its bottom gradient the top
   gradient's);
+- :meth:`grad_inplace`: which bottom gradients may share which top gradients' memory;
 - ``CHEAP``: cheap to recompute (SuperNeurons' cost-aware recomputation);
 - :meth:`algorithms`: per phase, the ways to compute it, fastest first, each with its workspace;
 - :meth:`cost`: flops and bytes moved, from which an estimated time follows;
@@ -329,6 +330,14 @@ class Layer:
     def backward_reads(self):
         """``(bottom indices, top indices)`` whose data the backward reads."""
         return tuple(range(len(self.bottoms))), ()
+
+    def grad_inplace(self):
+        """``[(bottom index, top index)]``, in order of preference: the bottom gradients that
+        may be written over a top gradient's memory where nothing after the backward reads that
+        gradient (the in-place pass decides): the backward reads each element of that top
+        gradient before it writes the same element there, and gives the same bits either way.
+        An ``INPLACE`` layer's bottom 0 over top 0."""
+        return [(0, 0)] if self.INPLACE else []
 
     def backward_operands(self, bottoms, tops, get=None):
         """``(bottoms, tops)`` as :meth:`backward` is given them: ``get(x)`` of those that

@@ -22,7 +22,8 @@ class Eltwise(Layer):
     one shape. ``MAX`` sends each gradient to the first bottom holding the maximum.
 
     Not in place: a PROD or MAX backward reads its bottoms (a SUM backward reads nothing and
-    could be, but ``INPLACE`` is declared per class)."""
+    could be, but ``INPLACE`` is declared per class). A SUM's gradients may be: one bottom's
+    gradient may take the top gradient's memory (it is written last)."""
 
     KEYS = {
         "operation": Key("str", "SUM", choices=("SUM", "PROD", "MAX")),
@@ -45,6 +46,9 @@ class Eltwise(Layer):
 
     def _coeffs(self):
         return self.cfg["coeff"] or (1.0,) * len(self.bottom_shapes)
+
+    def grad_inplace(self):
+        return [(i, 0) for i in range(len(self.bottoms))] if self.cfg["operation"] == "SUM" else []
 
     def backward_reads(self):
         op = self.cfg["operation"]
@@ -93,7 +97,9 @@ class Eltwise(Layer):
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp, op, dy = ctx.xp, self.cfg["operation"], top_grads[0]
         if op == "SUM":
-            for c, dx in zip(self._coeffs(), bottom_grads, strict=True):
+            pairs = list(zip(self._coeffs(), bottom_grads, strict=True))
+            pairs.sort(key=lambda p: p[1] is not None and xp.may_share_memory(p[1], dy))  # dy's own last
+            for c, dx in pairs:
                 if dx is None or (c == 1.0 and xp.may_share_memory(dx, dy)):
                     continue  # a gradient that is dy's memory already holds dy
                 if c == 1.0:
@@ -180,6 +186,11 @@ class Split(Layer):
 
     def backward_reads(self):
         return (), ()
+
+    def grad_inplace(self):
+        # The sum starts as gradient 0 + gradient 1 (the first two given): either may be its
+        # memory; a later one would be overwritten before it is added.
+        return [(0, 0), (0, 1)]
 
     def cost(self):
         n, k = int(np.prod(self.bottom_shapes[0])), len(self.top_shapes)

@@ -258,7 +258,9 @@ class BatchNorm(Layer):
 @register
 class Scale(Layer):
     """``y = x * weight (+ bias)``, one weight (and bias) per index of ``axis``, broadcast over
-    the other dims. Its backward reads its bottom (for the weight gradient): not in place."""
+    the other dims. Its backward reads its bottom (for the weight gradient): its top is not in
+    place (unless the net file writes it so and nothing else reads the bottom), its gradient
+    may be."""
 
     KEYS = {
         "axis": Key("int", 1, doc="the axis the weight runs along (negative counts from the end)"),
@@ -280,6 +282,9 @@ class Scale(Layer):
 
     def backward_reads(self):
         return (0,), ()
+
+    def grad_inplace(self):
+        return [(0, 0)]  # dx = dy * weight, each channel's dy read (for the sums) before its dx
 
     def algorithms(self, phase):
         if phase == "forward":

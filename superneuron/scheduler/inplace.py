@@ -1,7 +1,8 @@
 """In-place reuse (Layrub's intra-layer reuse, Li et al. 2019): a layer that may run in place
 (``INPLACE``: ReLU, Dropout, BatchNorm, Softmax) writes its top over its bottom when nothing
-after it still needs the bottom, and its bottom gradient over its top gradient when nothing
-after it still needs the top gradient.
+after it still needs the bottom, and a layer's bottom gradient goes over its top gradient
+(``Layer.grad_inplace``: an INPLACE layer's, and Scale's, Eltwise SUM's, Split's) when
+nothing after it still needs the top gradient.
 
 Caffe's explicit ``top == bottom`` is already an alias in the graph (and refused there when it
 would corrupt a gradient); this pass finds the other cases from the schedule itself. The test
@@ -49,9 +50,11 @@ class _Forest:
         self.up[name] = onto
 
 
-def inplace(schedule, context=None):
+def inplace(schedule, context=None, grads_only=False):
     """The pass: the schedule with in-place layers sharing storage wherever lifetimes allow
-    (it needs nothing of the Context)."""
+    (it needs nothing of the Context). ``grads_only``: only gradients share (the optimal
+    policy's program counts them so: no recomputation or copy changes a gradient's lifetime,
+    where it may change a forward value's)."""
     graph = schedule.graph
     tensors = dict(schedule.tensors)
     forest = _Forest(tensors)
@@ -87,15 +90,18 @@ def inplace(schedule, context=None):
             continue
         node = graph.nodes[step.node]
         layer = node.layer
-        if not layer.INPLACE or layer.ALIAS_TOPS or not node.bottoms or not node.tops:
+        if not node.bottoms or not node.tops:
             continue
         if step.kind == FORWARD:
+            if not layer.INPLACE or layer.ALIAS_TOPS or grads_only:
+                continue
             bottom, top = node.bottoms[0], node.tops[0]
             others = {forest.find(b) for b in node.bottoms[1:]}
             if forest.find(bottom) not in others and merge(i, bottom, top):
                 merged.add(top)
-        else:
-            dx, dy = node.bottom_grads[0], node.top_grads[0]
+            continue
+        for b, t in layer.grad_inplace():
+            dx, dy = node.bottom_grads[b], node.top_grads[t]
             if dx is not None and dy is not None and merge(i, dy, dx):
                 merged.add(dx)
     # Tensors that now alias another take no storage of their own.
