@@ -7,6 +7,7 @@ budgets on several nets: within the budget (Simulator), never slower than a heur
 fits, baseline's results bit for bit with plan equal to run; auto's choice of liveness; the
 one-line error for a budget nothing fits; the solver's time limit."""
 
+import dataclasses
 import itertools
 import time
 
@@ -14,7 +15,6 @@ import numpy as np
 import pytest
 from test_memory_passes import CAFFE_CHAIN, CHAIN, assert_same_results, check_copies, graph_of, tiny
 
-from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.layers.base import Algo
 from superneuron.scheduler.context import Context
@@ -201,12 +201,14 @@ def test_a_solution_that_recomputes_inner_products_is_realised_with_baselines_re
 
 def test_the_solver_recomputes_convolutions_where_that_is_cheapest():
     """Below what recomputing the cheap layers reaches (the recompute policy no longer fits),
-    the solver's plan recomputes a convolution (its choice, which no heuristic makes) and is
-    the winner, within the budget."""
+    with no host memory to copy to, the solver's plan recomputes a convolution (its choice,
+    which no heuristic makes) and is the winner, within the budget."""
     graph = graph_of(CHAIN)
     budget = int(planned(graph, "recompute", None)[1].arena_bytes * 0.9)
     memo = {}
-    schedule, plan = planned(graph, "optimal", budget, memo)
+    schedule = apply_policy(lower(graph), "optimal", budget=budget, costs=CPU, memo=memo, solver_seconds=5.0,
+                            host_memory=0)
+    plan = simulate(schedule)
     assert memo["optimal"]["candidates"]["recompute"] is None  # the premise: it does not fit
     assert memo["optimal"]["winner"] == "solver"
     recomputed = {graph.nodes[s.node].layer.type for s in schedule.steps if s.kind == "recompute"}
@@ -232,9 +234,23 @@ def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_that_does(capsys)
     assert main(["tests/nets/tiny.yaml", "--policy", "optimal", "--memory", "1KiB", "--solver-time", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the smallest that fits is" in err and "Traceback" not in err
-    with pytest.raises(SNError, match="the smallest that fits is"):  # found to within 1/4096
-        planned(graph, "optimal", low - max(1, low // 1000))
     assert planned(graph, "optimal", low)[1].arena_bytes <= low
+
+
+def test_where_the_dynamic_allocators_holes_do_not_fit_optimal_places_at_planned_offsets():
+    """Just under the smallest budget a heuristic fits with the dynamic allocator, the
+    solver's plan fits at planned offsets (the bytes live fit, the dynamic allocator's holes
+    do not), and the Runtime runs it at those offsets with the plan's bytes and baseline's
+    results."""
+    graph = tiny()
+    low = smallest_budget(lower(graph), Context(model=CostModel("cpu")))
+    budget = low - max(1, low // 1000)
+    memo = {}
+    schedule, plan = planned(graph, "optimal", budget, memo)
+    assert schedule.offsets is not None and plan.arena_bytes <= budget
+    assert simulate(dataclasses.replace(schedule, offsets=None)).arena_bytes > budget
+    runtime, run_plan = assert_same_results(graph, schedule, exact=same_algorithms(schedule, graph))[:2]
+    assert (runtime.peak_bytes, runtime.arena_bytes) == (plan.peak_bytes, plan.arena_bytes)
 
 
 def test_the_solver_time_limit_is_honoured():

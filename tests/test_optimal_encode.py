@@ -54,7 +54,7 @@ def conv_relu_pool_text(blocks, channels, side, batch):
 
 def test_optimal_keeps_stashes_encoded_where_that_is_the_cheapest_way_to_fit(monkeypatch):
     graph = conv_relu_pool()
-    budget = planned(graph, "liveness", None, model=GPU)[1].arena_bytes * 3 // 4
+    budget = planned(graph, "liveness", None, model=GPU)[1].arena_bytes * 19 // 25  # where it keeps baseline's algorithms
     schedule, plan, memo = optimal_within_budget_and_fastest(graph, budget, model=GPU)
     info = memo["optimal"]
     assert info["winner"] == "solver" and info["candidates"]["liveness"] is None  # liveness does not fit

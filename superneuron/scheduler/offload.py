@@ -67,8 +67,9 @@ def _gaps(schedule, steps, model, only=None):
     """``([(root, a, w, p, b)], writes)``: the gaps worth offloading, in the order they start
     (indices into ``steps``: the earlier use, the step before which its offload is waited
     for, the one before which it is prefetched, the later use), and each root's write indices.
-    ``only``: ``{root: lookahead}``, the roots whose gaps to take (None: all, with
-    :data:`LOOKAHEAD`) and how many steps each root's copies may run ahead of the compute."""
+    ``only``: ``{root: lookahead}``, the roots whose gap across the forward/backward turn to
+    take (None: every gap of every root, with :data:`LOOKAHEAD`) and how many steps each
+    root's copies may run ahead of the compute."""
     roots = Roots.of(schedule)
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
     if turn is None:
@@ -85,29 +86,59 @@ def _gaps(schedule, steps, model, only=None):
             if r in read and i >= turn and r in last and i - last[r] > 1:
                 gaps.append((last[r], i, r))
             last[r] = i
-    # starts[i]: when step i starts on the compute stream (copies do not delay it)
+    # starts[i]: when step i starts on the compute stream, copies aside (the clock adds the
+    # stalls of the Waits placed)
     starts = [0.0]
     for step in steps:
         starts.append(starts[-1] + model.step_seconds(schedule, step))
+    clock = _Clock(starts)
     # The lookahead counts steps but Applies (parameter offload's host diet), which take no
     # time and no device memory: with them or without, a copy gets the same compute steps.
     counted = [i for i, s in enumerate(steps) if s.kind != APPLY]
     rank = {i: k for k, i in enumerate(counted)}
-    out, d2h = [], 0.0
-    if only is not None:
-        gaps = [g for g in gaps if g[2] in only]
+    out, d2h, copied_after = [], 0.0, {}  # copied_after: root → the use its host copy was taken after
+    if only is not None:  # the gaps across the turn: back on the device, a tensor stays
+        gaps = [g for g in gaps if g[2] in only and g[0] < turn]
     for a, b, r in EVICTION_ORDER(gaps):
         ahead = LOOKAHEAD if only is None else only[r]
         seconds = model.copy_seconds(schedule.tensors[r].nbytes)
-        d2h = max(d2h, starts[a + 1]) + seconds
+        written = writes.get(r, ())
+        taken = copied_after.get(r)
+        reused = taken is not None and bisect.bisect_right(written, a) == bisect.bisect_right(written, taken)
+        done = max(d2h, clock(a + 1)) + seconds  # the copy queues behind the stream's earlier ones
         limit = counted[min(rank[a] + ahead, len(counted) - 1)]
-        w = min(bisect.bisect_left(starts, d2h, lo=a + 1), limit)  # after the copy
+        w = min(bisect.bisect_left(range(len(starts)), done, lo=a + 1, key=clock), limit)  # after the copy
         p = bisect.bisect_right(starts, starts[b] - seconds, hi=b + 1) - 1  # the latest in time
         if rank[b] >= ahead:
             p = max(p, counted[rank[b] - ahead])
         if w < p:  # else the gap is too short to be worth two copies
             out.append((r, a, w, p, b))
+            if not reused:  # (a reused host copy needs no copy: _flags says the same)
+                copied_after[r], d2h = a, done
+                if w < len(starts) and clock(w) < done:  # its Wait holds the compute stream
+                    clock.stall(w, done - clock(w))
     return out, writes
+
+
+class _Clock:
+    """When each step starts on the compute stream: the compute before it (``starts``) and
+    the stalls of the Waits placed so far before or at it (a Wait for a copy not yet done
+    holds the stream), so that later copies are timed from when their steps really run."""
+
+    def __init__(self, starts):
+        self.starts, self.at, self.total = starts, [], []  # stalls' steps, sorted; stall through each
+
+    def __call__(self, i):
+        k = bisect.bisect_right(self.at, i)
+        return self.starts[i] + (self.total[k - 1] if k else 0.0)
+
+    def stall(self, i, seconds):
+        """Add a stall of ``seconds`` before step ``i``."""
+        k = bisect.bisect_right(self.at, i)
+        self.at.insert(k, i)
+        self.total.insert(k, (self.total[k - 1] if k else 0.0))
+        for j in range(k, len(self.total)):
+            self.total[j] += seconds
 
 
 def _flags(gaps, writes):
@@ -350,11 +381,13 @@ def offload(schedule, context):
 
 
 def offload_roots(schedule, context, chosen):
-    """``schedule`` (after liveness) with every gap of the roots of ``chosen`` (``{root:
-    lookahead}``: how many steps its copies may run ahead of the compute, as
-    :data:`LOOKAHEAD`) offloaded and prefetched back, as the pass would (the same copy steps,
-    timed by the Context's cost model), whatever the budget: the optimal policy's choice,
-    made elsewhere. Roots without a gap worth two copies stay on the device."""
+    """``schedule`` (after liveness) with the roots of ``chosen`` (``{root: lookahead}``: how
+    many steps its copies may run ahead of the compute, as :data:`LOOKAHEAD`) offloaded after
+    their last forward use and prefetched back for their first backward read, as the pass
+    would (the same copy steps, timed by the Context's cost model), whatever the budget: the
+    optimal policy's choice, made elsewhere. Back on the device, a root stays there (a
+    recomputation that reads it brings it back early, as the program counts it). Roots
+    without a gap worth two copies stay on the device."""
     if not schedule.train or not chosen:
         return schedule
     steps = [s for s in schedule.steps if s.kind not in MEMORY]

@@ -43,6 +43,7 @@ from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
 from .params import offload_params
+from .placement import with_placement
 from .recompute import with_recomputes
 from .workspace import fit
 
@@ -50,14 +51,16 @@ from .workspace import fit
 HEURISTICS = ("liveness", "recompute", "offload", "superneurons", "gist")
 ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan went over
 # The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, encodings
-# offered, the part of the time limit by which it ends). The first is the quick one that every
-# net solves to its gap in seconds; the second is it with encodings (only where the net has
-# some: its plans compete with the first's rather than replace them, since a plan with small
-# encoded forms may leave the placement more holes); the third, joins', is harder (ResNet-50
-# at 1/3 of liveness's arena: 4-20 s on the 2-core machine, as loaded); the fourth adds swaps
-# to the plans before.
-PHASES = ((False, False, False, 0.25), (False, False, True, 0.35), (True, False, False, 0.75),
-          (True, True, False, 1.0))
+# offered, the recomputations fixed to those of an earlier program's last plan, the part of
+# the time limit by which it ends). The first is the quick one that every net solves to its
+# gap in seconds (ResNet-50 at 1/3 of liveness's arena: 1 s); the second is it with
+# encodings (only where the net has some: its plans compete with the first's rather than
+# replace them, since a plan with small encoded forms may leave the placement more holes);
+# the third, joins', is harder (ResNet-50 at 1/3: 4-9 s on the 2-core machine); the last
+# offers swaps alone on each earlier program's last recomputations (a plan a little over the
+# budget may fit so, without the placement's holes of the plans before).
+PHASES = ((False, False, False, False, 0.1), (False, True, False, False, 0.3), (False, True, True, False, 0.4),
+          (True, True, False, False, 0.8), (True, True, False, True, 1.0))
 
 
 @dataclasses.dataclass
@@ -111,7 +114,7 @@ def _fastest(schedule, context, solve_always):
     for name in HEURISTICS:
         if name != "liveness":
             name += _params(schedule)
-            found = _candidate(name, schedule, context)
+            found = _placed(_candidate(name, schedule, context), context)
             info["candidates"][name] = found.seconds if _ok(found, context) else None
             best += [found] if _ok(found, context) else []
     found = _solved(schedule, context, info)
@@ -151,6 +154,21 @@ def _candidate(name, schedule, context, passes=None):
     plan = simulate(schedule, replayed if placed is schedule else None)
     return Candidate(name, schedule, plan, context.model.iteration_seconds(schedule), plan.fits(context.budget),
                      context)
+
+
+def _placed(candidate, context):
+    """``candidate``, or where the dynamic allocator's holes lift its arena over the budget
+    that its bytes live fit, the same steps at planned offsets (placement.py) when that
+    arena is smaller: the schedule carries its offsets, which the Runtime follows."""
+    if (candidate.fits or context.placement != "dynamic" or context.budget is None
+            or candidate.plan.peak_bytes > context.budget):
+        return candidate
+    from .simulate import simulate
+    placed = with_placement(candidate.schedule, "planned")
+    plan = simulate(placed)
+    if plan.arena_bytes >= candidate.plan.arena_bytes:
+        return candidate
+    return dataclasses.replace(candidate, schedule=placed, plan=plan, fits=plan.fits(context.budget))
 
 
 def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), encoded=None):
@@ -194,7 +212,7 @@ def _solved(schedule, context, info):
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
     modelled = offload_params(schedule) if _params(schedule) else schedule  # parameter copies in place
-    for joins, swaps, encodings, share in PHASES:
+    for joins, swaps, encodings, fixed, share in PHASES:
         if joins not in models:
             models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
         model, until = models[joins], start + context.solver_seconds * share
@@ -202,13 +220,13 @@ def _solved(schedule, context, info):
             continue  # nothing to encode: it would be the program before
         if not encodings:
             model = dataclasses.replace(model, units=[])
-        for recomputed in sorted(earlier, key=earlier.get) if swaps else [frozenset()]:
+        for recomputed in sorted(earlier, key=earlier.get) if fixed else [frozenset()]:
             found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
             phases[-1]["encodings"] = encodings
             if found is None:
                 continue
             last = found
-            if not swaps:
+            if not fixed:
                 earlier.setdefault(frozenset(found.recomputed), found.seconds)
             if _ok(found, context) and (best is None or found.seconds < best.seconds):
                 best, solver["best"] = found, dict(phases[-1])
@@ -237,7 +255,8 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
                      solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
         if solution.recompute is None:
             break
-        found = realise(schedule, context, solution.recompute, solution.offload, solution.swap, solution.encode)
+        found = _placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
+                                solution.encode), context)
         found.recomputed = solution.recompute
         phase.update(recomputed=len(solution.recompute), offloaded=len(solution.offload),
                      swapped=len(solution.swap), encoded=len(solution.encode[0] | solution.encode[1]),

@@ -3,8 +3,8 @@ by HiGHS through ``scipy.optimize.milp``): for a budget, which stashed tensors t
 offload or to recompute, and which algorithm each step runs, so that the iteration's
 estimated time is least and the bytes live at every step, workspace included, fit.
 
-The model is read off the liveness schedule of the net (no in-place reuse: the realised
-schedule gets it on top, which only frees more). Its compute steps are numbered 0..n-1, and:
+The model is read off the liveness schedule of the net with its gradients in place (the
+realised schedule gets the forward's in-place reuse on top, which only frees more). Its compute steps are numbered 0..n-1, and:
 
 - a *stash* is a data root used in the forward (last at step ``a``) and read again in the
   backward (first at step ``e``). Each stash has up to three options, binaries summing to
@@ -57,6 +57,7 @@ import numpy as np
 from ..allocator import aligned
 from . import optimal_encode
 from .cost import phase_of
+from .inplace import inplace
 from .liveness import Roots, intervals, liveness
 from .optimal_stashes import Stash, stashes_of  # noqa: F401 (Stash: the program's input, as Model)
 from .simulate import simulate
@@ -108,7 +109,7 @@ def build(schedule, model, joins=True, lossy=()):
     """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
     ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too; ``lossy``:
     the lossy encodings that may be chosen besides the lossless ones."""
-    live_schedule = liveness(schedule)
+    live_schedule = liveness(inplace(schedule, grads_only=True))
     roots = Roots.of(live_schedule)
     graph = schedule.graph
     steps = [s for s in live_schedule.steps if s.kind not in MEMORY]
@@ -164,6 +165,7 @@ class Solution:
     status: str
     seconds: float
     encode: tuple = (frozenset(), frozenset())
+    counted: np.ndarray = None  # bytes live at each compute step, as the program counts them
 
 
 def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
@@ -246,7 +248,9 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
         row([(j, m.stashes[k].size / MIB) for j, (what, k, _) in enumerate(columns) if what in ("off", "swap")],
             -np.inf, (host_memory - m.host_fixed) / MIB)
     # One copy at a time on each stream: the swaps' copies never queue, so each ends when the
-    # model says (the offload pass times them so) and its window holds.
+    # model says (the offload pass times them so) and its window holds; nor does an offload's
+    # (which the compute waits for at once, where it is issued and the step before its read):
+    # queued behind a swap's, its stall would be that copy's too, and the swap's window late.
     on_stream = {}
     for j, (what, k, _) in enumerate(columns):
         if what == "swap":
@@ -254,6 +258,13 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
             w, p = s.swap
             for i in itertools.chain(range(s.a + 1, w), range(p, s.e)):  # device→host, then host→device
                 on_stream.setdefault(("d2h" if i < w and i > s.a else "h2d", i), []).append(j)
+    if any(key[0] == "d2h" for key in on_stream):
+        for j, (what, k, _) in enumerate(columns):
+            if what == "off":
+                s = m.stashes[k]
+                for key in (("d2h", s.a + 1), ("h2d", s.e - 1)):
+                    if key in on_stream:
+                        on_stream[key].append(j)
     for js in on_stream.values():
         if len(js) > 1:
             row([(j, 1.0) for j in js], -np.inf, 1.0)
@@ -283,9 +294,12 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     swap = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "swap" and x[j] > 0.5}
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
+    workspace = m.fixed_workspace.copy()
+    for step, entries in workspace_of.items():
+        workspace[step] += sum(v * MIB for j, v in entries if x[j] > 0.5)
     return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual,
                     None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds,
-                    optimal_encode.chosen(m, columns, x))
+                    optimal_encode.chosen(m, columns, x), m.live - x[d0:d0 + n] * MIB + workspace)
 
 
 def _triggers(m, columns, cost, row, opening, closing):
