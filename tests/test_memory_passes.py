@@ -417,8 +417,9 @@ def test_offload_under_a_budget_copies_only_what_it_must():
         assert 0 < offloads(s) < offloads(full)
         check_copies(s)
         assert simulate(s).peak_bytes <= budget
-        if placement == "dynamic":
-            assert simulate(s).fits(budget)  # its holes stay within the budget here
+        assert simulate(s).fits(budget)
+        if placement == "planned":  # the workspaces in the room the tensors leave: no holes here
+            assert simulate(s).arena_bytes == simulate(s).peak_bytes
         # the convolutions get smaller workspaces, hence other algorithms: the same to rounding
         runtime, plan = assert_same_results(g, s, exact=False)[:2]
         assert runtime.stalls == 0 and runtime.host_peak == plan.host_bytes

@@ -43,7 +43,6 @@ from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
 from .params import offload_params
-from .placement import with_placement
 from .recompute import with_recomputes
 from .workspace import fit
 
@@ -158,17 +157,20 @@ def _candidate(name, schedule, context, passes=None):
 
 def _placed(candidate, context):
     """``candidate``, or where the dynamic allocator's holes lift its arena over the budget
-    that its bytes live fit, the same steps at planned offsets (placement.py) when that
-    arena is smaller: the schedule carries its offsets, which the Runtime follows."""
+    that its bytes live fit, the same steps at planned offsets (placement.py; the workspaces
+    in the room the tensors leave: workspace.fit) when that arena is smaller: the schedule
+    carries its offsets, which the Runtime follows."""
     if (candidate.fits or context.placement != "dynamic" or context.budget is None
             or candidate.plan.peak_bytes > context.budget):
         return candidate
     from .simulate import simulate
-    placed = with_placement(candidate.schedule, "planned")
+    planned = dataclasses.replace(candidate.context, placement="planned", memo={})
+    placed = fit(candidate.schedule, planned)
     plan = simulate(placed)
     if plan.arena_bytes >= candidate.plan.arena_bytes:
         return candidate
-    return dataclasses.replace(candidate, schedule=placed, plan=plan, fits=plan.fits(context.budget))
+    return dataclasses.replace(candidate, schedule=placed, plan=plan, fits=plan.fits(context.budget),
+                               seconds=context.model.iteration_seconds(placed), context=planned)
 
 
 def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), encoded=None):

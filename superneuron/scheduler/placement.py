@@ -22,7 +22,7 @@ import dataclasses
 
 from ..allocator import aligned
 from ..errors import SNError
-from .steps import ALLOC, FREE
+from .steps import ALLOC, FREE, MEMORY
 
 PLACEMENTS = ("dynamic", "planned")
 
@@ -61,34 +61,85 @@ ORDERS = {
 def plan_offsets(schedule):
     """``(offsets, region)``: ``name → [offset of each of its Allocs, in order]`` in the
     scheduled region and the region's size; best fit among the gaps free for each whole
-    lifetime, in the :data:`ORDERS` that gives the smallest region."""
+    lifetime, in the :data:`ORDERS` that gives the smallest region, the workspaces among the
+    tensors or after them all (in the holes the tensors leave: where each step's workspace
+    was chosen to fill what the tensors leave under a budget, placing them among the tensors
+    leaves holes the tensors then cannot use)."""
     spans = lifetimes(schedule)
+    late = _workspaces(schedule, spans)
     best = None
     for key in ORDERS.values():
-        where, region = _place(spans, key)
-        if best is None or region < best[1]:
-            best = where, region
+        for after in ((), late) if late else ((),):
+            where, region, _ = _place(spans, key, after)
+            if best is None or region < best[1]:
+                best = where, region
     offsets = {}
     for (_, _, name, _), off in zip(spans, best[0]):
         offsets.setdefault(name, []).append(off)
     return offsets, best[1]
 
 
-def _place(spans, key):
-    """Offsets of ``spans`` placed one by one in the order of ``key``, and the region's size."""
-    times = sorted({t for s, e, _, _ in spans for t in (s, e)})
+def workspace_rooms(schedule, limit):
+    """``{k: bytes}``: for the k-th compute step of ``schedule`` that has a workspace, the
+    largest gap below ``limit`` (bytes of the scheduled region) that the tensors leave at it,
+    placed as :func:`plan_offsets` places them before the workspaces (in the order that packs
+    them smallest): the workspace the step may take so that the planned region stays within
+    the limit (workspace.fit caps the steps so)."""
+    spans = lifetimes(schedule)
+    late = _workspaces(schedule, spans)
+    best = None
+    for key in ORDERS.values():
+        placed = _place(spans, key, late, tensors_only=True)
+        if best is None or placed[1] < best[1]:
+            best = placed
+    tree, times = best[2]
+    compute, before = 0, []  # before[i]: the compute steps before step i
+    for step in schedule.steps:
+        before.append(compute)
+        compute += step.kind not in MEMORY
+    rooms = {}
+    for k in late:
+        start, end, _, _ = spans[k]
+        # the slots of the tensors live at any of its steps (and of some born right after:
+        # a smaller room, never one that overlaps)
+        lo = bisect.bisect_left(times, start)
+        hi = max(lo, bisect.bisect_right(times, end) - 1)
+        cursor, room = 0, 0
+        for a, b in tree.taken(lo, hi) if lo < len(times) else ():
+            if a >= limit:
+                break
+            room = max(room, a - cursor)
+            cursor = b
+        rooms[before[start]] = max(room, limit - cursor)  # allocated right before the step it serves
+    return rooms
+
+
+def _workspaces(schedule, spans):
+    """The indices of ``spans`` that are workspaces, in the order they start."""
+    return [k for k, (_, _, name, _) in enumerate(spans) if schedule.tensors[name].kind == "workspace"]
+
+
+def _place(spans, key, after=(), tensors_only=False):
+    """``(offsets, region, (tree, times))``: ``spans`` placed one by one in the order of
+    ``key``, those of ``after`` (indices) last, in the order given; the region's size; the
+    segment tree over the compressed times. ``tensors_only``: leave ``after`` out (offsets
+    None) and make the tree's times those of the others alone."""
+    late = set(after)
+    times = sorted({t for k, (s, e, _, _) in enumerate(spans) if not (tensors_only and k in late) for t in (s, e)})
     rank = {t: k for k, t in enumerate(times)}
     tree = _Tree(len(times))
-    where = [0] * len(spans)
+    where = [None] * len(spans)
     region = 0
-    for k in sorted(range(len(spans)), key=lambda k: (key(spans[k][0], spans[k][1], spans[k][3]), k)):
+    first = sorted((k for k in range(len(spans)) if k not in late),
+                   key=lambda k: (key(spans[k][0], spans[k][1], spans[k][3]), k))
+    for k in first + ([] if tensors_only else list(after)):
         start, end, _, size = spans[k]
         lo, hi = rank[start], rank[end]
         off = _best_fit(tree.taken(lo, hi), size)
         tree.add(lo, hi, off, off + size)
         where[k] = off
         region = max(region, off + size)
-    return where, region
+    return where, region, (tree, times)
 
 
 def place(schedule, context):

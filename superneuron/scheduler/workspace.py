@@ -136,11 +136,15 @@ def fit(schedule, context):
     dynamic allocator's holes may still lift the arena over it: then the workspace whose
     Alloc crossed the budget gets a smaller algorithm, and again, :data:`TRIES` times at most.
     With the dynamic allocator each try replays on from the Alloc that crossed (what comes
-    before it is the same); the Context's memo gets ``memo['replayed'] = (schedule returned,
-    its whole replay)`` for simulate() where one was made."""
-    from .placement import place
+    before it is the same). With planned placement, where the arena goes over, every
+    workspace first gets at most the room the tensors leave at its step under the budget
+    (placement.workspace_rooms), then as with the dynamic allocator. The Context's memo gets
+    ``memo['replayed'] = (schedule returned, its whole replay)`` for simulate() where one was
+    made."""
+    from .placement import place, workspace_rooms
     from .simulate import Replayer
     budget, placement, memo, tries = context.budget, context.placement, context.memo, TRIES
+    planned_rooms = False  # whether the planned placement's rooms capped the workspaces yet
     chooser, caps = _Chooser(schedule, budget, context.workspace_limit, context.model), {}
     placed = place(chooser.choose(caps), context)
     if budget is None:
@@ -152,10 +156,17 @@ def fit(schedule, context):
             memo["replayed"] = (placed, replayer.arena)  # a whole replay: simulate() need not make it again
             return placed
         step = placed.steps[stop]
-        if step.kind != ALLOC or placed.tensors[step.tensor].kind != "workspace":
+        if placement == "planned" and not planned_rooms:
+            # Offsets are planned for all the steps at once: give every workspace at most the
+            # room the tensors leave at its step under the budget, placed before them
+            planned_rooms = True
+            for k, room in workspace_rooms(placed, budget - placed.resident_bytes).items():
+                caps[k] = min(caps.get(k, room), room)
+        elif step.kind != ALLOC or placed.tensors[step.tensor].kind != "workspace":
             return placed  # a tensor overflowed: no workspace to blame
-        k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
-        caps[k] = aligned(placed.tensors[step.tensor].nbytes) - 1
+        else:
+            k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
+            caps[k] = aligned(placed.tensors[step.tensor].nbytes) - 1
         tries -= 1
         placed = place(chooser.choose(caps), context)
         if placement == "dynamic":  # the steps before ``stop`` are the same: go on from there
