@@ -123,7 +123,8 @@ def test_chunked_allocates_nothing_big(two_samples):
 @pytest.mark.parametrize("policy", ["superneurons", "optimal"])
 def test_googlenet_fits_half_of_liveness_arena_with_the_chunked_lrn(policy):
     # The LRN backward of conv2_norm2 needed 147 MiB of workspace, its bound 521.1 MiB, over
-    # 1/2 of liveness's arena (470.9 MiB); chunked it needs 13.8 MiB and the bound is 387.9 MiB
+    # 1/2 of liveness's arena (470.9 MiB); chunked it needs 13.8 MiB and the bound was 387.9 MiB,
+    # with its gradient in place (Layer.grad_inplace) another step's, 361.9 MiB
     spec = load_spec("nets/googlenet.yaml", batch=32)
     model = CostModel("gpu")
     base = planning.lowered(Graph(spec, kernels=planning.planning_kernels("gpu")),
@@ -134,7 +135,7 @@ def test_googlenet_fits_half_of_liveness_arena_with_the_chunked_lrn(policy):
     budget = round(live.arena_bytes / 2)
     schedule, plan = planning.plan(base, policy, budget, cost=model, solver_seconds=2)
     assert plan.fits(budget) and plan.lower_bound_bytes < budget < 521 << 20
-    assert round(plan.lower_bound_bytes / 2**20, 1) == 387.9
+    assert round(plan.lower_bound_bytes / 2**20, 1) == 361.9
     norm2 = [s for s in schedule.steps if s.kind == "backward"
              and schedule.graph.nodes[s.node].name == "conv2_norm2"]
     assert [s.algorithm for s in norm2] == ["chunked"]

@@ -244,9 +244,9 @@ def test_planned_placement_under_a_budget_gives_the_workspaces_the_room_the_tens
     tensors, it left holes they could not use. Planned placement now places the tensors first
     and caps each workspace to the room they leave at its step: on the nets of nets/ under
     liveness and superneurons, between the smallest workspaces' peak and the fastest's, it
-    fits wherever the dynamic allocator does and in most cases where it does not, with never
-    a larger arena."""
-    planned_only = dynamic_only = 0
+    fits wherever the dynamic allocator does and in half the cases or more where it does not,
+    with never a larger arena."""
+    planned_only = dynamic_only = dynamic_over = 0
     for path in NETS:
         g = _graph(path)[0]
         for name in ("liveness", "superneurons"):
@@ -258,7 +258,9 @@ def test_planned_placement_under_a_budget_gives_the_workspaces_the_room_the_tens
                 assert planned.arena_bytes <= max(budget, dynamic.arena_bytes), (path, name)
                 planned_only += planned.fits(budget) and not dynamic.fits(budget)
                 dynamic_only += dynamic.fits(budget) and not planned.fits(budget)
-    assert dynamic_only <= 1 and planned_only >= 5, (planned_only, dynamic_only)
+                dynamic_over += not dynamic.fits(budget)
+    assert dynamic_only == 0 and dynamic_over >= 4 and 2 * planned_only >= dynamic_over, \
+        (planned_only, dynamic_only, dynamic_over)
 
 
 def test_planned_arena_hands_out_the_planned_offsets():

@@ -82,6 +82,9 @@ class LRN(Layer):
     def backward_reads(self):
         return (0,), (0,)
 
+    def grad_inplace(self):
+        return [(0, 0)]  # each sample's dy is read whole (into the room) before its dx is written
+
     def _room(self, algo):
         """The shape of one temporary under ``algo`` (name; None: the default)."""
         return ((self.chunk_rows,) if algo == "chunked" else self.view[:1]) + tuple(self.view[1:])
@@ -141,13 +144,14 @@ class LRN(Layer):
             self._backward_rows(xp, x[a:b], y[a:b], dy[a:b], dx[a:b], tmp[:b - a], scale[:b - a])
 
     def _backward_rows(self, xp, x, y, dy, dx, tmp, scale):
-        """The backward of some whole samples (rows of the view), ``tmp`` and ``scale`` their room."""
+        """The backward of some whole samples (rows of the view), ``tmp`` and ``scale`` their
+        room; ``dy`` is read whole before ``dx`` is written (it may be the same memory)."""
         self._scale(xp, x, tmp, scale)
         xp.multiply(dy, y, out=tmp)
         tmp /= scale
+        xp.power(scale, -self.cfg["beta"], out=scale)
+        scale *= dy  # the first term: dy * scale^-beta
         self._window_sum(xp, tmp, dx)
         dx *= x
         dx *= -2.0 * self.cfg["alpha"] * self.cfg["beta"] / self.window
-        xp.power(scale, -self.cfg["beta"], out=scale)
-        scale *= dy
         dx += scale
