@@ -9,6 +9,7 @@ import pytest
 from layer_harness import backward, build, forward, gradcheck, peak_allocation
 
 from superneuron.layers import parallel
+from superneuron.layers.norm import BatchNorm
 
 KIB = 1024
 
@@ -204,3 +205,56 @@ def test_numpy_settings_hold_for_the_block_and_this_thread_only():
         assert on_worker == [(False, parallel.BUFSIZE)]
     finally:
         parallel.set_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batchnorm_chunked_backward_gives_the_default_bits(monkeypatch, forced_splits, dtype, threads):
+    """BatchNorm's backward ``chunked``: two channels' temporary at a time (the last chunk one
+    channel), on one thread or split over two, gives the bits of ``default`` (every sum is a
+    channel's own), in place or not, its workspace a fraction of ``default``'s; and it is
+    offered only where a chunk is less than every channel."""
+    shape = (4, 5, 6, 3)
+    monkeypatch.setattr(BatchNorm, "CHUNK_BYTES", 2 * 4 * 6 * 3 * np.dtype(dtype).itemsize)
+    parallel.set_threads(threads)
+    layer, params = build("BatchNorm", [shape], dtype)
+    default, chunked = layer.algorithms("backward")
+    assert (default.name, chunked.name) == ("default", "chunked") and layer._chunk() == 2
+    assert chunked.workspace < default.workspace / 2
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    tops = forward(layer, [x], params)
+    for inplace in (False, True):
+        ref = backward(layer, [x], tops, [dy], params, algo=default, inplace=inplace)[0][0]
+        got = backward(layer, [x], tops, [dy], params, algo=chunked, inplace=inplace)[0][0]
+        np.testing.assert_array_equal(got, ref)
+    monkeypatch.setattr(BatchNorm, "CHUNK_BYTES", 1 << 30)
+    assert [a.name for a in build("BatchNorm", [shape], dtype)[0].algorithms("backward")] == ["default"]
+
+
+def test_batchnorm_chunked_backward_synchronised(monkeypatch):
+    """Synchronised BatchNorm's backward (``ctx.ranks``: one rank here, whose sum over the ranks
+    is its own) under ``chunked`` gives ``default``'s gradient: the sums taken a chunk of
+    channels at a time."""
+    from superneuron.layers.base import Context
+    shape, dtype = (4, 5, 6, 3), np.float64
+    monkeypatch.setattr(BatchNorm, "CHUNK_BYTES", 2 * 4 * 6 * 3 * 8)
+
+    class OneRank:
+        size = 1
+
+        def sum(self, array, what):
+            return array
+
+    layer, params = build("BatchNorm", [shape], dtype)
+    rng = np.random.default_rng(1)
+    x, dy = (rng.standard_normal(shape) for _ in range(2))
+    y = forward(layer, [x], params)[0]
+    out = {}
+    for algo in layer.algorithms("backward"):
+        ctx = Context(np, workspace=np.empty(algo.workspace, np.uint8), algo=algo.name, ranks=OneRank())
+        dx = np.empty(shape)
+        layer.backward(ctx, [None], [y], [dy.copy()], [dx], params, {})
+        out[algo.name] = dx
+    np.testing.assert_allclose(out["chunked"], out["default"], rtol=1e-12, atol=1e-14)
+    assert not np.array_equal(out["default"], np.zeros(shape))

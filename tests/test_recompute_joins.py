@@ -122,12 +122,19 @@ def test_plan_equals_run_and_training_is_bit_identical_without_it(monkeypatch, p
         without_joins(m)
         old, old_losses = _train(spec, budget, placement=placement)
     assert not recomputed(old.schedules["train"])
-    # the budget gives both the same algorithms (im2col under it rounds otherwise): the same bits
-    assert algorithms(net) == algorithms(old)
-    assert losses == old_losses
     assert len(set(losses)) == len(losses)  # the parameters moved between iterations
+    if placement == "dynamic":
+        # the budget gives both the same algorithms (im2col under it rounds otherwise): the same bits
+        assert algorithms(net) == algorithms(old)
+        assert losses == old_losses
+        for name in net.param_names:
+            np.testing.assert_array_equal(net.param(name), old.param(name), err_msg=name)
+        return
+    # planned: the workspaces get the rooms the tensors leave, which differ between the two
+    # plans, and with them some algorithms (tests/test_passes.py): the same to rounding
+    np.testing.assert_allclose(losses, old_losses, rtol=1e-5)
     for name in net.param_names:
-        np.testing.assert_array_equal(net.param(name), old.param(name), err_msg=name)
+        np.testing.assert_allclose(net.param(name), old.param(name), rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_training_without_a_budget_is_baselines_bit_for_bit():

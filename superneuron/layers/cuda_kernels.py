@@ -65,6 +65,13 @@ def _sums_kernel(dtype, expr1, expr2):
     return cupy.RawKernel(code, "channel_sums")
 
 
+def sums_bytes(ncl):
+    """The scratch bytes :func:`channel_sums` takes at most for (N, C, L) arrays: with them,
+    :func:`splits_for` gives as many splits as any larger scratch would."""
+    n, c, _ = ncl
+    return 16 * c * (min(n, -(-TARGET_BLOCKS // c)) + 1)
+
+
 def splits_for(ncl, room_bytes):
     """How many blocks share a channel in :func:`channel_sums`, given ``room_bytes`` of scratch
     (the partial sums take 16 bytes per channel per split, the result 16 per channel): 0 where

@@ -82,6 +82,8 @@ class BatchNorm(Layer):
     }
     INPLACE = True
     CHEAP = True
+    CHUNK_BYTES = 8 << 20  # the backward's ``chunked``: the most bytes of its temporary (whole channels)
+    CHUNKED_SPEED = 0.95   # its relative speed: more, smaller calls (the cost model's weighing)
 
     def setup(self, bottom_shapes):
         shape = tuple(bottom_shapes[0])
@@ -117,10 +119,22 @@ class BatchNorm(Layer):
     def algorithms(self, phase):
         if self.cfg["use_global_stats"]:
             return [Algo("default", 0)]
-        # forward: the per-sample variance terms; backward: a bottom-sized product, since the
-        # bottom gradient may be the top gradient itself
-        room = self.ncl[:2] if phase == "forward" else self.ncl
-        return [Algo("default", workspace_bytes((room, self.dtype)))]
+        if phase == "forward":  # the per-sample variance terms
+            return [Algo("default", workspace_bytes((self.ncl[:2], self.dtype)))]
+        # the backward: a bottom-sized product, since the bottom gradient may be the top
+        # gradient itself; ``chunked``: a few channels' at a time (the same bits: every sum is
+        # a channel's own), or the GPU's partial sums, whichever is more
+        n, c, l = self.ncl
+        algos = [Algo("default", workspace_bytes((self.ncl, self.dtype)))]
+        if self._chunk() < c:
+            room = max(workspace_bytes(((n, self._chunk(), l), self.dtype)), cuda.sums_bytes(self.ncl))
+            algos.append(Algo("chunked", room, self.CHUNKED_SPEED))
+        return algos
+
+    def _chunk(self):
+        """The channels the backward's ``chunked`` takes at a time (one at least)."""
+        n, c, l = self.ncl
+        return min(c, max(1, self.CHUNK_BYTES // max(1, n * l * self.dtype.itemsize)))
 
     def _global(self, ctx):
         return self.cfg["use_global_stats"] or not ctx.train
@@ -221,19 +235,24 @@ class BatchNorm(Layer):
             xp.multiply(dy, 1.0 / xp.sqrt(var[:, None] + self.cfg["eps"]), out=dx)
             return
         n, c, l = self.ncl
+        k = c if ctx.algo != "chunked" else self._chunk()  # channels at a time
         if ctx.ranks is not None:  # the global batch's sums
             x_hat, invstd = tops[0].reshape(self.ncl), params["saved_invstd"]
             m = n * l * ctx.ranks.size
-            tmp = ctx.scratch(self.ncl, self.dtype)
-            sums = xp.concatenate([dy.sum(axis=(0, 2)), xp.multiply(dy, x_hat, out=tmp).sum(axis=(0, 2))])
+            tmp = ctx.scratch((n, k, l), self.dtype)
+            dyx = [xp.multiply(dy[:, a:a + k], x_hat[:, a:a + k], out=tmp[:, :min(k, c - a)]).sum(axis=(0, 2))
+                   for a in range(0, c, k)]
+            sums = xp.concatenate([dy.sum(axis=(0, 2))] + dyx)
             sums = ctx.sum_ranks(sums) / m  # both in one all-reduce: latency is what it costs
-            mean_dy, mean_dyx = sums[:c], sums[c:]
-            xp.multiply(x_hat, mean_dyx[:, None].astype(self.dtype), out=tmp)
-            xp.subtract(dy, tmp, out=dx)
-            dx -= mean_dy[:, None].astype(self.dtype)
-            dx *= invstd[:, None]
+            mean_dy, mean_dyx = sums[:c].astype(self.dtype), sums[c:].astype(self.dtype)
+            for a in range(0, c, k):
+                b, t = min(a + k, c), tmp[:, :min(k, c - a)]
+                xp.multiply(x_hat[:, a:b], mean_dyx[a:b, None], out=t)
+                xp.subtract(dy[:, a:b], t, out=dx[:, a:b])
+                dx[:, a:b] -= mean_dy[a:b, None]
+                dx[:, a:b] *= invstd[a:b, None]
             return
-        splits = cuda.splits_for(self.ncl, n * c * l * self.dtype.itemsize) if cuda.on_gpu(xp) else 0
+        splits = cuda.splits_for(self.ncl, ctx.workspace.nbytes) if cuda.on_gpu(xp) else 0
         if splits:  # one pass for both sums, one for dx
             words = ctx.scratch((2 * (splits + 1) * c,), np.float64)
             x_hat = tops[0].reshape(self.ncl)
@@ -242,17 +261,19 @@ class BatchNorm(Layer):
             return
         # dx = invstd * (dy - mean(dy) - x_hat * mean(dy * x_hat)); dx may be dy itself
         x_hat, invstd, m = tops[0].reshape(self.ncl), params["saved_invstd"], n * l
-        tmp = ctx.scratch(self.ncl, self.dtype)
-
-        def block(a, b):  # channels a..b; both sums through t's first column, then t
-            dys, dxs, xh, t = dy[:, a:b], dx[:, a:b], x_hat[:, a:b], tmp[:, a:b]
-            mean_dy = _channel_sum(xp, dys, t[:, :, :1]) / m
-            mean_dyx = _channel_dot(xp, dys, xh, t[:, :, :1]) / m
-            xp.multiply(xh, mean_dyx[:, None], out=t)
-            xp.subtract(dys, t, out=dxs)
-            dxs -= mean_dy[:, None]
-            dxs *= invstd[a:b, None]
-        parallel.run(block, c, n * l, xp)
+        tmp = ctx.scratch((n, k, l), self.dtype)
+        for first in range(0, c, k):  # a chunk of channels, split over the cores
+            def block(a, b, first=first):  # both sums through t's first column, then t
+                t = tmp[:, a:b]
+                a, b = first + a, first + b  # the channels
+                dys, dxs, xh = dy[:, a:b], dx[:, a:b], x_hat[:, a:b]
+                mean_dy = _channel_sum(xp, dys, t[:, :, :1]) / m
+                mean_dyx = _channel_dot(xp, dys, xh, t[:, :, :1]) / m
+                xp.multiply(xh, mean_dyx[:, None], out=t)
+                xp.subtract(dys, t, out=dxs)
+                dxs -= mean_dy[:, None]
+                dxs *= invstd[a:b, None]
+            parallel.run(block, min(k, c - first), n * l, xp)
 
 
 @register

@@ -165,7 +165,7 @@ def _placed(candidate, context):
         return candidate
     from .simulate import simulate
     planned = dataclasses.replace(candidate.context, placement="planned", memo={})
-    placed = fit(candidate.schedule, planned)
+    placed = fit(candidate.schedule, planned, together=False)  # what fits so: many plans ask
     plan = simulate(placed)
     if plan.arena_bytes >= candidate.plan.arena_bytes:
         return candidate

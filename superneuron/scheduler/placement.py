@@ -79,39 +79,53 @@ def plan_offsets(schedule):
     return offsets, best[1]
 
 
-def workspace_rooms(schedule, limit):
-    """``{k: bytes}``: for the k-th compute step of ``schedule`` that has a workspace, the
-    largest gap below ``limit`` (bytes of the scheduled region) that the tensors leave at it,
-    placed as :func:`plan_offsets` places them before the workspaces (in the order that packs
-    them smallest): the workspace the step may take so that the planned region stays within
-    the limit (workspace.fit caps the steps so)."""
+def tensors_first(schedule, limit, needs=None):
+    """``(offsets, rooms)``: the tensors of ``schedule`` but its workspaces placed as
+    :func:`plan_offsets` places them before the workspaces (``offsets``: ``name → [offset of
+    each Alloc]``), and ``{k: (offset, bytes)}``: for the k-th compute step that has a
+    workspace, the largest gap below ``limit`` (bytes of the scheduled region) that they leave
+    at it. A workspace of at most that many bytes at that offset keeps the region within the
+    limit: workspace.fit caps the steps so and places their workspaces there (a step's
+    workspace lives at it alone, so no two meet). Of the :data:`ORDERS`, the layout kept is
+    the one that leaves the fewest steps less room than ``needs`` (``{k: bytes}``, the least
+    workspace each step can run with), then the smallest."""
     spans = lifetimes(schedule)
     late = _workspaces(schedule, spans)
-    best = None
-    for key in ORDERS.values():
-        placed = _place(spans, key, late, tensors_only=True)
-        if best is None or placed[1] < best[1]:
-            best = placed
-    tree, times = best[2]
     compute, before = 0, []  # before[i]: the compute steps before step i
     for step in schedule.steps:
         before.append(compute)
         compute += step.kind not in MEMORY
-    rooms = {}
-    for k in late:
-        start, end, _, _ = spans[k]
-        # the slots of the tensors live at any of its steps (and of some born right after:
-        # a smaller room, never one that overlaps)
-        lo = bisect.bisect_left(times, start)
-        hi = max(lo, bisect.bisect_right(times, end) - 1)
-        cursor, room = 0, 0
-        for a, b in tree.taken(lo, hi) if lo < len(times) else ():
-            if a >= limit:
-                break
-            room = max(room, a - cursor)
-            cursor = b
-        rooms[before[start]] = max(room, limit - cursor)  # allocated right before the step it serves
-    return rooms
+    best = None
+    for key in ORDERS.values():
+        where, region, (tree, times) = _place(spans, key, late, tensors_only=True)
+        rooms = {before[spans[k][0]]: _room(tree, times, spans[k], limit) for k in late}  # served: the next step
+        short = sum(rooms[k][1] < need for k, need in (needs or {}).items() if k in rooms)
+        if best is None or (short, region) < best[0]:
+            best = (short, region), where, rooms
+    _, where, rooms = best
+    offsets = {}
+    for (_, _, name, _), off in zip(spans, where):
+        if off is not None:
+            offsets.setdefault(name, []).append(off)
+    return offsets, rooms
+
+
+def _room(tree, times, span, limit):
+    """``(offset, bytes)``: the largest gap below ``limit`` that the tensors of ``tree``
+    (placed over the compressed ``times``) leave over the steps of ``span``."""
+    start, end = span[0], span[1]
+    # the slots of the tensors live at any of its steps (and of some born right after: a
+    # smaller room, never one that overlaps)
+    lo = bisect.bisect_left(times, start)
+    hi = max(lo, bisect.bisect_right(times, end) - 1)
+    cursor, room = 0, (0, 0)
+    for a, b in tree.taken(lo, hi) if lo < len(times) else ():
+        if a >= limit:
+            break
+        if a - cursor > room[1]:
+            room = (cursor, a - cursor)
+        cursor = b
+    return (cursor, limit - cursor) if limit - cursor > room[1] else room
 
 
 def _workspaces(schedule, spans):

@@ -15,6 +15,7 @@ Runtime simply follow it. Algorithms are ranked by the cost model (scheduler/cos
 One sweep over the steps: linear in their number.
 """
 
+import dataclasses
 import functools
 
 from ..allocator import aligned
@@ -96,6 +97,20 @@ class _Chooser:
                               f"{human_bytes(limit)} (smallest: {small.name}, {human_bytes(small.workspace)})")
             self.choices.append((i, k, step, layer, phase, algos, room, algo))
 
+    def least(self, schedule):
+        """``{k: bytes}``: the least workspace the k-th compute step of ``schedule`` (one of
+        :meth:`choose`'s) can run with, for each that has one: its algorithms' smallest where
+        it has a choice, else its own."""
+        smallest = {k: aligned(min(a.workspace for a in algos)) for _, k, _, _, _, algos, _, _ in self.choices}
+        out, k = {}, -1
+        for step in schedule.steps:
+            if step.kind in MEMORY:
+                continue
+            k += 1
+            if step.workspace:
+                out[k] = smallest.get(k, aligned(schedule.tensors[step.workspace].nbytes))
+        return out
+
     def choose(self, caps=None):
         """The schedule with the algorithms chosen, under ``caps`` (as choose_workspaces)."""
         schedule, caps = self.schedule, caps or {}
@@ -129,26 +144,35 @@ def smallest_workspaces(schedule, costs=None):
 TRIES = 8  # how many times fit() gives a smaller workspace to the step whose Alloc crossed
 
 
-def fit(schedule, context):
+def fit(schedule, context, together=True):
     """The pass that ends every policy: :func:`choose_workspaces` under the Context's budget,
     workspace limit and cost model, then placement (placement.place, by the Context's
     placement). One entry, since the workspaces fit the bytes live under the budget, but the
     dynamic allocator's holes may still lift the arena over it: then the workspace whose
     Alloc crossed the budget gets a smaller algorithm, and again, :data:`TRIES` times at most.
     With the dynamic allocator each try replays on from the Alloc that crossed (what comes
-    before it is the same). With planned placement, where the arena goes over, every
-    workspace first gets at most the room the tensors leave at its step under the budget
-    (placement.workspace_rooms), then as with the dynamic allocator. The Context's memo gets
+    before it is the same). With planned placement under a budget, where the tensors and
+    workspaces placed together (as without a budget; first only if ``together``) go over, the
+    tensors are placed first and every workspace gets at most the room they leave at its
+    step, where it goes (:func:`_in_rooms`: a workspace chosen to fill what the tensors
+    leave, placed among them, leaves holes they cannot use). The Context's memo gets
     ``memo['replayed'] = (schedule returned, its whole replay)`` for simulate() where one was
     made."""
-    from .placement import place, workspace_rooms
+    from .placement import place
     from .simulate import Replayer
     budget, placement, memo, tries = context.budget, context.placement, context.memo, TRIES
-    planned_rooms = False  # whether the planned placement's rooms capped the workspaces yet
     chooser, caps = _Chooser(schedule, budget, context.workspace_limit, context.model), {}
-    placed = place(chooser.choose(caps), context)
     if budget is None:
-        return placed
+        return place(chooser.choose(caps), context)
+
+    def placed_under(caps):
+        chosen = chooser.choose(caps)
+        if rooms:
+            return _in_rooms(chosen, chooser, caps, budget - chosen.resident_bytes)
+        return place(chosen, context)
+
+    rooms = placement == "planned" and not together  # the tensors placed first, the workspaces in their rooms
+    placed = placed_under(caps)
     replayer, start = Replayer(placed), 0
     while True:
         stop = replayer.run(placed, start, stop=lambda a: a.high_water > budget)
@@ -156,19 +180,17 @@ def fit(schedule, context):
             memo["replayed"] = (placed, replayer.arena)  # a whole replay: simulate() need not make it again
             return placed
         step = placed.steps[stop]
-        if placement == "planned" and not planned_rooms:
-            # Offsets are planned for all the steps at once: give every workspace at most the
-            # room the tensors leave at its step under the budget, placed before them
-            planned_rooms = True
-            for k, room in workspace_rooms(placed, budget - placed.resident_bytes).items():
-                caps[k] = min(caps.get(k, room), room)
-        elif step.kind != ALLOC or placed.tensors[step.tensor].kind != "workspace":
+        if placement == "planned" and not rooms:  # over with the workspaces among the tensors
+            rooms = True
+            placed = placed_under(caps)
+            replayer, start = Replayer(placed), 0
+            continue
+        if step.kind != ALLOC or placed.tensors[step.tensor].kind != "workspace":
             return placed  # a tensor overflowed: no workspace to blame
-        else:
-            k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
-            caps[k] = aligned(placed.tensors[step.tensor].nbytes) - 1
+        k = sum(s.kind not in MEMORY for s in placed.steps[:stop])  # the step it serves
+        caps[k] = aligned(placed.tensors[step.tensor].nbytes) - 1
         tries -= 1
-        placed = place(chooser.choose(caps), context)
+        placed = placed_under(caps)
         if placement == "dynamic":  # the steps before ``stop`` are the same: go on from there
             replayer.take_back(stop, step)
             start = stop
@@ -178,6 +200,30 @@ def fit(schedule, context):
             replayer.run(placed, start)
             memo["replayed"] = (placed, replayer.arena)
             return placed
+
+
+def _in_rooms(chosen, chooser, caps, limit):
+    """``chosen`` (``chooser``'s schedule under ``caps``) at planned offsets: its tensors placed
+    first, each step's workspace capped (in ``caps``, updated) to the largest gap they leave
+    at it within ``limit`` bytes, and put in that gap (placement.tensors_first)."""
+    from .placement import tensors_first, with_placement
+    offsets, rooms = tensors_first(chosen, limit, chooser.least(chosen))
+    for k, (_, room) in rooms.items():
+        caps[k] = min(caps.get(k, room), room)
+    chosen = chooser.choose(caps)
+    top = max((off + aligned(chosen.tensors[name].nbytes) for name, offs in offsets.items() for off in offs),
+              default=0)  # above every tensor: where a workspace its room cannot hold goes
+    k = -1
+    for step in chosen.steps:
+        if step.kind not in MEMORY:
+            k += 1
+        elif step.kind == ALLOC and chosen.tensors[step.tensor].kind == "workspace":
+            if k + 1 not in rooms:  # a workspace where the tensors' plan had none: plan it all
+                return with_placement(chosen, "planned")
+            at, room = rooms[k + 1]  # it serves the next step
+            offsets.setdefault(step.tensor, []).append(at if aligned(chosen.tensors[step.tensor].nbytes) <= room
+                                                       else top)
+    return dataclasses.replace(chosen, offsets=offsets)
 
 
 def _rewrite(steps, changed):
