@@ -54,7 +54,8 @@ def conv_relu_pool_text(blocks, channels, side, batch):
 
 def test_optimal_keeps_stashes_encoded_where_that_is_the_cheapest_way_to_fit(monkeypatch):
     graph = conv_relu_pool()
-    budget = planned(graph, "liveness", None, model=GPU)[1].arena_bytes * 19 // 25  # where it keeps baseline's algorithms
+    # (a budget at which its plan keeps baseline's algorithms: the bits below are then baseline's)
+    budget = planned(graph, "liveness", None, model=GPU)[1].arena_bytes * 19 // 25
     schedule, plan, memo = optimal_within_budget_and_fastest(graph, budget, model=GPU)
     info = memo["optimal"]
     assert info["winner"] == "solver" and info["candidates"]["liveness"] is None  # liveness does not fit

@@ -4,7 +4,8 @@ offload or to recompute, and which algorithm each step runs, so that the iterati
 estimated time is least and the bytes live at every step, workspace included, fit.
 
 The model is read off the liveness schedule of the net with its gradients in place (the
-realised schedule gets the forward's in-place reuse on top, which only frees more). Its compute steps are numbered 0..n-1, and:
+realised schedule gets the forward's in-place reuse on top, which only frees more). Its
+compute steps are numbered 0..n-1, and:
 
 - a *stash* is a data root used in the forward (last at step ``a``) and read again in the
   backward (first at step ``e``). Each stash has up to three options, binaries summing to
