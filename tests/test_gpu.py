@@ -297,3 +297,23 @@ def test_lrn_chunked_on_gpu_gives_the_default_bits(monkeypatch, cfg):
     for a, b, c in zip(cpu[0] + cpu[1], default[0] + default[1], chunked[0] + chunked[1], strict=True):
         np.testing.assert_array_equal(c, b)
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
+
+
+def test_batchnorm_chunked_on_gpu_gives_the_default_bits(monkeypatch):
+    """BatchNorm's backward ``chunked`` (layers/norm.py) runs the GPU's fused kernels as
+    ``default`` does, in exactly its declared workspace (the partial sums fit it): the
+    default's bits, and the CPU's values to float32 rounding."""
+    import cupy
+
+    from superneuron.layers.norm import BatchNorm
+    shape = (4, 5, 6, 3)
+    monkeypatch.setattr(BatchNorm, "CHUNK_BYTES", 2 * 4 * 6 * 3 * 4)  # two channels a chunk
+    layer, params = build("BatchNorm", [shape], dtype=np.float32)
+    assert [a.name for a in layer.algorithms("backward")] == ["default", "chunked"]
+    bottoms = [np.random.default_rng(1).standard_normal(shape).astype(np.float32)]
+    cpu = _run(layer, params, bottoms, np, None)
+    default = _run_algos(layer, params, bottoms, cupy, "default", "default")
+    chunked = _run_algos(layer, params, bottoms, cupy, "default", "chunked")
+    for a, b, c in zip(cpu[1], default[1], chunked[1], strict=True):
+        np.testing.assert_array_equal(c, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
