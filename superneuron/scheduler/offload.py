@@ -115,7 +115,7 @@ def _gaps(schedule, steps, model, only=None):
             out.append((r, a, w, p, b))
             if not reused:  # (a reused host copy needs no copy: _flags says the same)
                 copied_after[r], d2h = a, done
-                if w < len(starts) and clock(w) < done:  # its Wait holds the compute stream
+                if clock(w) < done:  # its Wait holds the compute stream (w <= limit: a step)
                     clock.stall(w, done - clock(w))
     return out, writes
 

@@ -166,7 +166,6 @@ class Solution:
     status: str
     seconds: float
     encode: tuple = (frozenset(), frozenset())
-    counted: np.ndarray = None  # bytes live at each compute step, as the program counts them
 
 
 def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
@@ -259,13 +258,12 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
             w, p = s.swap
             for i in itertools.chain(range(s.a + 1, w), range(p, s.e)):  # device→host, then host→device
                 on_stream.setdefault(("d2h" if i < w and i > s.a else "h2d", i), []).append(j)
-    if any(key[0] == "d2h" for key in on_stream):
-        for j, (what, k, _) in enumerate(columns):
-            if what == "off":
-                s = m.stashes[k]
-                for key in (("d2h", s.a + 1), ("h2d", s.e - 1)):
-                    if key in on_stream:
-                        on_stream[key].append(j)
+    for j, (what, k, _) in enumerate(columns):
+        if what == "off":  # its copies' steps, where a swap's copy runs
+            s = m.stashes[k]
+            for key in (("d2h", s.a + 1), ("h2d", s.e - 1)):
+                if key in on_stream:
+                    on_stream[key].append(j)
     for js in on_stream.values():
         if len(js) > 1:
             row([(j, 1.0) for j in js], -np.inf, 1.0)
@@ -295,12 +293,9 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     swap = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "swap" and x[j] > 0.5}
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
-    workspace = m.fixed_workspace.copy()
-    for step, entries in workspace_of.items():
-        workspace[step] += sum(v * MIB for j, v in entries if x[j] > 0.5)
     return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual,
                     None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds,
-                    optimal_encode.chosen(m, columns, x), m.live - x[d0:d0 + n] * MIB + workspace)
+                    optimal_encode.chosen(m, columns, x))
 
 
 def _triggers(m, columns, cost, row, opening, closing):
