@@ -16,6 +16,7 @@ lost bucket or per-rank BatchNorm statistics give (1e-2 and more)."""
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -298,9 +299,11 @@ def test_a_failing_rank_stops_every_rank_with_a_message(tmp_path, fault, says):
     text = run.stdout + run.stderr
     assert says in text, text[-2000:]
     assert "Traceback" not in text
-    pid = text.split("rank 1 pid ")[1].split()[0]  # rank 0 says which process is which rank
+    pids = re.findall(r"rank \d pid (\d+)", text)  # rank 0 says which process is which rank
+    assert len(pids) == 2
     if fault == "kill":
-        assert f"PID {pid} " in text  # mpiexec names the process killed
+        # mpiexec names a process by pid: the one killed, or under load the rank its cleanup reached first
+        assert any(f"PID {pid} " in text for pid in pids), text[-2000:]
     if fault == "hang":
         assert "did not answer" in text
     if fault == "raise":  # said once, by the rank that failed; the other stops quietly, without MPI_Abort
