@@ -152,14 +152,20 @@ class Net:
         self.backend.copy_from_host(dst, value.astype(dst.dtype))
 
     def grad(self, name):
-        """A NumPy copy of the gradient of parameter ``layer/param`` after a backward. Under
-        parameter offload's host diet (an optimiser that updates parameter by parameter) no
-        gradient outlives its update, so there is none to read: SNError."""
+        """A NumPy copy of the gradient of parameter ``layer/param`` after a backward. Where an
+        optimiser updates parameter by parameter as the gradients are done (parameter offload's
+        host diet; the update in the backward of ``optimal`` and ``auto``) no gradient outlives
+        its update, so there is none to read: SNError."""
         self._check_param(name)
         grad = name + ".grad"
-        if any(s.kind == APPLY and s.tensor == grad for s in self.schedules["train"].steps):
+        steps = self.schedules["train"].steps
+        if any(s.kind == APPLY and s.tensor == grad for s in steps):
             raise SNError(f"the gradient of '{name}' is not kept under policy {self.policy}: the host-side "
                           "update consumes each gradient as it lands (a Net without an optimiser keeps them)")
+        if any(s.kind == UPDATE and grad in s.grads for s in steps) and grad not in self.runtime.resident:
+            raise SNError(f"the gradient of '{name}' is not kept under policy {self.policy}: each parameter "
+                          "is updated right after its backward, and its gradient's memory is reused (a Net "
+                          "without an optimiser keeps them)")
         return self.runtime.to_host(grad)
 
     def _check_param(self, name):

@@ -216,7 +216,7 @@ class Runtime:
                 if not (finite and all(math.isfinite(outputs[n.name]) for n in graph.losses)):
                     continue  # NaN gradients would make every parameter NaN and hide the cause
                 ctx = self._context(step, None, iteration, True, False, None)
-                optimizer.update(self.xp, iteration, self.update_entries(optimizer), ctx.scratch)
+                optimizer.update(self.xp, iteration, self._entries_of(step, optimizer), ctx.scratch)
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
@@ -272,7 +272,7 @@ class Runtime:
     def _stall_on(self, schedule, step, roots):
         """Wait for any copy still running on what ``step`` touches (a stall: the plan should
         have put a Wait before it)."""
-        if step.kind in RESIDENT_ONLY:  # it reads every parameter and gradient
+        if step.kind in RESIDENT_ONLY and not step.grads:  # it reads every parameter and gradient
             touched = list(self.memory.pending)
         elif step.kind == FREE or step.kind in (OFFLOAD, PREFETCH):
             touched = [step.tensor]
@@ -333,6 +333,16 @@ class Runtime:
                                                 specs[k].lr_mult, specs[k].decay_mult)
             self._entries = list(self._entries_by_grad.values())
         return self._entries
+
+    def _entries_of(self, step, optimizer):
+        """The optimiser's entries of an Update step: of the gradients it names (scheduled ones,
+        right after their Backward: scheduler/update.py, placed where the arena has them now),
+        or of every gradient."""
+        entries = self.update_entries(optimizer)
+        if not step.grads:
+            return entries
+        return [(w, self.view(g), *rest) for g in step.grads
+                for w, _, *rest in [self._entries_by_grad[g]]]
 
     def to_host(self, name):
         """A NumPy copy of tensor ``name`` (after a run, where it was last placed)."""

@@ -167,7 +167,11 @@ class CostModel:
             algo = next((a for a in algos if a.name == step.algorithm), algos[0])
             return self.algo_seconds(layer, phase, algo)
         if step.kind == UPDATE:  # reads params, grads and state, writes params and state
-            nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
+            if step.grads:  # those of its gradients, each the shape of its parameter and states
+                slots = schedule.optimizer.slots if schedule.optimizer is not None else 0
+                nbytes = sum(schedule.tensors[g].nbytes for g in step.grads) * (2 + slots)
+            else:
+                nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
             return 3 * nbytes / self.device.bandwidth
         if step.kind == ACCUMULATE:  # reads each gradient and its accumulator, writes one
             nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident + schedule.host_resident

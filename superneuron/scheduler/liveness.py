@@ -114,7 +114,7 @@ class Roots:
         """``(read roots, written roots)`` of a step: the scheduled roots of what :func:`uses`
         names, in its order (repeats kept), the others left out. Memoised per step kind and
         target: the steps of a layer use the same tensors whichever schedule they are in."""
-        key = (step.kind, step.node, step.tensor)
+        key = (step.kind, step.node, step.tensor, step.grads)
         found = self._uses.get(key)
         if found is None:
             reads, writes = uses(self.graph, step)

@@ -82,7 +82,7 @@ def lower(graph, train=True, optimizer=None):
     # the update needs every gradient at once: clipping by their global norm, or a sum over rounds
     whole = optimizer is not None and (optimizer.needs_every_gradient or rounds > 1)
     return Schedule(graph, tensors, resident, steps, train=train, policy="baseline", whole_update=whole,
-                    rounds=rounds)
+                    rounds=rounds, optimizer=optimizer)
 
 
 def _with_workspace(step):

@@ -21,6 +21,10 @@ slower than ``superneurons`` or ``gist``. The Context's memo gets ``'optimal'``:
 every candidate's estimate, the solver's status, objective, proven bound and gap, and its
 time.
 
+Every plan of both updates each parameter right after its Backward, its gradient's memory
+free from then on, where the optimiser allows (update.py): the same bits, with the gradients
+of one layer live at a time instead of all of them resident.
+
 ``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
 where it fits at full speed, without solving anything; the best heuristic that fits when
 the solver runs out of time).
@@ -44,6 +48,7 @@ from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
 from .params import offload_params
 from .recompute import with_recomputes
+from .update import update_in_backward
 from .workspace import fit
 
 # The incumbents: presets of policy.py whose plans the solver's must beat.
@@ -97,6 +102,8 @@ def _params(schedule):
 
 
 def _fastest(schedule, context, solve_always):
+    if not _params(schedule):  # parameter offload updates on the host, as each gradient lands
+        schedule = update_in_backward(schedule, context)
     info = {"winner": None, "candidates": {}, "solver": None}
     context.memo["optimal"] = info
     liveness_ = "liveness" + _params(schedule)

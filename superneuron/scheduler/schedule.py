@@ -36,6 +36,9 @@ class Schedule:
     # it checks that it still serves the schedule it is asked for.
     roots: object = field(default=None, repr=False, compare=False)
     rounds: int = 1
+    # the optimiser whose update ends a training iteration (the test schedule of the same net
+    # has it too: what the update needs decides the resident layout they share); None: none
+    optimizer: object = field(default=None, repr=False, compare=False)
 
     def replace(self, steps=None, policy=None, tensors=None, offsets=None, resident=None, host_resident=None,
                 rounds=None):
@@ -52,7 +55,7 @@ class Schedule:
                         self.resident if resident is None else resident, steps, self.train,
                         policy or self.policy, offsets,
                         self.host_resident if host_resident is None else host_resident, self.whole_update,
-                        self.roots, self.rounds if rounds is None else rounds)
+                        self.roots, self.rounds if rounds is None else rounds, self.optimizer)
 
     @property
     def resident_bytes(self):

@@ -29,7 +29,9 @@ APPLY = "apply"
 ALLREDUCE, WAIT_REDUCE = "allreduce", "waitreduce"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
-RESIDENT_ONLY = (ACCUMULATE, UPDATE)  # compute steps that read every gradient, all resident
+# compute steps that read every gradient, all resident (but an Update that names its gradients:
+# update.py's, right after their Backward, reads those alone)
+RESIDENT_ONLY = (ACCUMULATE, UPDATE)
 MEMORY = (ALLOC, FREE)
 COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
@@ -79,6 +81,13 @@ def _encode(graph, step):
 
 def _decode(graph, step):
     return (step.tensor,), (step.source,)
+
+
+def _updates(graph, step):
+    """An Update reads the gradients it names (every resident one where it names none)."""
+    return step.grads, ()
+
+
 def _packs_bucket(graph, step):
     return step.grads, (step.tensor,)
 
@@ -113,8 +122,10 @@ KINDS = {k.name: k for k in (
     # iter_size > 1: every parameter gradient → its accumulator (Schedule.rounds), all
     # resident: nothing scheduled
     Kind(ACCUMULATE, "", _nothing),
-    # every parameter, gradient and optimiser state, all resident: nothing scheduled
-    Kind(UPDATE, "", _nothing),
+    # the parameters of the gradients it names (scheduled, update.py: right after their
+    # Backward), or of every resident gradient where it names none; parameters and optimiser
+    # state are resident
+    Kind(UPDATE, "", _updates),
     Kind(ALLOC, "tensor", _nothing, allocates="the tensor's storage on the device"),
     Kind(FREE, "tensor", _nothing, frees="the tensor's storage on the device"),
     # reads the tensor: its device→host copy starts
@@ -150,7 +161,8 @@ class Step(NamedTuple):
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
     source: str = None        # Encode, Decode: the tensor the encoded form stands for
-    grads: tuple = ()         # AllReduce, WaitReduce: the gradients in the bucket, in order
+    grads: tuple = ()         # AllReduce, WaitReduce: the gradients in the bucket, in order;
+    #                           Update: the gradients whose parameters it updates (none: all)
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
@@ -189,8 +201,9 @@ def Accumulate():
     return _new(Step, (ACCUMULATE, None, None, None, None, False, None, ()))
 
 
-def Update(workspace=None):
-    return _new(Step, (UPDATE, None, None, None, workspace, False, None, ()))
+def Update(workspace=None, grads=()):
+    """The optimiser's update of the parameters of ``grads`` (none: of every resident gradient)."""
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads)))
 
 
 def Alloc(tensor):
