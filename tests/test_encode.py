@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 import pytest
+from layer_harness import build
 from one_line import raises_one_line
 from test_memory_passes import CHAIN, assert_same_results, baseline, check_copies, execute, graph_of, tiny
 from test_net import feed_for
@@ -138,6 +139,41 @@ def test_max_pooling_argmax_routes_as_comparing_bottom_and_top(kernel, stride, p
     np.testing.assert_array_equal(grads[1].view(np.uint32), grads[0].view(np.uint32))
 
 
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 63, 1001])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("algo, chunk", [("default", 1 << 21), ("chunked", 16), ("chunked", 8)])
+def test_relu_backward_from_its_sign_bits_gives_the_default_bits(n, kind, algo, chunk, monkeypatch):
+    """ReLU's direct form: its backward reads the packed signs of its top, span by span (the
+    default's spans fill its mask's bytes; ``chunked`` takes CHUNK values at a time), and writes
+    the bits the backward from the top writes, in place on its top gradient too."""
+    from superneuron.layers.activation import ReLU
+    monkeypatch.setattr(ReLU, "CHUNK", chunk)  # spans of a few values: several, a ragged last
+    layer, _ = build("ReLU", [(n,)], np.float32)
+    x = values(kind, n, np.random.default_rng(n))
+    y = np.zeros_like(x)
+    layer.forward(Context(), [x], [y], {})
+    direct = next(e for e in layer.encodings() if e.direct)
+    bits = np.zeros(*direct.form)
+    layer.encode(Context(workspace=np.zeros(direct.workspace, np.uint8)), "sign", [None], [y], bits)
+    np.testing.assert_array_equal(bits, np.packbits(y > 0))
+    algos = {a.name: a for a in layer.algorithms("backward")}
+    assert set(algos) == ({"default", "chunked"} if n > chunk else {"default"})
+    if algo not in algos:
+        return
+    dy = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+    dy[::5] = -0.0
+    want = np.full(n, 7.0, np.float32)
+    layer.backward(Context(workspace=np.zeros(algos[algo].workspace, np.uint8), algo=algo), [None], [y],
+                   [dy], [want], {}, {})
+    np.testing.assert_array_equal(want.view(np.uint32), (dy * (y > 0)).view(np.uint32))
+    for in_place in (False, True):
+        dx = dy.copy() if in_place else np.full(n, 7.0, np.float32)
+        top_grad = dx if in_place else dy.copy()
+        layer.backward(Context(workspace=np.zeros(algos[algo].workspace, np.uint8), algo=algo, encoded=bits),
+                       [None], [None], [top_grad], [dx], {}, {})
+        np.testing.assert_array_equal(dx.view(np.uint32), want.view(np.uint32))
+
+
 def test_no_argmax_form_for_average_pooling_or_windows_past_a_byte():
     from superneuron.layers.pool import Pooling
     ave = Pooling("p", ["x"], ["y"], Pooling.config({"pool": "AVE", "kernel_size": 2, "stride": 2}))
@@ -163,19 +199,40 @@ def encoded(schedule):
 
 def test_relu_pool_stashes_become_a_sign_mask_and_an_argmax():
     """In conv → BN → Scale → ReLU → max pool, the pool's backward reads its argmax, so the
-    ReLU's output is read after the turn by the ReLU's backward alone: a 1-bit mask. Each form
-    is written once before the turn and (a tensor form) decoded right before its first reader."""
+    ReLU's output is read after the turn by the ReLU's backward alone, which reads its own
+    1-bit form: no map comes back for it. Each form is written right after its layer's forward;
+    the ReLU's output goes once the pool's forward and the Encodes have read it."""
     g = graph_of(CHAIN)
     s = apply_policy(lower(g), "gist")
-    assert encoded(s) == {"pool1#argmax": "argmax", "scale1#sign": "sign", "scale3#sign": "sign"}
+    assert encoded(s) == {"pool1#argmax": "argmax", "relu1#sign": "sign", "relu3#sign": "sign"}
+    assert not any(x.kind == "decode" for x in s.steps)
     steps = [x for x in s.steps if x.kind not in ("alloc", "free")]
     turn = next(i for i, x in enumerate(steps) if x.kind == "backward")
     at = {x.describe(g): i for i, x in enumerate(steps)}
     assert at["Encode(pool1#argmax) [argmax]"] == at["Forward(pool1) [default]"] + 1 < turn
     assert "Backward(pool1) [default] reads pool1#argmax" in at
+    for i in (1, 3):
+        assert at[f"Encode(relu{i}#sign) [sign]"] == at[f"Forward(relu{i}) [default]"] + 1 < turn
+        assert f"Backward(relu{i}) [default] reads relu{i}#sign" in at
+    frees = [k for k, x in enumerate(s.steps) if x.kind == "free" and x.tensor == "scale1"]
+    first_backward = next(k for k, x in enumerate(s.steps) if x.kind == "backward")
+    assert frees and frees[0] < first_backward  # the map is not kept across the turn
+    assert_same_results(g, s)
+
+
+def test_a_leaky_relu_keeps_the_sign_tensor_form_decoded_before_its_backward():
+    """A leaky ReLU has no direct form: its top's signs are kept as the tensor form, which a
+    Decode writes back (1.0 and 0.0) right before its backward."""
+    g = graph_of(CHAIN.replace("type: ReLU,", "type: ReLU, negative_slope: 0.1,"))
+    s = apply_policy(lower(g), "gist")
+    assert encoded(s) == {"pool1#argmax": "argmax", "scale1#sign": "sign", "scale3#sign": "sign"}
+    steps = [x for x in s.steps if x.kind not in ("alloc", "free")]
+    turn = next(i for i, x in enumerate(steps) if x.kind == "backward")
+    at = {x.describe(g): i for i, x in enumerate(steps)}
     for r in ("scale1", "scale3"):
         decode = at[f"Decode({r}#sign) [sign]"]
         assert decode > turn and steps[decode + 1].describe(g) == f"Backward(relu{r[-1]}) [default]"
+    assert_same_results(g, s)
 
 
 def test_a_relu_output_a_convolution_reads_stays_whole_losslessly():

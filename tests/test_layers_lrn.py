@@ -136,10 +136,12 @@ def test_googlenet_fits_half_of_liveness_arena_with_the_chunked_lrn(policy):
     budget = round(live.arena_bytes / 2)
     schedule, plan = planning.plan(base, policy, budget, cost=model, solver_seconds=2)
     assert plan.fits(budget) and plan.lower_bound_bytes < budget < 521 << 20
-    # optimal updates each parameter after its backward (scheduler/update.py): no gradient resident
+    # optimal updates each parameter after its backward (scheduler/update.py): no gradient resident;
+    # where its plan keeps a max pooling's argmax and a ReLU's signs, its steps hold less still
     grads = sum(aligned(base.tensors[t].nbytes) for t in base.resident if base.tensors[t].kind == "param_grad")
     assert plan.resident_bytes == base.resident_bytes - (grads if policy == "optimal" else 0)
-    assert round((plan.lower_bound_bytes + (grads if policy == "optimal" else 0)) / 2**20, 1) == 361.9
+    bound = round((plan.lower_bound_bytes + (grads if policy == "optimal" else 0)) / 2**20, 1)
+    assert bound == 361.9 if policy == "superneurons" else bound <= 361.9
     norm2 = [s for s in schedule.steps if s.kind == "backward"
              and schedule.graph.nodes[s.node].name == "conv2_norm2"]
     assert [s.algorithm for s in norm2] == ["chunked"]

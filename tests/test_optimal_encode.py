@@ -80,10 +80,11 @@ def test_the_units_are_the_encode_pass_choices_in_groups_and_restrict_it():
     mask of the ReLU output it relieves; the pass restricted to some units encodes just those."""
     s = liveness(lower(graph_of(RELU_POOL)))
     found = units(s)
-    named = sorted(([s.graph.nodes[i].name for i in layers], sorted(roots)) for layers, roots in found)
-    assert named == [(["pool1"], ["conv1", "pool1"]), (["pool2"], ["conv2", "pool2"])]
-    assert encoded(encode(s, only=found[0])) in ({"pool1#argmax": "argmax", "conv1#sign": "sign"},
-                                                  {"pool2#argmax": "argmax", "conv2#sign": "sign"})
+    named = sorted((sorted(s.graph.nodes[i].name for i in layers), sorted(roots)) for layers, roots in found)
+    # with its ReLU's own sign form, which then takes the ReLU output's last reader
+    assert named == [(["pool1", "relu1"], ["conv1", "pool1"]), (["pool2", "relu2"], ["conv2", "pool2"])]
+    assert encoded(encode(s, only=found[0])) in ({"pool1#argmax": "argmax", "relu1#sign": "sign"},
+                                                  {"pool2#argmax": "argmax", "relu2#sign": "sign"})
     both = (found[0][0] | found[1][0], found[0][1] | found[1][1])
     assert encoded(encode(s, only=both)) == encoded(encode(s))
 

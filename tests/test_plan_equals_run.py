@@ -24,7 +24,9 @@ from superneuron.spec import loads_spec
 TINY = "tests/nets/tiny.yaml"  # in-place BatchNorm and ReLU, Dropout, Concat, Eltwise, fan-out
 TEXTS = {"chain": CHAIN,               # conv → BatchNorm → Scale → ReLU blocks: BatchNorm recomputed
          "caffe_chain": CAFFE_CHAIN,   # the same all in place, as Caffe writes it, and Dropout in place
-         "relu_pool": RELU_POOL}       # conv → ReLU → max pooling twice: gist's argmaxes and sign masks
+         "relu_pool": RELU_POOL,       # conv → ReLU → max pooling twice: gist's argmaxes and sign masks
+         # the same with leaky ReLUs: their signs in the tensor form, decoded before their backward
+         "leaky_relu_pool": RELU_POOL.replace("type: ReLU,", "type: ReLU, negative_slope: 0.1,")}
 
 CASES = ([(TINY, p, pl) for p in ("baseline", "liveness", "recompute", "offload", "superneurons",
                                    "liveness+params", "superneurons+params") for pl in ("dynamic", "planned")]
@@ -33,7 +35,7 @@ CASES = ([(TINY, p, pl) for p in ("baseline", "liveness", "recompute", "offload"
          + [("nets/lenet.yaml", p, "dynamic") for p in ("liveness", "recompute", "offload")]
          + [("nets/resnet_cifar.yaml", p, "planned") for p in ("recompute", "superneurons")]
          + [(TINY, p, pl) for p in ("gist", "gist+params") for pl in ("dynamic", "planned")]
-         + [(c, "gist", "dynamic") for c in ("chain", "relu_pool")])
+         + [(c, "gist", "dynamic") for c in ("chain", "relu_pool", "leaky_relu_pool")])
 
 
 def traced_run(monkeypatch, case, policy, placement):
@@ -142,27 +144,33 @@ def test_each_round_of_an_iter_size_iteration_touches_what_the_plan_said(monkeyp
     assert trace.violations == []
 
 
-def test_the_witness_sees_every_encode_and_decode(monkeypatch):
-    """Under gist, the witness records the argmax and sign Encodes, each Decode and the pool
-    backwards that read their argmax, with the forms' bytes in the arena like any operand."""
-    net, trace = traced_run(monkeypatch, "relu_pool", "gist", "dynamic")
+@pytest.mark.parametrize("case, signs", [
+    ("relu_pool", {("encode", "relu1#sign"), ("backward", "relu1#sign"), ("backward", "relu2#sign")}),
+    ("leaky_relu_pool", {("encode", "conv1@relu1#sign"), ("decode", "conv1@relu1#sign"),
+                         ("decode", "conv2@relu2#sign")}),
+])
+def test_the_witness_sees_every_encode_and_decode(monkeypatch, case, signs):
+    """Under gist, the witness records the argmax and sign Encodes, each Decode, and the pool
+    and ReLU backwards that read their own forms, with the forms' bytes in the arena like any
+    operand."""
+    net, trace = traced_run(monkeypatch, case, "gist", "dynamic")
     done = {(c.phase, op.name) for c in trace.calls for op in c.operands if op.role == "encoded"}
-    assert {("encode", "pool1#argmax"), ("backward", "pool1#argmax"), ("encode", "conv1@relu1#sign"),
-            ("decode", "conv1@relu1#sign"), ("decode", "conv2@relu2#sign")} <= done
+    assert {("encode", "pool1#argmax"), ("backward", "pool1#argmax")} | signs <= done
     assert trace.locate().nbytes == net.arena_bytes  # the forms are views of the arena too
     assert trace.violations == [] and trace.clashes() == []
     assert trace.high_water <= net.plans["train"].arena_bytes
 
 
-@pytest.mark.parametrize("form, phase", [("conv1@relu1#sign", "decode"), ("pool1#argmax", "backward")])
-def test_the_witness_sees_an_encoded_form_overwritten_before_it_is_read(monkeypatch, form, phase):
+@pytest.mark.parametrize("case, form, phase", [("leaky_relu_pool", "conv1@relu1#sign", "decode"),
+                                               ("relu_pool", "pool1#argmax", "backward"),
+                                               ("relu_pool", "relu1#sign", "backward")])
+def test_the_witness_sees_an_encoded_form_overwritten_before_it_is_read(monkeypatch, case, form, phase):
     """Control: clobber one encoded form between its Encode and its reader (a Decode, or the
-    pool backward that reads its argmax), as a liveness pass freeing it early and another
-    tensor taking its bytes would; the witness names the read."""
+    pool or ReLU backward that reads its own form), as a liveness pass freeing it early and
+    another tensor taking its bytes would; the witness names the read."""
     from superneuron.layers import codecs
-    net = Net(loads_spec(TEXTS["relu_pool"]), policy="gist")
+    net = Net(loads_spec(TEXTS[case]), policy="gist")
     trace = KernelTrace(net)
-    pool = type(net.graph.node("pool1").layer)
     with monkeypatch.context() as m:
         trace.install(m)
         if phase == "decode":
@@ -175,14 +183,16 @@ def test_the_witness_sees_an_encoded_form_overwritten_before_it_is_read(monkeypa
 
             m.setattr(codecs, "decode", clobber)
         else:
-            traced = pool.backward
+            owner = net.graph.node(form.split("#")[0]).layer  # the layer whose backward reads it
+            layer_type = type(owner)
+            traced = layer_type.backward
 
             def clobber(layer, ctx, *rest):
-                if ctx.encoded is not None and layer is net.graph.node("pool1").layer:
+                if ctx.encoded is not None and layer is owner:
                     ctx.encoded[...] += 1
                 return traced(layer, ctx, *rest)
 
-            m.setattr(pool, "backward", clobber)
+            m.setattr(layer_type, "backward", clobber)
         net.forward_backward(feed_for(net))
     assert any(v.startswith(f"{phase}(") and f"'{form}' is not what was written" in v
                for v in trace.violations), trace.violations
@@ -191,7 +201,7 @@ def test_the_witness_sees_an_encoded_form_overwritten_before_it_is_read(monkeypa
 def test_the_witness_sees_a_decode_that_gives_back_other_signs(monkeypatch):
     """Control: a sign decoder that gets one value's sign wrong; the witness names the Decode."""
     from superneuron.layers import codecs
-    net = Net(loads_spec(TEXTS["relu_pool"]), policy="gist")
+    net = Net(loads_spec(TEXTS["leaky_relu_pool"]), policy="gist")
     trace = KernelTrace(net)
     decode = codecs.decode
 

@@ -136,6 +136,10 @@ def _kernels():
         # dx = dy where the unit was active, else 0
         "relu_backward": cupy.ElementwiseKernel(
             "T dy, T y", "T dx", "dx = y > (T)0 ? dy : (T)0;", "sn_relu_backward"),
+        # the same from ReLU's direct sign form: bit i (high bit first, as numpy.packbits)
+        "relu_backward_bits": cupy.ElementwiseKernel(
+            "T dy, raw uint8 bits", "T dx", "dx = (bits[i >> 3] >> (7 - (i & 7))) & 1 ? dy : (T)0;",
+            "sn_relu_backward_bits"),
     }
 
 

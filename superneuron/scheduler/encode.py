@@ -11,8 +11,9 @@ layers: Layer.encodings, Layer.tensor_encoding):
   byte per output. ``Encode`` right after the layer's Forward writes it from the operands its
   backward reads, and that Backward reads it instead of them (``Backward(..., encoded=...)``),
   so they need not be stashed for it. Chosen where the stashes it relieves (in the smallest form
-  their other readers then allow) outweigh it: in conv → ReLU → pool, the ReLU's output is then
-  read after the turn by the ReLU's backward alone, which needs only its signs.
+  their other readers then allow) outweigh it, or weigh as much: in conv → ReLU → pool, the
+  ReLU's output is then read after the turn by the ReLU's backward alone, which needs only its
+  signs, and ReLU's own ``sign`` form (the bits its backward reads itself) takes it.
 - ``sign`` (1 bit a value) where every reader's backward needs only the signs (ReLU's top);
 - ``fp16`` (half the bytes), only when asked (``--lossy fp16``: Context.lossy), for any float
   stash but labels;
@@ -219,7 +220,9 @@ class _Stashes:
             relieved = [r for r in self._operand_roots(node, node.layer.backward_reads()) if r in self.stashed]
             without = {r: [j for j in self.stashed[r] if j != i] for r in relieved}
             gain = sum(self._best(r, self.stashed[r])[1] - self._best(r, without[r])[1] for r in relieved)
-            if gain > _bytes(enc.form):
+            # as large as its gain (a ReLU's own sign form, against the sign tensor form it
+            # would leave): chosen, since its backward then holds no decoded map
+            if gain >= _bytes(enc.form):
                 self.stashed.update(without)
                 self.relieved[node.index] = relieved
                 chosen.append((i, node, enc))
