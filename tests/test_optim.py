@@ -152,6 +152,24 @@ def test_slots_state_names_and_workspace():
         assert opt.workspace_bytes([], np.float32) == 0
 
 
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam", "AdaDelta", "RMSProp", "AdaGrad"])
+def test_a_parameter_updated_a_span_at_a_time_gets_the_same_bits(kind, monkeypatch):
+    """optim.SPAN values at a time (a ragged last span, parameters smaller than one): the same
+    bits as the whole parameter at once, with a span's scratch."""
+    from superneuron import optim
+    params, steps = problem_data(np.float32, seed=5, shapes=[(7, 143), (5,), (64,)])
+    cfg = SolverConfig(type=kind, momentum=0.9 if kind != "AdaGrad" else 0.0, weight_decay=1e-2, base_lr=0.1)
+    whole = run_ours(cfg, params, steps)
+    monkeypatch.setattr(optim, "SPAN", 64)
+    opt = make_optimizer(cfg)
+    scratch = {"AdaDelta": 2}.get(kind, 1)
+    assert opt.workspace_bytes([(7, 143), (5,)], np.float32) == workspace_bytes(*[((64,), np.float32)] * scratch)
+    spans = run_ours(cfg, params, steps)
+    for a, b in zip(whole, spans):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert not np.array_equal(whole[0], params[0])
+
+
 @pytest.mark.parametrize("kind", ["SGD", "Nesterov", "Adam"])
 def test_updates_allocate_nothing_big(kind):
     params = [np.ones((512, 1024), np.float32), np.ones(1000, np.float32)]  # 2 MiB

@@ -137,9 +137,11 @@ def build(schedule, model, joins=True, lossy=()):
                 continue
             fixed_ws[i] = aligned(algos[0].workspace) if algos[0].workspace > 0 else 0
             fixed_seconds += seconds[0]
-        else:
+        else:  # an Update (its workspace: the optimiser's scratch), a coding or a copy step
             fastest.append(model.step_seconds(live_schedule, step))
             fixed_seconds += fastest[-1]
+            if step.workspace and roots.scheduled(step.workspace):
+                fixed_ws[i] = roots.size(step.workspace)
     turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
     stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
     return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
