@@ -317,3 +317,30 @@ def test_batchnorm_chunked_on_gpu_gives_the_default_bits(monkeypatch):
     for a, b, c in zip(cpu[1], default[1], chunked[1], strict=True):
         np.testing.assert_array_equal(c, b)
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
+
+
+def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
+    """ReLU's direct sign form on CuPy: the bits packed on the device as numpy.packbits packs
+    them, and the one fused kernel that reads them writes the default backward's bits (+0.0
+    where inactive, as the default's kernel), in place on the top gradient too."""
+    import cupy
+
+    n = 1003  # a ragged last byte
+    layer, _ = build("ReLU", [(n,)], dtype=np.float32)
+    x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    x[::7] = -0.0
+    dy = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    y = cupy.zeros(n, cupy.float32)
+    layer.forward(Context(cupy), [cupy.asarray(x)], [y], {})
+    direct = next(e for e in layer.encodings() if e.direct)
+    bits = cupy.zeros(*direct.form)
+    layer.encode(Context(cupy, workspace=cupy.zeros(direct.workspace, cupy.uint8)), "sign", [None], [y], bits)
+    np.testing.assert_array_equal(cupy.asnumpy(bits), np.packbits(cupy.asnumpy(y) > 0))
+    ws = cupy.zeros(layer.algorithms("backward")[0].workspace, cupy.uint8)
+    want = cupy.zeros(n, cupy.float32)
+    layer.backward(Context(cupy, workspace=ws), [None], [y], [cupy.asarray(dy)], [want], {}, {})
+    for in_place in (False, True):
+        top_grad = cupy.asarray(dy)
+        dx = top_grad if in_place else cupy.full(n, 7.0, cupy.float32)
+        layer.backward(Context(cupy, workspace=ws, encoded=bits), [None], [None], [top_grad], [dx], {}, {})
+        np.testing.assert_array_equal(cupy.asnumpy(dx).view(np.uint32), cupy.asnumpy(want).view(np.uint32))
