@@ -73,6 +73,50 @@ def test_chunked_gives_the_default_bits(rng, two_samples, shape, cfg, dtype):
     np.testing.assert_array_equal(cdx, dx)
 
 
+@pytest.mark.parametrize("algo", ["default", "chunked"])
+@pytest.mark.parametrize("shape, cfg", CASES, ids=IDS)
+def test_the_backward_works_the_top_out_from_the_bottom_with_the_forwards_bits(rng, two_samples, shape, cfg, algo):
+    """The backward reads the bottom alone: its bits are those of the formula on the top the
+    forward wrote (the kernel before the top was dropped from its reads, written out here)."""
+    layer, params = lrn(shape, np.float32, two_samples, **cfg)
+    assert layer.backward_reads() == ((0,), ())
+    x, dy = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    y, dx = run(layer, params, x, dy, algo)
+    beta, view = layer.cfg["beta"], layer.view
+    xs, ys, dys = x.reshape(view), y.reshape(view), dy.reshape(view)
+    scale, sq = np.empty_like(xs), np.empty_like(xs)
+    layer._scale(np, xs, sq, scale)
+    tmp = dys * ys
+    tmp /= scale
+    first = np.power(scale, -beta)
+    first *= dys
+    want = np.empty_like(xs)
+    layer._window_sum(np, tmp, want)
+    want *= xs
+    want *= -2.0 * layer.cfg["alpha"] * beta / layer.window
+    want += first
+    np.testing.assert_array_equal(dx.reshape(view).view(np.uint32), want.view(np.uint32))
+
+
+def test_an_lrn_top_a_max_pooling_relieves_is_not_stashed():
+    """LRN → max pooling under gist: the pooling keeps its argmax, and the LRN's backward needs
+    only its bottom, so the LRN's top goes after the forward, and training matches baseline."""
+    from test_memory_passes import assert_same_results, graph_of
+
+    from superneuron.scheduler.lower import lower
+    from superneuron.scheduler.policy import apply_policy
+    g = graph_of(LRN_NET)
+    s = apply_policy(lower(g), "gist")
+    first_backward = next(i for i, x in enumerate(s.steps) if x.kind == "backward")
+    frees = [i for i, x in enumerate(s.steps) if x.kind == "free" and x.tensor == "norm2"]
+    assert "pool1#argmax" in {x.tensor for x in s.steps if x.kind == "encode"}
+    assert frees and frees[0] < first_backward
+    live = apply_policy(lower(g), "liveness")
+    assert not any(x.kind == "free" and x.tensor == "norm2" and i < next(
+        j for j, y in enumerate(live.steps) if y.kind == "backward") for i, x in enumerate(live.steps))
+    assert_same_results(g, s)
+
+
 @pytest.mark.parametrize("shape, cfg", CASES, ids=IDS)
 def test_chunked_against_pytorch_and_finite_differences(rng, two_samples, shape, cfg):
     layer, params = lrn(shape, np.float64, two_samples, **cfg)
@@ -92,7 +136,7 @@ def test_chunked_against_pytorch_and_finite_differences(rng, two_samples, shape,
 def test_chunked_workspace_is_one_chunks_and_exact(rng, two_samples, shape, cfg):
     layer, params = lrn(shape, np.float32, two_samples, **cfg)
     chunk = (2 * shape[1] if cfg.get("norm_region") == "WITHIN_CHANNEL" else 2,) + layer.view[1:]
-    for phase, count in (("forward", 1), ("backward", 2)):
+    for phase, count in (("forward", 1), ("backward", 3)):
         default, chunked = layer.algorithms(phase)
         assert default.workspace == workspace_bytes(*[(layer.view, np.float32)] * count)
         assert chunked.workspace == workspace_bytes(*[(chunk, np.float32)] * count) < default.workspace

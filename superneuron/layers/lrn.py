@@ -7,8 +7,14 @@ each temporary at most, one sample at least) and so needs the temporaries of one
 Every window lies within one sample, so both compute the same values, bit for bit: the same
 elementwise operations on the same elements, only fewer of them per call. The workspace pass
 (scheduler/workspace.py) takes ``chunked`` where ``default``'s workspace does not fit the
-memory free at the step: GoogLeNet's ``conv2_norm2`` backward needs 147 MiB with it at batch
-32, 14 MiB chunked.
+memory free at the step: GoogLeNet's ``conv2_norm2`` backward needs 220 MiB with it at batch
+32, 21 MiB chunked.
+
+The backward reads the bottom alone: it works the top out again from the bottom, a chunk at a
+time in its workspace, with the forward's operations (the same bits as the top the forward
+wrote), rather than have the top kept for it. So where the layer after an LRN keeps no use of
+the top for its own backward (a max pooling that keeps its argmax), the top is not stashed at
+all: GoogLeNet's ``conv2_norm2`` (73 MiB at batch 32).
 """
 
 import numpy as np
@@ -80,7 +86,7 @@ class LRN(Layer):
         return [shape]
 
     def backward_reads(self):
-        return (0,), (0,)
+        return (0,), ()  # the top is worked out again from the bottom (the module's docstring)
 
     def grad_inplace(self):
         return [(0, 0)]  # each sample's dy is read whole (into the room) before its dx is written
@@ -96,7 +102,7 @@ class LRN(Layer):
         return [(a, min(a + step, rows)) for a in range(0, rows, step)]
 
     def algorithms(self, phase):
-        count = 1 if phase == "forward" else 2  # x^2 / the scale, and the backward's window terms
+        count = 1 if phase == "forward" else 3  # x^2 / the scale, and the backward's top and window terms
         names = ["default"] + (["chunked"] if self.chunk_rows < self.view[0] else [])
         return [Algo(name, workspace_bytes(*[(self._room(name), self.dtype)] * count),
                      self.CHUNKED_SPEED if name == "chunked" else 1.0) for name in names]
@@ -104,7 +110,8 @@ class LRN(Layer):
     def cost(self):
         e = int(np.prod(self.view))
         item, n = self.dtype.itemsize, self.cfg["local_size"] * len(self.axes)
-        return Cost(e * (n + 6), e * (2 * n + 12), 2 * e * item, 4 * e * item)
+        # the backward works the top out again (one product more) and reads x and dy, writes dx
+        return Cost(e * (n + 6), e * (2 * n + 13), 2 * e * item, 3 * e * item)
 
     def _window_sum(self, xp, src, dst):
         """``dst`` = the sum of ``src`` over each position's window (separable: along each axis
@@ -136,22 +143,23 @@ class LRN(Layer):
         if bottom_grads[0] is None:
             return
         xp, view = ctx.xp, self.view
-        x, y, dy = bottoms[0].reshape(view), tops[0].reshape(view), top_grads[0].reshape(view)
+        x, dy = bottoms[0].reshape(view), top_grads[0].reshape(view)
         dx = bottom_grads[0].reshape(view)
         room = self._room(ctx.algo)
-        tmp, scale = ctx.scratch(room, self.dtype), ctx.scratch(room, self.dtype)
+        tmp, scale, y = (ctx.scratch(room, self.dtype) for _ in range(3))
         for a, b in self._spans(ctx.algo):
-            self._backward_rows(xp, x[a:b], y[a:b], dy[a:b], dx[a:b], tmp[:b - a], scale[:b - a])
+            self._backward_rows(xp, x[a:b], dy[a:b], dx[a:b], tmp[:b - a], scale[:b - a], y[:b - a])
 
-    def _backward_rows(self, xp, x, y, dy, dx, tmp, scale):
-        """The backward of some whole samples (rows of the view), ``tmp`` and ``scale`` their
-        room; ``dy`` is read whole before ``dx`` is written (it may be the same memory)."""
+    def _backward_rows(self, xp, x, dy, dx, tmp, scale, y):
+        """The backward of some whole samples (rows of the view), ``tmp``, ``scale`` and ``y``
+        their room; ``dy`` is read whole before ``dx`` is written (it may be the same memory)."""
         self._scale(xp, x, tmp, scale)
-        xp.multiply(dy, y, out=tmp)
-        tmp /= scale
-        xp.power(scale, -self.cfg["beta"], out=scale)
-        scale *= dy  # the first term: dy * scale^-beta
-        self._window_sum(xp, tmp, dx)
+        xp.power(scale, -self.cfg["beta"], out=tmp)  # scale^-beta, as the forward ...
+        xp.multiply(tmp, x, out=y)                    # ... and its top: the same bits
+        xp.multiply(dy, y, out=y)
+        y /= scale
+        xp.multiply(tmp, dy, out=scale)  # the first term: dy * scale^-beta
+        self._window_sum(xp, y, dx)
         dx *= x
         dx *= -2.0 * self.cfg["alpha"] * self.cfg["beta"] / self.window
         dx += scale
