@@ -286,6 +286,8 @@ def optimal_line(info):
     others = ", ".join(f"{k} {v * ms:.2f} ms" if v is not None else f"{k} does not fit"
                        for k, v in info["candidates"].items())
     line = f"optimal       {info['winner']}'s plan won ({info['seconds'] * ms:.2f} ms)"
+    if info.get("update_in_backward"):
+        line += ", each parameter updated right after its backward (no gradient resident)"
     if info.get("proven"):
         return line + f": {info['proven']}"
     line += f"; candidates: {others}"

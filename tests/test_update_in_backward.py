@@ -9,6 +9,8 @@ scratch arrays), with plan equal to run and a peak lower by the gradients; the e
 unchanged; where it does not apply (clipping, iter_size, parameter offload) nothing moves; a
 non-finite loss leaves the parameters as they were; Net.grad says why there is no gradient."""
 
+import json
+
 import numpy as np
 import pytest
 from one_line import raises_one_line
@@ -163,3 +165,17 @@ def test_the_optimal_program_counts_each_updates_scratch():
     assert updates and all(steps[i].workspace for i in updates)
     for i in updates:
         assert m.fixed_workspace[i] == aligned(schedule.tensors[steps[i].workspace].nbytes) > 0
+
+
+def test_sn_plan_says_so_and_counts_no_gradient_resident(capsys):
+    from superneuron.cli.plan import main
+    status = main(["tests/nets/tiny.yaml", "--policy", "auto", "--json"])
+    auto = json.loads(capsys.readouterr().out)
+    main(["tests/nets/tiny.yaml", "--policy", "liveness", "--json"])
+    live = json.loads(capsys.readouterr().out)
+    assert status == 0 and auto["resident_bytes"] < live["resident_bytes"]
+    main(["tests/nets/tiny.yaml", "--policy", "auto"])
+    assert "each parameter updated right after its backward (no gradient resident)" in capsys.readouterr().out
+    main(["tests/nets/tiny.yaml", "--policy", "auto", "--iter-size", "2"])  # the rounds are summed first
+    out = capsys.readouterr().out
+    assert "right after its backward" not in out

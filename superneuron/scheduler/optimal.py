@@ -102,9 +102,11 @@ def _params(schedule):
 
 
 def _fastest(schedule, context, solve_always):
+    lowered = schedule
     if not _params(schedule):  # parameter offload updates on the host, as each gradient lands
         schedule = update_in_backward(schedule, context)
-    info = {"winner": None, "candidates": {}, "solver": None}
+    info = {"winner": None, "candidates": {}, "solver": None,
+            "update_in_backward": schedule is not lowered and schedule.train}
     context.memo["optimal"] = info
     liveness_ = "liveness" + _params(schedule)
     live = _candidate(liveness_, schedule, context)
