@@ -33,7 +33,7 @@ def test_the_realised_plan_takes_the_time_the_program_counts():
                    optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
     budget = plan(base, "liveness", cost=model)[1].arena_bytes // 3
     m = dataclasses.replace(build(base, model, joins=False), units=[])
-    solution = solve(m, budget - m.resident - 25 * MIB, 30)
+    solution = solve(m, budget - m.resident - 40 * MIB, 30)
     assert solution.offload and solution.swap  # the premise: both kinds of copy
     found = realise(base.replace(policy="optimal"), Context(model=model, budget=budget),
                     solution.recompute, solution.offload, solution.swap)

@@ -156,6 +156,7 @@ class Convolution(Layer):
         "weight_filler": Key("filler", parse_filler("msra")),
         "bias_filler": Key("filler", parse_filler("constant")),
     }
+    CHUNK_FLOPS = 4.3e6  # a sample's GEMM work that ``im2col_chunked``'s per-sample costs are worth
 
     def setup(self, bottom_shapes):
         n, c, h, w = self._check(bottom_shapes)
@@ -236,10 +237,21 @@ class Convolution(Layer):
         direct += [((k, p), dt)] if "y" in outputs else []
         direct += [((k, cg), dt)] if "dw" in outputs else []
         algos = [Algo("im2col", workspace_bytes(*workspace_shapes(self, outputs)), 1.0),
-                 Algo("im2col_chunked", workspace_bytes((cols, dt), *part), 0.8)]
+                 Algo("im2col_chunked", workspace_bytes((cols, dt), *part), self._chunked_speed())]
         if not self._pointwise:
-            algos.append(Algo("direct", workspace_bytes(*direct), 0.5))
+            algos.append(Algo("direct", workspace_bytes(*direct), self._chunked_speed() * 2 / 3))
         return algos
+
+    def _chunked_speed(self):
+        """``im2col_chunked``'s speed against ``im2col``: a sample a call, so the smaller a
+        sample's GEMMs, the more each call's fixed costs (its gathers, scatters and GEMM set-up)
+        weigh. Measured on the 2-core machine (2026-11-27, float32, 3x3 convolutions, forward
+        and backward): 0.37-0.56 at 4.7 MFLOP a sample (CIFAR's 8x8 and 16x16 maps), 0.85-0.93
+        at 231 MFLOP (56x56, 64 channels); CHUNK_FLOPS fits both. ``direct``, a call per tap
+        and sample, is counted at 2/3 of it (measured 0.33-0.41 and 0.46-0.70)."""
+        n, c, h, w, k, g, ho, wo = self.geometry
+        flops = 2 * k * (c // g) * self.kernel[0] * self.kernel[1] * ho * wo
+        return 0.9 * flops / (flops + self.CHUNK_FLOPS)
 
     def cost(self):
         n, c, h, w, k, g, ho, wo = self.geometry

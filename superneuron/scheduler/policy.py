@@ -21,7 +21,9 @@ the placement (dynamic or planned), which depends on every Alloc and Free
   mixed-integer program (HiGHS) chooses per stashed tensor keep, keep encoded, offload or
   recompute and per step its algorithm, against the heuristics above as incumbents
   (optimal.py; the pass plans its candidates to the end, workspace choice and placement
-  included). ``--lossy fp16`` lets it choose half-precision stashes too.
+  included), each parameter updated right after its backward, where the optimiser allows,
+  so that no gradient is resident (update.py). ``--lossy fp16`` lets it choose
+  half-precision stashes too.
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
 - ``P+params`` (``superneurons+params``, ``gist+params``, ``optimal+params``, or
   ``--offload-params`` with any policy but baseline): parameters,
