@@ -102,10 +102,15 @@ def test_the_estimated_time_is_the_same():
 def test_where_it_does_not_apply_the_gradients_stay(solver, policy):
     g = graph_of(CHAIN)
     opt = make_optimizer(solver)
-    schedule = apply_policy(lower(g, optimizer=opt), policy, costs=CostModel("cpu"))
-    assert not any(s.kind == "update" and s.grads for s in schedule.steps)
-    stays = set(schedule.resident) | set(schedule.host_resident)
+    train, test = (apply_policy(lower(g, train=t, optimizer=opt), policy, costs=CostModel("cpu"))
+                   for t in (True, False))
+    assert not any(s.kind == "update" and s.grads for s in train.steps)
+    stays = set(train.resident) | set(train.host_resident)
     assert grads_of(g) <= stays or policy.endswith("+params")
+    assert test.resident == train.resident  # one Runtime: the device's resident layout is shared
+    net = Net(loads_spec(CHAIN), policy=policy, optimizer=opt)  # which asserts that too
+    feed = feed_of(net.graph)
+    assert np.isfinite(net.train_step([feed] * solver.iter_size if solver.iter_size > 1 else feed, 0))
 
 
 def test_no_budget_no_change_but_the_gradients():

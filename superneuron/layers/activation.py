@@ -45,6 +45,7 @@ class ReLU(Layer):
     CHEAP = True
     CHUNK = 1 << 21  # the backward's ``chunked`` algorithm: values a span takes (a multiple of 8)
     CHUNKED_SPEED = 0.95
+
     def setup(self, bottom_shapes):
         if self.cfg["negative_slope"] < 0:
             # y < 0 would no longer mean x < 0, and the backward could not work from the top
@@ -129,7 +130,6 @@ class ReLU(Layer):
         factor *= 1.0 - slope
         factor += slope
         xp.multiply(dy, factor, out=dx)
-
 
     def _backward_from_bits(self, ctx, bits, dy, dx):
         """The backward from the direct form ``bits``: span by span, the top's stand-in

@@ -28,9 +28,11 @@ from .steps import BACKWARD, COMMUNICATION, MEMORY, UPDATE, Alloc, Free, Update
 
 def applies(schedule, context=None):
     """Whether the update can follow each Backward in ``schedule`` (see the module's
-    docstring): the same answer for a net's training and test schedules."""
+    docstring): the same answer for a net's training and test schedules, so it asks the
+    optimiser, which both have, not the schedule (a test schedule has one round and no
+    update, whatever the iter_size)."""
     optimizer = schedule.optimizer
-    return (optimizer is not None and not schedule.whole_update and schedule.rounds == 1
+    return (optimizer is not None and not optimizer.needs_every_gradient and optimizer.iter_size == 1
             and not schedule.host_resident and getattr(context, "ranks", 1) == 1
             and not any(s.kind in COMMUNICATION for s in schedule.steps))
 
