@@ -47,6 +47,7 @@ class Optimizer:
     def __init__(self, cfg):
         self.cfg = cfg
         self.grad_norm = None  # the global gradient norm of the last update, when clipping
+        self._lr_at = (None, None, None)  # (iteration, cfg, its rate): asked once a parameter
 
     def for_epochs(self, samples, batch):
         """Its SolverConfig with ``epochs`` turned into ``max_iter`` (SolverConfig.with_epochs),
@@ -88,11 +89,16 @@ class Optimizer:
         """Scratch for one update: arrays as large as the largest parameter's span (two for
         AdaDelta, else one), or none for SGD without weight decay (the gradient itself is the
         scratch)."""
-        if not shapes or (self.cfg.type == "SGD" and not self.cfg.weight_decay):
+        if not shapes or not self._needs_scratch:
             return 0
         from .layers.base import workspace_bytes
         span = ((min(SPAN, max(math.prod(s) for s in shapes)),), dtype)
         return workspace_bytes(*[span] * adaptive.SCRATCH.get(self.cfg.type, 1))
+
+    @property
+    def _needs_scratch(self):
+        """All but SGD without weight decay (whose gradient, once read, holds the step)."""
+        return self.cfg.type != "SGD" or bool(self.cfg.weight_decay)
 
     def lr(self, it):
         """The learning rate at 0-based iteration ``it``."""
@@ -106,10 +112,13 @@ class Optimizer:
     def update(self, xp, it, entries, scratch):
         """One step at 0-based iteration ``it`` for every entry; grads are left overwritten.
         With ``iter_size`` K > 1 the grads hold the sum of K batches' gradients."""
-        cfg, lr = self.cfg, self.lr(it)
+        cfg = self.cfg
         live = [e for e in entries if e[3] != 0]  # lr_mult 0: frozen
         if not live:
             return
+        if self._lr_at[:2] != (it, cfg):  # the update in the backward asks once a parameter
+            self._lr_at = (it, cfg, self.lr(it))
+        lr = self._lr_at[2]
         # Caffe's order (sgd_solver.cpp, SGDSolver::ApplyUpdate): ClipGradients() on the
         # accumulated sum first, then per parameter Normalize() (diff *= 1 / iter_size),
         # Regularize() (the weight decay) and ComputeUpdateValue()
@@ -119,7 +128,7 @@ class Optimizer:
             for _, g, *_ in live:
                 g *= g.dtype.type(1 / cfg.iter_size)
         buffers, span = [], max(e[0].size for e in live)
-        if self.workspace_bytes([e[0].shape for e in live], live[0][0].dtype):
+        if self._needs_scratch:
             span = min(span, SPAN)
             buffers = [scratch((span,), live[0][0].dtype)  # reused by every parameter and span
                        for _ in range(adaptive.SCRATCH.get(cfg.type, 1))]
