@@ -116,7 +116,8 @@ class Optimizer:
         live = [e for e in entries if e[3] != 0]  # lr_mult 0: frozen
         if not live:
             return
-        if self._lr_at[:2] != (it, cfg):  # the update in the backward asks once a parameter
+        at, of, _ = self._lr_at
+        if at != it or of is not cfg:  # the update in the backward asks once a parameter
             self._lr_at = (it, cfg, self.lr(it))
         lr = self._lr_at[2]
         # Caffe's order (sgd_solver.cpp, SGDSolver::ApplyUpdate): ClipGradients() on the

@@ -236,10 +236,11 @@ class Convolution(Layer):
         direct = [((k, cg), dt), ((c, p), dt)]
         direct += [((k, p), dt)] if "y" in outputs else []
         direct += [((k, cg), dt)] if "dw" in outputs else []
+        chunked = self._chunked_speed()
         algos = [Algo("im2col", workspace_bytes(*workspace_shapes(self, outputs)), 1.0),
-                 Algo("im2col_chunked", workspace_bytes((cols, dt), *part), self._chunked_speed())]
+                 Algo("im2col_chunked", workspace_bytes((cols, dt), *part), chunked)]
         if not self._pointwise:
-            algos.append(Algo("direct", workspace_bytes(*direct), self._chunked_speed() * 2 / 3))
+            algos.append(Algo("direct", workspace_bytes(*direct), chunked * 2 / 3))
         return algos
 
     def _chunked_speed(self):

@@ -341,8 +341,8 @@ class Runtime:
         entries = self.update_entries(optimizer)
         if not step.grads:
             return entries
-        return [(w, self.view(g), *rest) for g in step.grads
-                for w, _, *rest in [self._entries_by_grad[g]]]
+        by_grad = self._entries_by_grad
+        return [(by_grad[g][0], self.view(g), *by_grad[g][2:]) for g in step.grads]
 
     def to_host(self, name):
         """A NumPy copy of tensor ``name`` (after a run, where it was last placed)."""
