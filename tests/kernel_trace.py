@@ -344,8 +344,8 @@ class KernelTrace:
 
     def clashes(self):
         """Operands of one call that share bytes without being one value (or an in-place pair:
-        an INPLACE layer's top over its bottom; a bottom gradient over a top gradient where the layer
-        allows it: Layer.grad_inplace)."""
+        an INPLACE layer's top over its bottom; a bottom gradient over a top gradient or over its
+        bottom where the layer allows it: Layer.grad_inplace, Layer.grad_over_bottom)."""
         out = []
         for c in self.calls:
             ops = sorted(c.operands, key=lambda op: op.offset)
@@ -368,4 +368,7 @@ class KernelTrace:
         if set(names) == {"bottom_grad", "top_grad"}:  # the pairs the layer allows (Layer.grad_inplace)
             return any(node.bottom_grads[i] == names["bottom_grad"] and node.top_grads[j] == names["top_grad"]
                        for i, j in node.layer.grad_inplace())
+        if set(names) == {"bottom", "bottom_grad"}:  # a gradient over its bottom (Layer.grad_over_bottom)
+            return any(node.bottoms[i] == names["bottom"] and node.bottom_grads[i] == names["bottom_grad"]
+                       for i in node.layer.grad_over_bottom())
         return False

@@ -114,28 +114,32 @@ def gradcheck(layer, bottoms, params, eps=1e-6, rtol=1e-5, atol=1e-7, seed=0, tr
     return tops, bgrads, pgrads
 
 
-def check_grad_inplace(layer, bottoms, params, train=True):
-    """Each pair of ``layer.grad_inplace()``, under every backward algorithm: the bottom
-    gradient written over the top gradient's memory gives the same bits as in its own."""
+def check_grad_inplace(layer, bottoms, params, train=True, top_grads=None):
+    """Each pair of ``layer.grad_inplace()`` and each bottom of ``layer.grad_over_bottom()``,
+    under every backward algorithm: the bottom gradient written over the top gradient's memory,
+    or over the bottom's own, gives the same bits as in its own."""
     rng = np.random.default_rng(5)
     tops = forward(layer, bottoms, params, train=train)
-    tg = [rng.standard_normal(s).astype(layer.dtype) for s in layer.top_shapes]
+    tg = top_grads or [rng.standard_normal(s).astype(layer.dtype) for s in layer.top_shapes]
     reads_b, reads_t = layer.backward_reads()
-    b_in = [np.array(b) if i in reads_b else None for i, b in enumerate(bottoms)]
     t_in = [np.array(t) if i in reads_t else None for i, t in enumerate(tops)]
+    shared = [("top", b, t) for b, t in layer.grad_inplace()] + [("bottom", b, b) for b in layer.grad_over_bottom()]
     for algo in layer.algorithms("backward"):
         results = []
-        for pair in [None] + layer.grad_inplace():
+        for pair in [None] + shared:
             ctx = Context(np, train=train, workspace=_workspace(layer, "backward", algo), algo=algo.name, seed=1)
             given = [g.copy() for g in tg]
+            b_in = [np.array(b) if i in reads_b else None for i, b in enumerate(bottoms)]
             bg = [None if i in layer.LABEL_BOTTOMS else np.full(s, np.nan, dtype=layer.dtype)
                   for i, s in enumerate(layer.bottom_shapes)]
             if pair is not None:
-                bg[pair[0]] = given[pair[1]]
+                over, b, t = pair
+                bg[b] = given[t] if over == "top" else b_in[b]
+                assert bg[b] is not None, f"{layer.type}: the backward does not read bottom {b}"
             pg = {p.name: np.full(p.shape, np.nan, dtype=layer.dtype) for p in layer.param_specs() if p.learnable}
             layer.backward(ctx, b_in, t_in, given, bg, params, pg)
             results.append(([None if g is None else g.copy() for g in bg], pg))
-        for pair, (bg, pg) in zip(layer.grad_inplace(), results[1:]):
+        for pair, (bg, pg) in zip(shared, results[1:]):
             for a, b in zip(results[0][0], bg):
                 if a is not None:
                     np.testing.assert_array_equal(b, a, err_msg=f"{layer.type} {algo.name} gradient over {pair}")

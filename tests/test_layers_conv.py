@@ -8,6 +8,7 @@ from layer_harness import (
     assert_workspace_exact,
     backward,
     build,
+    check_grad_inplace,
     forward,
     gradcheck,
     only,
@@ -189,6 +190,26 @@ def test_im2col_chunks_give_the_same_bits_on_any_thread_count(type_name, case):
     for a, b, c in zip(one, two, three, strict=True):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("case", [0, 1, 3, 5, 8, 10])
+def test_conv_gradient_over_its_bottom_in_chunks(case):
+    """A convolution's bottom gradient written over its bottom (the in-place pass does so where
+    nothing after the backward reads the bottom) gives the same bits under every algorithm,
+    im2col's chunks of samples on several threads included: each sample's bottom is read
+    before its gradient is written."""
+    shape, cfg = CONV_CASES[case]
+    shape = (16,) + shape[1:]
+    layer, params = build("Convolution", [shape], np.float32, **cfg)
+    assert layer.grad_over_bottom() == [0]
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    assert im2col_module.chunking(layer, {"dw", "dx"}, np) is not None
+    check_grad_inplace(layer, [x], params)
+
+
+def test_deconv_keeps_its_bottom_apart_from_its_gradient():
+    layer, _ = build("Deconvolution", [CONV_CASES[0][0]], **CONV_CASES[0][1])
+    assert layer.grad_over_bottom() == []
 
 
 @pytest.mark.parametrize("kernel", [3, 1])

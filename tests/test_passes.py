@@ -407,3 +407,80 @@ def test_gradients_the_pass_puts_over_a_sums_and_a_splits_give_bit_identical_res
     assert len(split.tops) == 3
     assert root(s.tensors, split.bottom_grads[0]) in {root(s.tensors, t) for t in split.top_grads[:2]}
     assert_liveness_gives_baselines_bits(g)
+
+
+def assert_same_bits_as_baseline(g, policy):
+    """One forward and backward of ``g`` under ``policy``, both placements: baseline's loss and
+    parameter gradients bit for bit, and the run's bytes the plan's."""
+    params = _params(g)
+    base = _execute(g, params, "baseline", "dynamic", classes=5)
+    for placement in ("dynamic", "planned"):
+        plan, (peak, arena), loss, grads = _execute(g, params, policy, placement, classes=5)
+        assert loss == base[2] and (peak, arena) == (plan.peak_bytes, plan.arena_bytes)
+        for name, grad in base[3].items():
+            np.testing.assert_array_equal(grads[name], grad, err_msg=name)
+
+
+def test_a_convolutions_bottom_gradient_takes_its_bottoms_memory_where_its_backward_reads_it_last(tmp_path):
+    """An LRN's backward reads its bottom alone, so the convolution after it reads the LRN's
+    top last: that convolution's bottom gradient goes over its bottom (Layer.grad_over_bottom),
+    the backward holding one map where it held two, with baseline's bits. A ReLU's backward
+    reads its top, so the convolution after it keeps its gradient apart."""
+    g = graph_of(tmp_path, """\
+      - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 4, kernel_size: 3, pad: 1}
+      - {name: norm, type: LRN, bottom: conv1, top: norm, local_size: 3}
+      - {name: conv2, type: Convolution, bottom: norm, top: conv2, num_output: 4, kernel_size: 3, pad: 1}
+      - {name: relu, type: ReLU, bottom: conv2, top: relu}
+      - {name: conv3, type: Convolution, bottom: relu, top: conv3, num_output: 4, kernel_size: 3, pad: 1}
+    """, "conv3")
+    s = liveness(inplace(lower(g)))
+    conv2, conv3 = (next(n for n in g.nodes if n.name == name) for name in ("conv2", "conv3"))
+    assert root(s.tensors, conv2.bottom_grads[0]) == root(s.tensors, "norm")
+    assert root(s.tensors, conv3.bottom_grads[0]) not in {root(s.tensors, "relu"), root(s.tensors, "conv2")}
+    roots = Roots.of(s)
+    backward = next(st for st in s.steps if st.kind == "backward" and st.node == conv2.index)
+    assert len([r for r in step_roots(s, backward, roots) if s.tensors[r].kind in ("data", "grad")]) == 2
+    assert_same_bits_as_baseline(g, "liveness")
+    # still a stash that may be kept in half precision until that backward reads it
+    from superneuron.scheduler.context import Context
+    from superneuron.scheduler.encode import encode
+    coded = encode(s, Context(lossy=("fp16",)))
+    assert any(st.kind == "decode" and st.source == "norm" for st in coded.steps)
+    assert root(coded.tensors, conv2.bottom_grads[0]) == root(coded.tensors, "norm")
+
+
+def test_a_relus_signs_let_the_next_convolutions_gradient_take_its_input(tmp_path):
+    """conv → ReLU → conv: with the ReLU's backward reading its own signs (the encode pass,
+    chosen by the optimal policy's program: optimal_encode.py), the second convolution's
+    backward reads the ReLU's top last, and its bottom gradient takes that map's memory; the
+    encode pass offers the ReLU's form for this alone, and carries it out with baseline's bits."""
+    from superneuron.scheduler.context import Context
+    from superneuron.scheduler.encode import encode, units
+    g = graph_of(tmp_path, """\
+      - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 4, kernel_size: 3, pad: 1}
+      - {name: relu, type: ReLU, bottom: conv1, top: conv1}
+      - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 4, kernel_size: 3, pad: 1}
+    """, "conv2")
+    s = liveness(inplace(lower(g)))
+    conv2 = next(n for n in g.nodes if n.name == "conv2")
+    relu = next(n for n in g.nodes if n.name == "relu")
+    assert root(s.tensors, conv2.bottom_grads[0]) != root(s.tensors, "conv1")  # the ReLU reads it after
+    assert encode(s, Context()) is s  # the heuristic keeps nothing: the map is a stash either way
+    assert (frozenset({relu.index}), frozenset({"conv1"})) in units(s, Context())
+    coded = encode(s, Context(), only=(frozenset({relu.index}), frozenset({"conv1"})))
+    assert root(coded.tensors, conv2.bottom_grads[0]) == root(coded.tensors, "conv1")
+    before, after = simulate(s), simulate(coded)
+    assert after.peak_bytes < before.peak_bytes
+    runtime = Runtime([coded], Backend(), capacity=after.arena_bytes)
+    params = _params(g)
+    for name, value in params.items():
+        runtime.resident[name][...] = value
+    rng = np.random.default_rng(1)
+    feed = {"data": rng.standard_normal((2, 3, 8, 8)).astype(np.float32),
+            "label": rng.integers(0, 5, (2,)).astype(np.float32)}
+    outputs = runtime.run(coded, feed)
+    assert runtime.peak_bytes == after.peak_bytes
+    base = _execute(g, params, "baseline", "dynamic", classes=5)
+    assert outputs["loss"] == base[2]
+    for name, grad in base[3].items():
+        np.testing.assert_array_equal(runtime.to_host(name), grad, err_msg=name)

@@ -339,6 +339,14 @@ class Layer:
         An ``INPLACE`` layer's bottom 0 over top 0."""
         return [(0, 0)] if self.INPLACE else []
 
+    def grad_over_bottom(self):
+        """``[bottom index]``: the bottoms whose gradient may be written over the bottom's own
+        memory where nothing after the backward reads that bottom (the in-place pass decides):
+        the backward is done reading the bottom (for its parameter gradients) before it
+        writes any element of the bottom gradient, or each sample's before that sample's, and
+        gives the same bits either way. None by default."""
+        return []
+
     def backward_operands(self, bottoms, tops, get=None):
         """``(bottoms, tops)`` as :meth:`backward` is given them: ``get(x)`` of those that
         :meth:`backward_reads` names (``x`` itself without ``get``), None for the others (the

@@ -214,6 +214,9 @@ class Convolution(Layer):
     def backward_reads(self):
         return (0,), ()
 
+    def grad_over_bottom(self):
+        return [0]  # every algorithm takes a sample's dw before it writes that sample's dx
+
     def _cudnn_key(self):
         return self.geometry, self.kernel, self.stride, self.pad, self.dilation
 
@@ -313,9 +316,7 @@ class Convolution(Layer):
         col = None if self._pointwise else ctx.scratch((c, kh, kw) + self.geometry[6:], self.dtype)
         part = None if dw is None else ctx.scratch((g, kg, ckk), self.dtype)
         w3, dw3 = weight.reshape(g, kg, ckk), None if dw is None else dw.reshape(g, kg, ckk)
-        if dx is not None and col is not None:
-            dx.fill(0)
-        for s in range(n):
+        for s in range(n):  # a sample's x read before its dx is written: dx may be x's memory
             if col is None:  # pointwise: x's sample is its own columns, dx's its gradient
                 cols = None if x is None else x[s].reshape(g, ckk, p)
             else:
@@ -333,6 +334,7 @@ class Convolution(Layer):
                 dcols = dx[s].reshape(g, ckk, p) if col is None else cols
                 parallel.matmul(xp, w3.transpose(0, 2, 1), dy[s].reshape(g, kg, p), dcols)
                 if col is not None:
+                    dx[s].fill(0)
                     for i, j, out_index, in_index in self._taps:
                         scatter_add(xp, dx[s], col[:, i, j], out_index, in_index)
 
@@ -350,25 +352,29 @@ class Convolution(Layer):
         shifted3 = shifted.reshape(g, c // g, p)
         prod = None if y is None else ctx.scratch((g, kg, p), self.dtype)
         part = None if dw is None else ctx.scratch((g, kg, c // g), self.dtype)
-        for out in (y, dw, dx):
-            if out is not None:
-                out.fill(0)
         weight, dw_taps = self._by_tap(weight), None if dw is None else self._by_tap(dw)
-        for i, j, out_index, in_index in self._taps:
-            if out_index is None:
-                continue  # this tap sees only padding
-            xp.copyto(w_tap, weight[..., i, j])
-            for s in range(n):
-                if x is not None:
+        # y and dw, which read x, first; then dx, which may be written over x's memory
+        for outs, reads_x in (((y, dw), True), ((dx,), False)):
+            if all(out is None for out in outs):
+                continue
+            for out in outs:
+                if out is not None:
+                    out.fill(0)
+            for i, j, out_index, in_index in self._taps:
+                if out_index is None:
+                    continue  # this tap sees only padding
+                xp.copyto(w_tap, weight[..., i, j])
+                for s in range(n):
+                    if not reads_x:  # the shifted gradient, scattered back
+                        parallel.matmul(xp, w_tap.transpose(0, 2, 1), dy[s].reshape(g, kg, p), shifted3)
+                        scatter_add(xp, dx[s], shifted, out_index, in_index)
+                        continue
                     gather(xp, shifted, x[s], out_index, in_index)
-                if dw is not None:
-                    dw_tap = dw_taps[..., i, j]
-                    parallel.matmul(xp, dy[s].reshape(g, kg, p), shifted3.transpose(0, 2, 1), part)
-                    xp.add(dw_tap, part, out=dw_tap)
-                if y is not None:
-                    ys = y[s].reshape(g, kg, p)
-                    parallel.matmul(xp, w_tap, shifted3, prod)
-                    xp.add(ys, prod, out=ys)
-                if dx is not None:  # last: the shifted gradient replaces the shifted input
-                    parallel.matmul(xp, w_tap.transpose(0, 2, 1), dy[s].reshape(g, kg, p), shifted3)
-                    scatter_add(xp, dx[s], shifted, out_index, in_index)
+                    if dw is not None:
+                        dw_tap = dw_taps[..., i, j]
+                        parallel.matmul(xp, dy[s].reshape(g, kg, p), shifted3.transpose(0, 2, 1), part)
+                        xp.add(dw_tap, part, out=dw_tap)
+                    if y is not None:
+                        ys = y[s].reshape(g, kg, p)
+                        parallel.matmul(xp, w_tap, shifted3, prod)
+                        xp.add(ys, prod, out=ys)

@@ -33,6 +33,9 @@ class Deconvolution(Convolution):
         self.top_shapes = [(n, k, ho, wo)]
         return list(self.top_shapes)
 
+    def grad_over_bottom(self):
+        return []  # its backward's y (the bottom gradient) is written beside dw, which reads the bottom
+
     def algorithms(self, phase):
         return self._algorithms({"dx"} if phase == "forward" else {"y", "dw"})
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..allocator import aligned
 from ..graph import TensorInfo
+from .inplace import inplace
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace
 from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Backward, Decode, Encode
@@ -77,15 +78,19 @@ def encode(schedule, context=None, only=None):
         out += before.get(i, ())
         out.append(step)
         out += after.get(i, ())
-    rewritten = schedule.replace(out, tensors=tensors)
+    # A stash that lost its last reader after the turn may now give its memory to the
+    # gradient of the layer that reads it last (inplace.py: Layer.grad_over_bottom).
+    rewritten = inplace(schedule.replace(out, tensors=tensors), grads_only=True)
     return allocate_live(rewritten, Roots.of(rewritten))
 
 
 def units(schedule, context=None):
     """``[(layers, roots)]``: the encodings the pass would choose in ``schedule`` (after
-    liveness), in groups that stand or fall together: a layer's direct form with the roots it
-    relieves (they lose a reader, which may let one of them take a tensor form: conv → ReLU →
-    max pool's mask goes with the pool's argmax), and each other tensor form alone. Each is
+    liveness), and the layers' own forms whose gain is a gradient over its bottom (conv → ReLU
+    → conv: the ReLU's signs, so that the second convolution's bottom gradient may take its
+    bottom's memory), in groups that stand or fall together: a layer's direct form with the
+    roots it relieves (they lose a reader, which may let one of them take a tensor form: conv
+    → ReLU → max pool's mask goes with the pool's argmax), and each other tensor form alone. Each is
     ``(frozenset of node indices, frozenset of roots)``; ``encode(..., only=...)`` with the
     union of some of them encodes exactly those (no two share a root)."""
     plan = _plan(schedule, context)
@@ -98,7 +103,7 @@ def units(schedule, context=None):
             x = group[x]
         return x
 
-    for _, node, _ in plan.direct_forms():
+    for _, node, _ in plan.direct_forms(merges=True):
         for r in plan.relieved[node.index]:
             group[find(("root", r))] = find(("layer", node.index))
     for r, _, _ in plan.tensor_forms(plan.steps):
@@ -138,19 +143,26 @@ class _Stashes:
         self.graph, self.tensors, self.turn, self.lossy = schedule.graph, schedule.tensors, turn, lossy
         self.roots = roots = Roots.of(schedule)
         self.forward_of = {s.node: i for i, s in enumerate(steps[:turn]) if s.kind == FORWARD}
-        self.last, self.readers, written = {}, {}, set()
+        # A stash's readers: the steps after the turn that read its forward value, up to the
+        # first that writes the root; one that writes it without reading it (a recomputation)
+        # leaves no forward value to keep; one that reads it and writes it (a gradient over its
+        # bottom: inplace.py) is its last reader.
+        self.last, self.readers, written, overwritten = {}, {}, set(), set()
         for i, step in enumerate(steps):
             reads, writes = roots.uses(step)
             for r in set(reads) | set(writes):
-                if self.tensors[r].kind != "data":
+                if self.tensors[r].kind != "data" or r in written:
                     continue
                 if i < turn:
                     self.last[r] = i
-                elif r in writes:
-                    written.add(r)
-                else:
+                    continue
+                if r in reads:
                     self.readers.setdefault(r, []).append(i)
-        self.stashed = {r: rs for r, rs in self.readers.items() if r in self.last and r not in written}
+                if r in writes:
+                    written.add(r)
+                    if r not in reads:
+                        overwritten.add(r)
+        self.stashed = {r: rs for r, rs in self.readers.items() if r in self.last and r not in overwritten}
         self.steps = steps
         self.relieved = {}  # node index → the stashes its direct form took a reader from
 
@@ -201,11 +213,13 @@ class _Stashes:
                     best = (enc, nbytes)
         return best
 
-    def direct_forms(self, layers=None):
+    def direct_forms(self, layers=None, merges=False):
         """``[(Backward step index, node, Encoding)]``: the layers' own forms worth keeping
-        (their Forward before the turn, their Backward after it; of ``layers`` alone, node
-        indices, where given), in step order; each one chosen takes that Backward off the
-        readers of its operands for the next."""
+        (their Forward before the turn, their Backward after it), in step order; each one
+        chosen takes that Backward off the readers of its operands for the next. ``layers``:
+        those layers' alone (node indices), whatever they gain (the optimal policy's choice);
+        ``merges``: also those whose gain is a gradient over its bottom that they make
+        possible (:meth:`_merges`), which the optimal policy's program weighs."""
         chosen = []
         for i in range(self.turn, len(self.steps)):
             step = self.steps[i]
@@ -222,11 +236,25 @@ class _Stashes:
             gain = sum(self._best(r, self.stashed[r])[1] - self._best(r, without[r])[1] for r in relieved)
             # as large as its gain (a ReLU's own sign form, against the sign tensor form it
             # would leave): chosen, since its backward then holds no decoded map
-            if gain >= _bytes(enc.form):
+            if (layers is not None or gain >= _bytes(enc.form)
+                    or merges and any(self._merges(r, without[r]) for r in relieved)):
                 self.stashed.update(without)
                 self.relieved[node.index] = relieved
                 chosen.append((i, node, enc))
         return chosen
+
+    def _merges(self, r, readers):
+        """Whether stash ``r``, read after the turn by ``readers`` (step indices), gives its
+        memory to a gradient there: the last of them is a Backward whose bottom gradient may
+        take that bottom's memory (Layer.grad_over_bottom), the bottom being ``r``."""
+        if not readers:
+            return False
+        step = self.steps[readers[-1]]
+        if step.kind != BACKWARD:
+            return False
+        node = self.graph.nodes[step.node]
+        return any(node.bottom_grads[b] is not None and self.roots.scheduled(node.bottoms[b]) == r
+                   for b in node.layer.grad_over_bottom())
 
     def tensor_forms(self, steps, roots=None):
         """``[(root, (last use before the turn, first read after it), Encoding)]`` of every stash

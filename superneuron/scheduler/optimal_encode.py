@@ -13,10 +13,13 @@ its own (where the realised plan goes over, the program is solved again lower); 
 cost, the Encode and Decode steps' time under the cost model. One encode pass and two
 sweeps of the steps in all, whatever the number of units.
 
-A unit excludes every other option of its roots (keep encoded, or recompute, offload or
-swap them), and the recomputation of any root recomputed directly from one of them: that
-Recompute would read the root after the turn, which a 1-bit mask or an argmax cannot serve
-(the encode pass would then not encode it).
+A unit excludes every other option of the roots it keeps in a tensor form (keep encoded, or
+recompute, offload or swap them), and the recomputation of any root recomputed directly from
+one of them: that Recompute would read the root after the turn, which a 1-bit mask cannot
+serve (the encode pass would then not encode it). A root it only relieves of a reader (a
+ReLU's output that the next convolution still reads whole, whose bottom gradient then takes
+its memory: inplace.py) keeps its options: their windows end before that backward, where
+what the unit frees begins.
 """
 
 from dataclasses import dataclass
@@ -24,13 +27,14 @@ from dataclasses import dataclass
 from .context import Context
 from .encode import encode, units
 from .liveness import Roots, intervals
-from .steps import CODING, ENCODE, MEMORY
+from .steps import BACKWARD, CODING, ENCODE, MEMORY
 
 
 @dataclass
 class Unit:
     """Encodings chosen together: the direct forms of ``layers`` (node indices) and the tensor
-    forms of ``roots`` (with the roots those layers relieve); ``seconds``: its Encode and
+    forms of ``roots`` (with the roots those layers relieve; ``encoded``: those of them kept in
+    a tensor form or left with no reader, which no other option may take); ``seconds``: its Encode and
     Decode steps' time; ``freed``: ``[(compute step, change)]``, the bytes it frees from that
     step on change by ``change`` there (the sum of the changes up to a step is what it frees
     there; negative where the encoded forms add more than the roots give back)."""
@@ -39,6 +43,7 @@ class Unit:
     roots: frozenset
     seconds: float
     freed: list
+    encoded: frozenset = frozenset()
 
 
 def units_of(schedule, steps, roots, model, lossy=()):
@@ -49,16 +54,19 @@ def units_of(schedule, steps, roots, model, lossy=()):
     found = units(schedule, context)
     if not found:
         return []
-    coded = encode(schedule, context)
+    coded = encode(schedule, context, only=(frozenset().union(*(ls for ls, _ in found)),
+                                            frozenset().union(*(rs for _, rs in found))))
     owner = {r: u for u, (_, rs) in enumerate(found) for r in rs}  # a root or an encoded form → its unit
     layer_of = {n: u for u, (layers, _) in enumerate(found) for n in layers}
     coded_steps = [s for s in coded.steps if s.kind not in MEMORY]
     at, k = [], 0  # each coded step's compute step in ``steps``
-    seconds = [0.0] * len(found)
+    seconds, encoded = [0.0] * len(found), [set() for _ in found]
     for s in coded_steps:
         if s.kind in CODING:
             u = owner[s.source] if s.source is not None else layer_of[s.node]  # a tensor's form, a layer's
             owner[s.tensor] = u
+            if s.source is not None:
+                encoded[u].add(s.source)
             seconds[u] += model.step_seconds(coded, s)
             at.append(k - 1 if s.kind == ENCODE else k)
         else:
@@ -67,13 +75,18 @@ def units_of(schedule, steps, roots, model, lossy=()):
     assert k == len(steps), "the encode pass adds coding steps only"
     events = [{} for _ in found]
     coded_roots = Roots.of(coded)
+    turn = next((i for i, s in enumerate(coded_steps) if s.kind == BACKWARD), len(coded_steps))
+    read_after = {r for s in coded_steps[turn:] for r in coded_roots.uses(s)[0]}
+    for u, (_, rs) in enumerate(found):  # roots no step reads whole after the turn: no stash is left
+        encoded[u] |= {r for r in rs if r not in read_after}
     for r, a, b in intervals(coded, coded_steps, coded_roots):
         if r in owner:
             _add(events[owner[r]], at[a], at[b], coded_roots.size(r))
-    for r, a, b in intervals(schedule, steps, roots):
-        if r in owner:
-            _add(events[owner[r]], a, b, -roots.size(r))
-    return [Unit(layers, rs, seconds[u], sorted((i, -v) for i, v in events[u].items() if v))
+    for r, a, b in intervals(schedule, steps, roots):  # a root the encodings merged into one of theirs
+        u = owner.get(coded_roots(r))                    # (a gradient over its bottom) counts as theirs
+        if u is not None:
+            _add(events[u], a, b, -roots.size(r))
+    return [Unit(layers, rs, seconds[u], sorted((i, -v) for i, v in events[u].items() if v), frozenset(encoded[u]))
             for u, (layers, rs) in enumerate(found)]
 
 
@@ -108,7 +121,7 @@ def add_rows(m, columns, row, opening, mib):
         for i, change in unit.freed:
             if i < m.n:
                 opening.setdefault(i, []).append((j, change / mib))
-        for r in unit.roots:
+        for r in unit.encoded:
             k = stash_of.get(r)
             if k is None:
                 continue
