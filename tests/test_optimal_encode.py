@@ -19,6 +19,8 @@ from test_memory_passes import assert_same_results, check_copies, graph_of
 from test_optimal import optimal_within_budget_and_fastest, planned
 from test_optimal_joins import model_of, modelled
 
+from superneuron.errors import SNError
+from superneuron.graph import storage_root
 from superneuron.layers.conv import Convolution
 from superneuron.scheduler import optimal_encode
 from superneuron.scheduler.cost import CostModel
@@ -78,6 +80,44 @@ def test_optimal_keeps_stashes_encoded_where_that_is_the_cheapest_way_to_fit(mon
     runtime, run_plan = assert_same_results(graph, schedule, exact=True)[:2]
     assert (runtime.peak_bytes, runtime.arena_bytes) == (plan.peak_bytes, plan.arena_bytes)
     assert runtime.arena_bytes <= budget and runtime.stalls == 0
+
+
+WIDE_THEN_POOLED = """name: wide
+input: {data: [4, 8, 32, 32], label: [4]}
+layers:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 32, kernel_size: 1}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 32, kernel_size: 1}
+  - {name: relu2, type: ReLU, bottom: conv2, top: conv2}
+  - {name: pool, type: Pooling, bottom: conv2, top: pool, pool: MAX, kernel_size: 4, stride: 4}
+  - {name: fc, type: InnerProduct, bottom: pool, top: fc, num_output: 10}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+"""
+
+
+def test_optimal_takes_a_relus_signs_where_they_let_a_gradient_take_its_input(monkeypatch):
+    """conv1 → ReLU → conv2 (wide maps) → ReLU → pool: the step that sets the bytes is conv2's
+    backward, with its input, its top's gradient and its input's gradient, three maps, which
+    no heuristic gets under. With relu1's backward reading its own signs, conv2's input is read
+    last by conv2's backward, whose input gradient then takes its memory (inplace.py): the
+    program weighs that form (a unit offered for the merge alone) and fits, with baseline's
+    bits and the plan equal to the run. Without the merge nothing fits."""
+    # one algorithm (chunked: no workspace for a 1x1), so that baseline's bits are the plan's
+    monkeypatch.setattr(Convolution, "_algorithms", lambda layer, outputs: ORIGINAL_ALGORITHMS(layer, outputs)[1:2])
+    graph = graph_of(WIDE_THEN_POOLED)
+    budget = planned(graph, "liveness", None, model=GPU)[1].arena_bytes * 4 // 5
+    schedule, plan, memo = optimal_within_budget_and_fastest(graph, budget, model=GPU)
+    info = memo["optimal"]
+    assert info["winner"] == "solver" and not any(v for k, v in info["candidates"].items() if k != "solver")
+    assert encoded(schedule).get("relu1#sign") == "sign"
+    conv2 = next(n for n in graph.nodes if n.name == "conv2")
+    assert storage_root(schedule.tensors, conv2.bottom_grads[0]) == storage_root(schedule.tensors, "conv1")
+    check_copies(schedule)
+    runtime = assert_same_results(graph, schedule, exact=True)[0]
+    assert (runtime.peak_bytes, runtime.arena_bytes) == (plan.peak_bytes, plan.arena_bytes) and runtime.arena_bytes <= budget
+    monkeypatch.setattr(Convolution, "grad_over_bottom", lambda layer: [])
+    with pytest.raises(SNError, match="no schedule fits"):
+        planned(graph, "optimal", budget, {}, model=GPU)
 
 
 def test_the_units_are_the_encode_pass_choices_in_groups_and_restrict_it():
