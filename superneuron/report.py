@@ -154,7 +154,8 @@ def data_parallel_summary(dp):
 def layers_table(schedule, plan):
     """Per layer: forward and backward working sets, the bytes live on the device while each
     runs (resident included), and for a layer written in place (``top == bottom``) whether it
-    shares its bottom's memory or keeps that value for a backward (and how many bytes)."""
+    shares its bottom's memory or keeps that value for a backward (and how many bytes); for a
+    convolution whose backward writes its bottom's gradient over its bottom, that."""
     from .scheduler.liveness import Roots
     from .scheduler.simulate import working_set
     roots, at = Roots(schedule), {}
@@ -168,8 +169,12 @@ def layers_table(schedule, plan):
         cells = [node.name, node.layer.type]
         for k in (0, 1):
             cells += [human_bytes(x[k]) if x else "-" for x in (f, b)]
+        over = [b for b in node.layer.grad_over_bottom() if node.bottom_grads[b] in schedule.tensors
+                and roots(node.bottom_grads[b]) == roots(node.bottoms[b])]
         if node.inplace:
             cells.append("yes")
+        elif over:
+            cells.append("its bottom's gradient")  # written over the bottom by its backward: inplace.py
         elif node.kept:
             kept = human_bytes(schedule.graph.tensors[node.bottoms[0]].nbytes)
             cells.append(f"no, {kept}: {node.kept}")

@@ -92,6 +92,26 @@ def test_layers_and_steps_tables(capsys):
     assert any("Backward(conv1)" in x for x in lines) and any("Alloc(data)" in x for x in lines)
 
 
+def test_layers_table_says_where_a_gradient_takes_its_bottoms_memory(capsys, tmp_path):
+    net = tmp_path / "lrn.yaml"
+    net.write_text("""name: lrn
+input: {data: [2, 3, 8, 8], label: [2]}
+layers:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 4, kernel_size: 3, pad: 1}
+  - {name: norm, type: LRN, bottom: conv1, top: norm, local_size: 3}
+  - {name: conv2, type: Convolution, bottom: norm, top: conv2, num_output: 4, kernel_size: 3, pad: 1}
+  - {name: fc, type: InnerProduct, bottom: conv2, top: fc, num_output: 5}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+""")
+    rows = {}
+    for policy in ("baseline", "liveness"):
+        status, out, _ = run(capsys, str(net), "--policy", policy, "--layers")
+        assert status == 0
+        rows[policy] = [x for x in out.splitlines() if x.startswith(("conv1 ", "conv2 "))]
+    assert [x.endswith("its bottom's gradient") for x in rows["liveness"]] == [False, True]
+    assert not any(x.endswith("its bottom's gradient") for x in rows["baseline"])
+
+
 def test_timeline_writes_a_png(capsys, tmp_path):
     path = tmp_path / "memory.png"
     status, _, err = run(capsys, TINY, "--memory", "1MiB", "--timeline", str(path))

@@ -43,7 +43,8 @@ def build_parser():
                         "(crop_size, or CxHxW where the file does not say)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     p.add_argument("--steps", action="store_true", help="print every step with the bytes live after it")
-    p.add_argument("--layers", action="store_true", help="print a per-layer table of working sets")
+    p.add_argument("--layers", action="store_true",
+                   help="print a per-layer table: working sets, bytes live, what runs in place")
     p.add_argument("--timeline", metavar="FILE.png", help="plot the bytes live over the steps")
     p.add_argument("--trace", metavar="FILE.json", help="write a Chrome/Perfetto trace of the steps")
     p.add_argument("--min-memory", action="store_true",
