@@ -484,3 +484,21 @@ def test_a_relus_signs_let_the_next_convolutions_gradient_take_its_input(tmp_pat
     assert outputs["loss"] == base[2]
     for name, grad in base[3].items():
         np.testing.assert_array_equal(runtime.to_host(name), grad, err_msg=name)
+
+
+def test_offload_copies_no_gradient_that_took_its_bottoms_memory():
+    """A root whose memory a convolution's bottom gradient took holds a gradient from that
+    backward on, which may wait for other branches' backwards (GoogLeNet's inception outputs):
+    the offload pass copies forward values only, so no Offload follows a Backward that wrote
+    its root (superneurons+params offloads every gap it may)."""
+    g = _graph("nets/googlenet.yaml")[0]
+    s = apply_policy(lower(g), "superneurons+params")
+    roots, written, merged = Roots.of(s), set(), 0
+    for step in s.steps:
+        if step.kind == "backward":
+            data = {r for r in roots.uses(step)[1] if s.tensors[r].kind == "data"}
+            merged += len(data)
+            written |= data
+        elif step.kind == "offload":
+            assert roots(step.tensor) not in written, step.tensor
+    assert merged >= 5
