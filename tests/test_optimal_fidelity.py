@@ -1,5 +1,6 @@
 """The optimal policy's program counts what its realised plan does: on ResNet-50 (batch 32,
-the H100 cost model, planning only), at a budget where it both swaps and offloads, the
+the H100 cost model, planning only), at a budget where it both swaps and offloads (1/4 of
+liveness's arena; at 1/3 it swaps alone since convolutions' outputs may be swapped), the
 realised plan's estimated time is the program's objective, each chosen tensor crosses the
 link once each way, and no swap's Wait holds the compute stream.
 
@@ -23,17 +24,15 @@ from superneuron.scheduler.steps import OFFLOAD, PREFETCH, WAIT
 from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec
 
-MIB = 1 << 20
-
 
 def test_the_realised_plan_takes_the_time_the_program_counts():
     model = CostModel("gpu")
     spec = load_spec("nets/resnet.yaml", overrides={"depth": 50}, batch=32)
     base = lowered(Graph(spec, kernels=planning_kernels("gpu")),
                    optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
-    budget = plan(base, "liveness", cost=model)[1].arena_bytes // 3
+    budget = plan(base, "liveness", cost=model)[1].arena_bytes // 4
     m = dataclasses.replace(build(base, model, joins=False), units=[])
-    solution = solve(m, budget - m.resident - 40 * MIB, 30)
+    solution = solve(m, budget - m.resident, 30)
     assert solution.offload and solution.swap  # the premise: both kinds of copy
     found = realise(base.replace(policy="optimal"), Context(model=model, budget=budget),
                     solution.recompute, solution.offload, solution.swap)

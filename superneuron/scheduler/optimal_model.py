@@ -17,7 +17,7 @@ compute steps are numbered 0..n-1, and:
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
   step before ``e`` does not hide;
-  ``swap`` (checkpoints and joins only: offload.py's copies, as far ahead as they need):
+  ``swap`` (any stash whose copies fit its window: offload.py's copies, as far ahead as they need):
   absent from the step its copy is done to the step its copy back must start, costs a token
   share of the copies; one copy at a time per stream, so none queues and the window holds.
 - a stash from which a chosen root is recomputed must be back before that root's backward:
