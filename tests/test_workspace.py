@@ -235,3 +235,29 @@ def test_sn_plan_workspace_limit_and_budget_choose_smaller_workspaces(net_file, 
     assert json.loads(capsys.readouterr().out)["fits"]
     assert "no algorithm fits the workspace limit" in cli_error(
         capsys, main, [net_file, "--policy", "liveness", "--workspace-limit", "0"])
+
+
+def test_the_tensors_layout_kept_is_the_one_whose_rooms_lose_the_least_time():
+    """Of the placement orders' layouts of the tensors, tensors_first keeps the one whose rooms
+    for the workspaces cost the least time (``lost``), among those that leave no step short;
+    fit's chooser counts that time from each step's algorithms: nothing where a room holds the
+    algorithm chosen under the budget, the slower one's extra where it does not."""
+    from superneuron.scheduler.placement import tensors_first
+    from superneuron.scheduler.workspace import _Chooser
+    graph = Graph(load_spec("nets/resnet.yaml", overrides={"depth": 18, "size": 64, "classes": 10}, batch=4))
+    schedule = apply_policy(lower(graph), "liveness")
+    limit = simulate(schedule).peak_bytes - schedule.resident_bytes
+    seen = []
+
+    def score(rooms):  # any score: here the layout whose rooms sum the most wins
+        return -sum(room for _, room in rooms.values())
+
+    def lost(rooms):
+        seen.append(rooms)
+        return score(rooms)
+    rooms = tensors_first(schedule, limit, None, lost)[1]
+    assert len({score(r) for r in seen}) > 1 and rooms == min(seen, key=score)
+    chooser = _Chooser(schedule, limit + schedule.resident_bytes, None, CostModel("gpu"))
+    everything = {k: (0, 1 << 40) for _, k, *_ in chooser.choices}
+    nothing = {k: (0, 0) for _, k, *_ in chooser.choices}
+    assert chooser.lost(everything) == 0 < chooser.lost(nothing)

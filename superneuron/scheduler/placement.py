@@ -79,7 +79,7 @@ def plan_offsets(schedule):
     return offsets, best[1]
 
 
-def tensors_first(schedule, limit, needs=None):
+def tensors_first(schedule, limit, needs=None, lost=None):
     """``(offsets, rooms)``: the tensors of ``schedule`` but its workspaces placed as
     :func:`plan_offsets` places them before the workspaces (``offsets``: ``name → [offset of
     each Alloc]``), and ``{k: (offset, bytes)}``: for the k-th compute step that has a
@@ -88,7 +88,9 @@ def tensors_first(schedule, limit, needs=None):
     limit: workspace.fit caps the steps so and places their workspaces there (a step's
     workspace lives at it alone, so no two meet). Of the :data:`ORDERS`, the layout kept is
     the one that leaves the fewest steps less room than ``needs`` (``{k: bytes}``, the least
-    workspace each step can run with), then the smallest."""
+    workspace each step can run with), then the one whose rooms cost the least time
+    (``lost(rooms)``: the seconds the steps lose to slower algorithms that fit them), then
+    the smallest."""
     spans = lifetimes(schedule)
     late = _workspaces(schedule, spans)
     compute, before = 0, []  # before[i]: the compute steps before step i
@@ -100,8 +102,9 @@ def tensors_first(schedule, limit, needs=None):
         where, region, (tree, times) = _place(spans, key, late, tensors_only=True)
         rooms = {before[spans[k][0]]: _room(tree, times, spans[k], limit) for k in late}  # served: the next step
         short = sum(rooms[k][1] < need for k, need in (needs or {}).items() if k in rooms)
-        if best is None or (short, region) < best[0]:
-            best = (short, region), where, rooms
+        score = (short, lost(rooms) if lost else 0.0, region)
+        if best is None or score < best[0]:
+            best = score, where, rooms
     _, where, rooms = best
     offsets = {}
     for (_, _, name, _), off in zip(spans, where):

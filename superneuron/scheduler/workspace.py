@@ -111,6 +111,18 @@ class _Chooser:
                 out[k] = smallest.get(k, aligned(schedule.tensors[step.workspace].nbytes))
         return out
 
+    def lost(self, rooms):
+        """The seconds the steps lose where ``rooms`` (``{k: (offset, bytes)}``, the k-th
+        compute step's room) holds a smaller workspace than the one chosen under the budget:
+        the fastest algorithm that fits each room against that one."""
+        out = 0.0
+        for _, k, _, layer, phase, algos, _, algo in self.choices:
+            if k in rooms and aligned(algo.workspace) > rooms[k][1]:
+                seconds = functools.partial(self.model.algo_seconds, layer, phase)
+                fits = choose(algos, seconds, rooms[k][1], self.limit)
+                out += seconds(fits) - seconds(algo)
+        return out
+
     def choose(self, caps=None):
         """The schedule with the algorithms chosen, under ``caps`` (as choose_workspaces)."""
         schedule, caps = self.schedule, caps or {}
@@ -207,7 +219,7 @@ def _in_rooms(chosen, chooser, caps, limit):
     first, each step's workspace capped (in ``caps``, updated) to the largest gap they leave
     at it within ``limit`` bytes, and put in that gap (placement.tensors_first)."""
     from .placement import tensors_first, with_placement
-    offsets, rooms = tensors_first(chosen, limit, chooser.least(chosen))
+    offsets, rooms = tensors_first(chosen, limit, chooser.least(chosen), chooser.lost)
     for k, (_, room) in rooms.items():
         caps[k] = min(caps.get(k, room), room)
     chosen = chooser.choose(caps)
