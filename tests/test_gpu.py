@@ -344,3 +344,32 @@ def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
         dx = top_grad if in_place else cupy.full(n, 7.0, cupy.float32)
         layer.backward(Context(cupy, workspace=ws, encoded=bits), [None], [None], [top_grad], [dx], {}, {})
         np.testing.assert_array_equal(cupy.asnumpy(dx).view(np.uint32), cupy.asnumpy(want).view(np.uint32))
+
+
+@pytest.mark.parametrize("shape, cfg", [((4, 4, 12, 12), c) for c in CONVS] + RESNET_CONVS[1:3],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple)
+                         else "-".join(f"{k}{v}" for k, v in c.items()))
+def test_conv_gradient_over_its_bottom_on_gpu_gives_the_same_bits(shape, cfg):
+    """A convolution's bottom gradient written over its bottom (inplace.py does so where the
+    backward reads the bottom last) gives the bits of a gradient of its own under every
+    algorithm on CuPy: cuDNN's (where the Frontend is installed: its weight gradient runs
+    before its data gradient on the stream), im2col's whole batch, the chunked and direct."""
+    import cupy
+
+    from superneuron.layers.cudnn import load
+    layer, params = build("Convolution", [shape], dtype=np.float32, **cfg)
+    layer.kernels = load()  # None without the Frontend: the three of this package
+    params = {k: cupy.asarray(v.astype(np.float32)) for k, v in params.items()}
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    dy = cupy.asarray(np.random.default_rng(2).standard_normal(layer.top_shapes[0]).astype(np.float32))
+    for algo in layer.algorithms("backward"):
+        out = []
+        for over in (False, True):
+            bottom = cupy.asarray(x)
+            dx = bottom if over else cupy.full(shape, np.nan, cupy.float32)
+            pg = {p.name: cupy.full(p.shape, np.nan, cupy.float32) for p in layer.param_specs() if p.learnable}
+            ws = cupy.zeros(max(algo.workspace, 1), cupy.uint8)
+            layer.backward(Context(cupy, workspace=ws, algo=algo.name), [bottom], [None], [dy], [dx], params, pg)
+            out.append([cupy.asnumpy(dx)] + [cupy.asnumpy(pg[k]) for k in sorted(pg)])
+        for a, b in zip(*out, strict=True):
+            np.testing.assert_array_equal(b.view(np.uint32), a.view(np.uint32), err_msg=algo.name)
