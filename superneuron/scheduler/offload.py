@@ -79,15 +79,17 @@ def _gaps(schedule, steps, model, only=None):
         reads, written = roots.uses(step)
         read, wrote = set(reads), set(written)
         for r in read | wrote:
-            if schedule.tensors[r].kind not in ("data", "encoded") or r in gradient:  # an encoded stash travels
-                continue                                                            # encoded
+            # an encoded stash travels encoded; a root a backward wrote (a gradient over its
+            # bottom: inplace.py) holds a gradient from there on, and gradients stay
+            if schedule.tensors[r].kind not in ("data", "encoded") or r in gradient:
+                continue
             if r in wrote:
                 writes.setdefault(r, []).append(i)
             if r in read and i >= turn and r in last and i - last[r] > 1:
                 gaps.append((last[r], i, r))
             last[r] = i
-            if r in wrote and step.kind == BACKWARD:  # a gradient over its bottom (inplace.py): the
-                gradient.add(r)                       # root holds a gradient from here, as no other does
+            if r in wrote and step.kind == BACKWARD:
+                gradient.add(r)
     # starts[i]: when step i starts on the compute stream, copies aside (the clock adds the
     # stalls of the Waits placed)
     starts = [0.0]
