@@ -294,3 +294,40 @@ def test_sn_plan_tradeoff_prints_the_table_and_draws_it(tmp_path, capsys):
         if fitting:
             assert cells["optimal"] is not None and cells["optimal"] <= min(fitting) * (1 + 1e-12)
     assert table["rows"][-1]["policies"]["optimal"] is not None  # the smallest budget fits
+
+
+def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_does_not(monkeypatch):
+    """Where a plan fits by its bytes but not its placement, the rounds lower the cap by half
+    that first excess a round from the top (not by each plan's own excess, which jumps: the
+    holes of a plan solved a little lower are another plan's), then halve the stretch between
+    the caps that fit and did not, keeping the fastest plan that fits."""
+    import types
+
+    from superneuron.scheduler import optimal as opt
+    mib, budget = 1 << 20, 100 << 20
+    tried = []
+
+    def solve(model, cap, left, *args):
+        tried.append(cap)
+        return types.SimpleNamespace(recompute=frozenset({cap}), offload=set(), swap=set(),
+                                     encode=(frozenset(), frozenset()), status="", objective=1.0,
+                                     dual_bound=1.0, gap=0.0, seconds=0.0)
+
+    def placed(candidate, context):
+        cap = next(iter(candidate))
+        holes = cap >= 97 * mib  # above 97 MiB the plan's bytes fit but its placement does not
+        seconds = 1.0 if holes else 1.1 if cap >= 95.5 * mib else 1.5
+        plan = types.SimpleNamespace(peak_bytes=budget, arena_bytes=budget + (6 * mib if holes else 0),
+                                     host_bytes=0)
+        return opt.Candidate("solver", None, plan, seconds, not holes, context)
+
+    monkeypatch.setattr(opt, "solve", solve)
+    monkeypatch.setattr(opt, "realise", lambda schedule, context, recompute, *args: recompute)
+    monkeypatch.setattr(opt, "_placed", placed)
+    context = Context(budget=budget)
+    model = types.SimpleNamespace(resident=0)
+    phases = []
+    found = opt._rounds(None, context, model, True, (), time.perf_counter() + 60, phases, False)
+    assert found.fits and found.seconds == 1.1  # lowering by each excess in turn: 1.5 at 91 MiB
+    assert tried[:3] == [budget, 97 * mib, 94 * mib] and max(tried) == budget
+    assert phases[0]["rounds"] == len(tried) <= opt.ROUNDS and phases[0]["realised_seconds"] == 1.1
