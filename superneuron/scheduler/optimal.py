@@ -12,7 +12,9 @@ reuse and liveness, encode.py keeps the chosen stashes encoded (Gist's forms; fp
 each step the fastest algorithm that fits what the tensors leave (at least the solver's
 choice, which fitted). The program's memory model is conservative but not exact (a
 recomputation's or a coding step's own workspace, the placement's holes): where the realised
-plan still goes over, the program is solved again with the budget lowered by the excess.
+plan still goes over, the program is solved again with the budget lowered by the excess
+(by half the first excess a round where only the placement's holes went over), and once a
+plan fits, between that budget and the lowest that did not, keeping the fastest that fits.
 
 HiGHS through scipy takes no starting solution, so the heuristic policies (liveness,
 recompute, offload, superneurons, gist) are planned under the same budget too, and the
