@@ -409,18 +409,6 @@ def test_gradients_the_pass_puts_over_a_sums_and_a_splits_give_bit_identical_res
     assert_liveness_gives_baselines_bits(g)
 
 
-def assert_same_bits_as_baseline(g, policy):
-    """One forward and backward of ``g`` under ``policy``, both placements: baseline's loss and
-    parameter gradients bit for bit, and the run's bytes the plan's."""
-    params = _params(g)
-    base = _execute(g, params, "baseline", "dynamic", classes=5)
-    for placement in ("dynamic", "planned"):
-        plan, (peak, arena), loss, grads = _execute(g, params, policy, placement, classes=5)
-        assert loss == base[2] and (peak, arena) == (plan.peak_bytes, plan.arena_bytes)
-        for name, grad in base[3].items():
-            np.testing.assert_array_equal(grads[name], grad, err_msg=name)
-
-
 def test_a_convolutions_bottom_gradient_takes_its_bottoms_memory_where_its_backward_reads_it_last(tmp_path):
     """An LRN's backward reads its bottom alone, so the convolution after it reads the LRN's
     top last: that convolution's bottom gradient goes over its bottom (Layer.grad_over_bottom),
@@ -440,7 +428,7 @@ def test_a_convolutions_bottom_gradient_takes_its_bottoms_memory_where_its_backw
     roots = Roots.of(s)
     backward = next(st for st in s.steps if st.kind == "backward" and st.node == conv2.index)
     assert len([r for r in step_roots(s, backward, roots) if s.tensors[r].kind in ("data", "grad")]) == 2
-    assert_same_bits_as_baseline(g, "liveness")
+    assert_liveness_gives_baselines_bits(g)
     # still a stash that may be kept in half precision until that backward reads it
     from superneuron.scheduler.context import Context
     from superneuron.scheduler.encode import encode
@@ -454,6 +442,8 @@ def test_a_relus_signs_let_the_next_convolutions_gradient_take_its_input(tmp_pat
     chosen by the optimal policy's program: optimal_encode.py), the second convolution's
     backward reads the ReLU's top last, and its bottom gradient takes that map's memory; the
     encode pass offers the ReLU's form for this alone, and carries it out with baseline's bits."""
+    from test_memory_passes import assert_same_results
+
     from superneuron.scheduler.context import Context
     from superneuron.scheduler.encode import encode, units
     g = graph_of(tmp_path, """\
@@ -471,19 +461,8 @@ def test_a_relus_signs_let_the_next_convolutions_gradient_take_its_input(tmp_pat
     assert root(coded.tensors, conv2.bottom_grads[0]) == root(coded.tensors, "conv1")
     before, after = simulate(s), simulate(coded)
     assert after.peak_bytes < before.peak_bytes
-    runtime = Runtime([coded], Backend(), capacity=after.arena_bytes)
-    params = _params(g)
-    for name, value in params.items():
-        runtime.resident[name][...] = value
-    rng = np.random.default_rng(1)
-    feed = {"data": rng.standard_normal((2, 3, 8, 8)).astype(np.float32),
-            "label": rng.integers(0, 5, (2,)).astype(np.float32)}
-    outputs = runtime.run(coded, feed)
+    runtime = assert_same_results(g, coded)[0]  # baseline's loss and gradients, bit for bit
     assert runtime.peak_bytes == after.peak_bytes
-    base = _execute(g, params, "baseline", "dynamic", classes=5)
-    assert outputs["loss"] == base[2]
-    for name, grad in base[3].items():
-        np.testing.assert_array_equal(runtime.to_host(name), grad, err_msg=name)
 
 
 def test_offload_copies_no_gradient_that_took_its_bottoms_memory():

@@ -81,8 +81,8 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
             # x1.139). Not for the outputs of cheap layers alone, which cost a pass over
             # memory to recompute: each option more makes the program harder (offered those
             # too, ResNet-101 at 1/4 ran out of time and ended at x1.27 against x1.13).
-            expensive = any(not graph.nodes[w].layer.CHEAP for w in recomputable.get(r, ()))
-            if a < w < p < e and (stash.recompute_seconds is None or len(source[r]) > 1 or expensive):
+            if a < w < p < e and (r not in recomputable or len(source[r]) > 1
+                                  or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r])):
                 stash.swap, stash.copy_seconds = (w, p), copy
         index[r] = len(out)
         out.append(stash)
