@@ -234,8 +234,14 @@ class KernelTrace:
             for op in call.operands:
                 if op.role == "param" and digest(op.array) != before[op.name]:
                     self.violations.append(f"{call.label}: recompute changed '{op.name}'")
-        self._note_writes(call)
+        self._note_writes(call, self._relu_after(node) if getattr(ctx, "relu", False) else {})
         return result
+
+    def _relu_after(self, node):
+        """``{top: the top of the ReLU in place on it}`` for a forward with a fused ReLU
+        (scheduler/fuse.py): what it writes is what that ReLU's forward wrote."""
+        return {n.bottoms[0]: n.tops[0] for n in self.graph.nodes
+                if n.layer.type == "ReLU" and list(n.bottoms) == list(node.tops)}
 
     def _check_reads(self, call):
         for op in call.operands:
@@ -249,13 +255,16 @@ class KernelTrace:
             elif digest(op.array) != expect:
                 self.violations.append(f"{call.label}: '{op.name}' is not what was written to it")
 
-    def _note_writes(self, call):
+    def _note_writes(self, call, fused=None):
         for op in call.operands:
             if op.role not in WRITES[call.phase]:
                 continue
             d = digest(op.array)
-            if call.phase == "recompute" and self.forward_digest.get(op.name) != d:
+            after = (fused or {}).get(op.name)
+            if call.phase == "recompute" and self.forward_digest.get(after or op.name) != d:
                 self.violations.append(f"{call.label}: recomputed '{op.name}' differs from its forward")
+            if after is not None:
+                self.written[after] = d
             if call.phase == "forward":
                 self.forward_digest[op.name] = d
             self.written[op.name] = d

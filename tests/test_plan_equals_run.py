@@ -92,11 +92,15 @@ def test_what_the_kernels_touched_is_what_the_plan_said(monkeypatch, case, polic
 
 def test_recompute_is_witnessed_for_dropout_and_batchnorm(monkeypatch):
     """The recompute checks above have something to check: the chains recompute a BatchNorm
-    and an in-place Dropout."""
-    for case, kinds in (("chain", {"BatchNorm", "ReLU"}), ("caffe_chain", {"Dropout", "ReLU"})):
-        _, trace = traced_run(monkeypatch, case, "recompute", "dynamic")
+    and an in-place Dropout, and a Scale with the ReLU after it in its pass (fuse.py)."""
+    for case, kinds, fused in (("chain", {"BatchNorm", "Scale"}, {"Scale"}),
+                               ("caffe_chain", {"Dropout", "Scale"}, {"Scale"})):
+        net, trace = traced_run(monkeypatch, case, "recompute", "dynamic")
         recomputed = {c.node.layer.type for c in trace.calls if c.phase == "recompute"}
         assert kinds <= recomputed, (case, recomputed)
+        schedule = net.schedules["train"]
+        graph = schedule.graph
+        assert {graph.nodes[s.node].layer.type for s in schedule.steps if s.fused is not None} == fused
 
 
 def test_the_witness_sees_a_value_overwritten_before_its_last_read(monkeypatch):

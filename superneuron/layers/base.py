@@ -12,6 +12,9 @@ A layer knows shapes and kernels, never the schedule. It declares:
   gradient's);
 - :meth:`grad_inplace`: which bottom gradients may share which top gradients' memory;
 - ``CHEAP``: cheap to recompute (SuperNeurons' cost-aware recomputation);
+- :meth:`fuses_relu`: whether its forward can end with a ReLU over its top in the same pass
+  (``ctx.relu``), so that a recomputation of it and of an in-place ReLU after it is one pass
+  over memory, not two (scheduler/fuse.py);
 - :meth:`algorithms`: per phase, the ways to compute it, fastest first, each with its workspace;
 - :meth:`cost`: flops and bytes moved, from which an estimated time follows;
 - :meth:`encodings`: the encoded forms (Gist) its backward can read instead of its operands.
@@ -217,8 +220,9 @@ class Context:
     from the step's workspace, the random stream, and (for Input/Data) the batch being fed."""
 
     def __init__(self, xp=np, train=True, recompute=False, workspace=None, algo=None,
-                 seed=0, feed=None, backend=None, encoded=None, ranks=None):
+                 seed=0, feed=None, backend=None, encoded=None, ranks=None, relu=False):
         self.ranks = ranks  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
+        self.relu = relu  # a forward ends with max(top, 0) in the same pass (Layer.fuses_relu)
         self.xp, self.train, self.recompute = xp, train, recompute
         self.encoded = encoded  # a backward's direct encoded operand (Layer.encodings), if any
         self.workspace, self.algo, self.seed = workspace, algo, seed
@@ -386,6 +390,11 @@ class Layer:
         n = sum(int(np.prod(s)) for s in self.top_shapes)
         item = self.dtype.itemsize
         return Cost(n, 2 * n, 2 * n * item, 3 * n * item)
+
+    def fuses_relu(self):
+        """Whether :meth:`forward` honours ``ctx.relu``: ends with ``max(top, 0)`` over its one
+        top in the same pass, the same bits as a ReLU after it (default: no)."""
+        return False
 
     def forward(self, ctx, bottoms, tops, params):
         """Compute ``tops`` (written in place) from ``bottoms`` and ``params`` (dict by name)."""

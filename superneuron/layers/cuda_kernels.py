@@ -131,6 +131,16 @@ def _kernels():
         "scale_bias": cupy.ElementwiseKernel(
             "T x, raw T w, raw T b, int64 length, int64 channels", "T y",
             idx + "y = x * w[c] + b[c];", "sn_scale_bias"),
+        # the same, then a ReLU (as "relu" below) in the same pass: a Recompute with a fused ReLU
+        "scale_relu": cupy.ElementwiseKernel(
+            "T x, raw T w, int64 length, int64 channels", "T y",
+            idx + "T z = x * w[c]; y = z < (T)0 ? (T)0 : z;", "sn_scale_relu"),
+        "scale_bias_relu": cupy.ElementwiseKernel(
+            "T x, raw T w, raw T b, int64 length, int64 channels", "T y",
+            idx + "T z = x * w[c] + b[c]; y = z < (T)0 ? (T)0 : z;", "sn_scale_bias_relu"),
+        # y = max(a + b, 0): Eltwise's sum with the ReLU after it
+        "add_relu": cupy.ElementwiseKernel(
+            "T a, T b", "T y", "T z = a + b; y = z < (T)0 ? (T)0 : z;", "sn_add_relu"),
         # y = max(x, 0), NaN kept; in place without the copy CuPy's maximum makes then
         "relu": cupy.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x;", "sn_relu"),
         # dx = dy where the unit was active, else 0

@@ -7,8 +7,15 @@ backward is the one place where the gradients of the readers are summed.
 
 import numpy as np
 
+from . import cuda_kernels as cuda
 from . import parallel, register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
+
+
+def _add_relu(a, b, out):
+    """``out = max(a + b, 0)`` over one slice, the sum still in cache for the ReLU."""
+    np.add(a, b, out=out)
+    np.maximum(out, 0, out=out)
 
 
 def shape_str(shape):
@@ -47,6 +54,13 @@ class Eltwise(Layer):
     def _coeffs(self):
         return self.cfg["coeff"] or (1.0,) * len(self.bottom_shapes)
 
+    def _one_pass(self):
+        """A plain sum of two bottoms: one pass over memory (ResNet's shortcut)."""
+        return self.cfg["operation"] == "SUM" and len(self.bottom_shapes) == 2 and self._coeffs() == (1.0, 1.0)
+
+    def fuses_relu(self):
+        return self._one_pass()
+
     def grad_inplace(self):
         return [(i, 0) for i in range(len(self.bottoms))] if self.cfg["operation"] == "SUM" else []
 
@@ -79,8 +93,13 @@ class Eltwise(Layer):
             xp.maximum(bottoms[0], bottoms[1], out=y)
             for x in bottoms[2:]:
                 xp.maximum(y, x, out=y)
-        elif len(bottoms) == 2 and self._coeffs() == (1.0, 1.0):  # ResNet's shortcut: one pass
-            parallel.elementwise(lambda a, b, out: xp.add(a, b, out=out), (bottoms[0], bottoms[1], y), xp)
+        elif self._one_pass():  # ResNet's shortcut (and the ReLU after it, with ctx.relu)
+            if ctx.relu and cuda.on_gpu(xp):
+                cuda.kernel("add_relu")(bottoms[0], bottoms[1], y)
+            elif ctx.relu:
+                parallel.elementwise(_add_relu, (bottoms[0], bottoms[1], y), xp)
+            else:
+                parallel.elementwise(lambda a, b, out: xp.add(a, b, out=out), (bottoms[0], bottoms[1], y), xp)
         else:
             coeffs = self._coeffs()
             xp.multiply(bottoms[0], coeffs[0], out=y)

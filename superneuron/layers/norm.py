@@ -312,22 +312,29 @@ class Scale(Layer):
             return [Algo("default", 0)]
         return [Algo("default", workspace_bytes((self.ncl[:2], self.dtype)))]
 
+    def fuses_relu(self):
+        return True
+
     def forward(self, ctx, bottoms, tops, params):
-        xp = ctx.xp
+        xp, relu = ctx.xp, ctx.relu
         y = tops[0].reshape(self.ncl)
         if cuda.on_gpu(xp):
             n, c, l = self.ncl
+            then = "_relu" if relu else ""
             if self.cfg["bias_term"]:
-                cuda.kernel("scale_bias")(bottoms[0].reshape(self.ncl), params["weight"], params["bias"], l, c, y)
+                cuda.kernel("scale_bias" + then)(bottoms[0].reshape(self.ncl), params["weight"], params["bias"],
+                                                 l, c, y)
             else:
-                cuda.kernel("scale")(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
+                cuda.kernel("scale" + then)(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
             return
         x, weight, bias = bottoms[0].reshape(self.ncl), params["weight"], params.get("bias")
 
-        def block(a, b):
+        def block(a, b):  # a ReLU after it, while the block is in cache
             ys = xp.multiply(x[:, a:b], weight[a:b, None], out=y[:, a:b])
             if bias is not None:
                 ys += bias[a:b, None]
+            if relu:
+                xp.maximum(ys, 0, out=ys)
         parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2], xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):

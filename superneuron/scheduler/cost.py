@@ -152,6 +152,11 @@ class CostModel:
             seconds = memo[key] = estimate(layer, phase, algo, self.device)
         return seconds
 
+    def fused_seconds(self, layer):
+        """Seconds the ReLU ``layer`` adds run in the pass of the layer before it (fuse.py): its
+        flops, at the device's rate; the memory it would read and write is that layer's."""
+        return layer.cost().fwd_flops / self.device.flops
+
     def copy_seconds(self, nbytes):
         """Seconds of one host↔device copy of ``nbytes`` (measured bandwidth where the table
         has it, under the key ``copy``)."""
@@ -165,7 +170,10 @@ class CostModel:
             phase = phase_of(step)
             algos = self.algorithms(layer, phase)
             algo = next((a for a in algos if a.name == step.algorithm), algos[0])
-            return self.algo_seconds(layer, phase, algo)
+            seconds = self.algo_seconds(layer, phase, algo)
+            if step.fused is not None:
+                seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
+            return seconds
         if step.kind == UPDATE:  # reads params, grads and state, writes params and state
             if step.grads:  # those of its gradients, each the shape of its parameter and states
                 slots = schedule.optimizer.slots if schedule.optimizer is not None else 0

@@ -44,6 +44,7 @@ import time
 from ..errors import SNError
 from ..sizes import human_bytes
 from .encode import encode
+from .fuse import fuse_relus
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
@@ -207,7 +208,7 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
         return encode(s, ctx, only=(layers, {names(r) for r in roots}))
 
     passes = ((recomputed,) + ((offload_params,) if _params(schedule) else ()) + (inplace, liveness)
-              + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fit))
+              + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fuse_relus, fit))
     return _candidate("solver", schedule, context, passes)
 
 

@@ -9,6 +9,7 @@ import bisect
 import itertools
 from dataclasses import dataclass, field
 
+from .fuse import fusable
 from .recompute import recomputable_roots
 from .steps import BACKWARD
 
@@ -66,10 +67,12 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
             continue
         stash = Stash(r, roots.size(r), a, e)
         if r in recomputable:
+            writers = recomputable[r]
             stash.recompute_seconds = sum(
-                min(model.algo_seconds(graph.nodes[w].layer, "forward", al)
-                    for al in model.algorithms(graph.nodes[w].layer, "forward"))
-                for w in recomputable[r])
+                model.fused_seconds(graph.nodes[w].layer) if k and fusable(graph, writers[k - 1], w, roots)
+                else min(model.algo_seconds(graph.nodes[w].layer, "forward", al)
+                         for al in model.algorithms(graph.nodes[w].layer, "forward"))
+                for k, w in enumerate(writers))
         if e is not None and e - a >= 3:
             copy = model.copy_seconds(info.nbytes)
             stash.offload_seconds = copy + max(0.0, copy - fastest[e - 1])

@@ -2,7 +2,8 @@
 
 A policy is the list of passes applied, in order, to the baseline schedule of ``lower()``;
 every pass has one shape, ``(schedule, Context) → schedule``, and every list, ``baseline``'s
-included, ends with the choice of each step's algorithm and workspace under the budget and
+included, ends with the recomputations of a layer and the in-place ReLU after it made one
+pass (fuse.py), then the choice of each step's algorithm and workspace under the budget and
 the placement (dynamic or planned), which depends on every Alloc and Free
 (:func:`workspace.fit`).
 
@@ -44,6 +45,7 @@ from .allreduce import DEFAULT_BUCKET_BYTES, allreduce
 from .context import Context
 from .cost import as_model
 from .encode import encode
+from .fuse import fuse_relus
 from .inplace import inplace
 from .liveness import liveness
 from .offload import offload
@@ -55,7 +57,9 @@ from .workspace import fit
 
 # Every pass has one shape, (schedule, Context) → schedule; a policy is the list of them.
 LIVENESS = (inplace, liveness)
-LAST = (fit,)  # workspace choice and placement: every policy, baseline included, ends so
+# fused recomputations (fuse.py), then workspace choice and placement: every policy, baseline
+# included, ends so
+LAST = (fuse_relus, fit)
 PRESETS = {
     "baseline": LAST,
     "liveness": LIVENESS + LAST,

@@ -43,6 +43,8 @@ def _layer_forward(graph, step):
     node = graph.nodes[step.node]
     if node.layer.ALIAS_TOPS:  # a view: its tops are its bottom's memory, nothing runs
         return (), ()
+    if step.fused is not None:  # and its ReLU's top, the same memory
+        return list(node.bottoms) + list(node.params.values()), list(node.tops) + graph.nodes[step.fused].tops
     return list(node.bottoms) + list(node.params.values()), node.tops
 
 
@@ -117,7 +119,8 @@ KINDS = {k.name: k for k in (
     # what its layer's backward_reads names, its top gradients, parameters → its bottom
     # gradients and parameter gradients
     Kind(BACKWARD, "node", _layer_backward),
-    # as its Forward; writing its tops anew makes their old contents dead
+    # as its Forward (and that of the ReLU it runs in the same pass, if any); writing its tops
+    # anew makes their old contents dead
     Kind(RECOMPUTE, "node", _layer_forward),
     # iter_size > 1: every parameter gradient → its accumulator (Schedule.rounds), all
     # resident: nothing scheduled
@@ -163,6 +166,8 @@ class Step(NamedTuple):
     source: str = None        # Encode, Decode: the tensor the encoded form stands for
     grads: tuple = ()         # AllReduce, WaitReduce: the gradients in the bucket, in order;
     #                           Update: the gradients whose parameters it updates (none: all)
+    fused: int = None         # a Recompute: the node of the ReLU, in place on its top, that its
+    #                           layer runs in the same pass (fuse.py)
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
@@ -175,6 +180,8 @@ class Step(NamedTuple):
             text += " [keep]"
         if self.kind == BACKWARD and self.tensor:
             text += f" reads {self.tensor}"
+        if self.fused is not None:
+            text += f" + ReLU({graph.nodes[self.fused].name})"
         return text
 
 
@@ -183,74 +190,76 @@ _new = tuple.__new__  # memory and copy steps are made by the hundred thousand p
 
 
 def Forward(node, algorithm=None, workspace=None):
-    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None, ()))
+    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None, (), None))
 
 
 def Backward(node, algorithm=None, workspace=None, encoded=None):
     """The backward of node ``node``; ``encoded``: the encoded form (a layer's own, see
     Layer.encodings) it reads instead of its bottoms and tops."""
-    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, ()))
+    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, (), None))
 
 
-def Recompute(node, algorithm=None, workspace=None):
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, ()))
+def Recompute(node, algorithm=None, workspace=None, fused=None):
+    """Node ``node``'s forward again, for the backward; ``fused``: the node of the in-place
+    ReLU on its top that it runs in the same pass (Layer.FUSES_RELU)."""
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused))
 
 
 def Accumulate():
     """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
-    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, ()))
+    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None))
 
 
 def Update(workspace=None, grads=()):
     """The optimiser's update of the parameters of ``grads`` (none: of every resident gradient)."""
-    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads)))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False, None, ()))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False, None, ()))
+    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, ()))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, ()))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False, None, ()))
+    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None))
 
 
 def Encode(tensor, codec, source=None, node=None, workspace=None):
     """Write ``tensor``, the ``codec`` form of ``source`` (or, with ``node`` and no source, the
     form of what that layer's backward reads, which its backward then reads itself)."""
-    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source, ()))
+    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source, (), None))
 
 
 def Decode(tensor, codec, source, workspace=None):
     """Write ``source`` back from ``tensor``, its ``codec`` form."""
-    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source, ()))
+    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source, (), None))
 
 
 def Apply(grad):
     """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
-    return _new(Step, (APPLY, None, grad, None, None, False, None, ()))
+    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None))
 
 
 def AllReduce(bucket, grads):
     """Start the all-reduce of ``bucket`` (a tensor), once ``grads`` are packed into it."""
-    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads)))
+    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None))
 
 
 def WaitReduce(bucket, grads):
     """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
-    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads)))
+    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None))
 
 
 def with_algorithm(step, algorithm, workspace):

@@ -1,0 +1,155 @@
+"""Fused recomputation (scheduler/fuse.py): a Scale or a two-way Eltwise sum recomputed with
+the in-place ReLU after it in one pass gives the bits of the two passes, and the schedules
+that fuse them give baseline's losses and gradients bit for bit, for less estimated time."""
+
+import numpy as np
+import pytest
+from layer_harness import build
+from test_memory_passes import assert_same_results
+
+from superneuron.graph import Graph
+from superneuron.layers import parallel
+from superneuron.layers.base import Context
+from superneuron.scheduler import fuse
+from superneuron.scheduler.context import Context as Planning
+from superneuron.scheduler.cost import CostModel
+from superneuron.scheduler.liveness import Roots
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.optimal_stashes import stashes_of
+from superneuron.scheduler.policy import LAST, LIVENESS, apply_policy
+from superneuron.scheduler.recompute import recompute_joins
+from superneuron.spec import load_spec
+
+CASES = [("Scale", [(4, 6, 5, 7)], {"bias_term": True}), ("Scale", [(4, 6, 5, 7)], {"bias_term": False}),
+         ("Eltwise", [(4, 6, 5, 7), (4, 6, 5, 7)], {})]
+
+
+def _values(shape, rng):
+    """Normal values with zeros, negative zeros and NaNs among them: where max(x, 0) could
+    differ from a careless fused form."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[::11], flat[5::13], flat[7::29] = 0.0, -0.0, np.nan
+    return x
+
+
+def _forward(layer, params, bottoms, xp, relu):
+    top = xp.zeros(layer.top_shapes[0], layer.dtype)
+    layer.forward(Context(xp, recompute=True, relu=relu), bottoms, [top], params)
+    return top
+
+
+def _then_relu(layer, params, bottoms, xp):
+    """The layer's forward, then ReLU's forward in place on its top: what the fused pass replaces."""
+    relu, _ = build("ReLU", [layer.top_shapes[0]], dtype=np.float32)
+    top = _forward(layer, params, bottoms, xp, False)
+    relu.forward(Context(xp), [top], [top], {})
+    return top
+
+
+@pytest.fixture
+def threads(request, monkeypatch):
+    """Run with ``request.param`` threads, every kernel split as far as it goes; the thread
+    count put back afterwards."""
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
+    before = parallel.threads()
+    parallel.set_threads(request.param)
+    yield request.param
+    parallel.set_threads(before)
+
+
+@pytest.mark.parametrize("type_name, shapes, cfg", CASES)
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_a_fused_relu_gives_the_bits_of_the_relu_after_it(type_name, shapes, cfg, threads):
+    """Layer.fuses_relu's contract: the forward with ctx.relu writes what the forward and then
+    an in-place ReLU write, bit for bit (NaNs, zeros and -0.0 included), on one thread and
+    split over several."""
+    layer, params = build(type_name, shapes, dtype=np.float32, **cfg)
+    assert layer.fuses_relu()
+    rng = np.random.default_rng(3)
+    bottoms = [_values(s, rng) for s in shapes]
+    fused = _forward(layer, params, bottoms, np, True)
+    assert np.array_equal(fused.view(np.uint32), _then_relu(layer, params, bottoms, np).view(np.uint32))
+    assert not np.array_equal(fused.view(np.uint32), _forward(layer, params, bottoms, np, False).view(np.uint32))
+
+
+def test_only_one_pass_forms_fuse():
+    """An Eltwise that is not a plain sum of two bottoms makes more than one pass: it does not
+    offer to fuse, so the pass never asks it."""
+    assert not build("Eltwise", [(2, 3), (2, 3), (2, 3)], dtype=np.float32)[0].fuses_relu()
+    assert not build("Eltwise", [(2, 3), (2, 3)], dtype=np.float32, coeff=[1.0, -1.0])[0].fuses_relu()
+    assert not build("Eltwise", [(2, 3), (2, 3)], dtype=np.float32, operation="MAX")[0].fuses_relu()
+    assert not build("ReLU", [(2, 3)], dtype=np.float32)[0].fuses_relu()
+
+
+def _resnet():
+    return Graph(load_spec("nets/resnet_cifar.yaml", overrides={"depth": 8, "size": 8}, batch=2))
+
+
+def _recompute(graph, fused=True):
+    """``graph`` with its cheap layers and every other join recomputed (the ``recompute+params``
+    policy's recomputation, without its parameter offload), fuse.py's pass left out unless
+    ``fused``."""
+    schedule, context = lower(graph), Planning()
+    for apply in (recompute_joins,) + LIVENESS + LAST:
+        if fused or apply is not fuse.fuse_relus:
+            schedule = apply(schedule, context)
+    return schedule
+
+
+def test_recompute_fuses_each_scale_and_sum_with_its_relu_and_keeps_baselines_bits():
+    """Recomputed, a CIFAR ResNet's Scales and block sums each run their ReLU
+    in their pass, which is then no step of its own; the losses and gradients are baseline's
+    bit for bit; the estimated time is the unfused schedule's less the ReLUs' passes (their
+    flops kept)."""
+    graph = _resnet()
+    schedule, unfused = _recompute(graph), _recompute(graph, fused=False)
+    into = {s.fused: s.node for s in schedule.steps if s.fused is not None}
+    assert {graph.nodes[n].layer.type for n in into.values()} == {"Scale", "Eltwise"}
+    assert not any(s.kind == "recompute" and s.node in into for s in schedule.steps)
+    assert all(any(s.kind == "recompute" and s.node == relu for s in unfused.steps) for relu in into)
+    assert not any(s.fused is not None for s in unfused.steps)
+    assert_same_results(graph, schedule)
+    model = CostModel("gpu")
+    gained = model.iteration_seconds(unfused) - model.iteration_seconds(schedule)
+    passes = sum(model.step_seconds(unfused, s) - model.fused_seconds(graph.nodes[s.node].layer)
+                 for s in unfused.steps if s.kind == "recompute" and s.node in into)
+    assert gained > 0 and gained == pytest.approx(passes, rel=1e-9)
+
+
+def test_the_program_counts_a_fused_relu_at_its_flops_alone():
+    """optimal's program prices recomputing a root that a Scale writes and an in-place ReLU
+    then overwrites as the Scale's forward and the ReLU's flops: the cost of the fused step."""
+    graph = _resnet()
+    schedule = apply_policy(lower(graph), "liveness")
+    model = CostModel("gpu")
+    steps = [s for s in schedule.steps if s.kind not in ("alloc", "free")]
+    fastest = [model.step_seconds(schedule, s) for s in steps]
+    roots = Roots.of(schedule)
+    stashes, _ = stashes_of(schedule, steps, roots, model, fastest, False)
+    checked = 0
+    for stash in stashes:
+        writers = [n for n in graph.nodes if n.tops and roots(n.tops[0]) == stash.root and not n.layer.ALIAS_TOPS]
+        types = [n.layer.type for n in writers]
+        if types == ["Scale", "ReLU"] and stash.recompute_seconds is not None:
+            scale, relu = writers
+            expected = model.algo_seconds(scale.layer, "forward", scale.layer.algorithms("forward")[0])
+            assert stash.recompute_seconds == pytest.approx(expected + model.fused_seconds(relu.layer))
+            assert model.fused_seconds(relu.layer) < 0.1 * model.algo_seconds(
+                relu.layer, "forward", relu.layer.algorithms("forward")[0])
+            checked += 1
+    assert checked
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("type_name, shapes, cfg", CASES)
+def test_a_fused_relu_on_gpu_gives_the_bits_of_the_relu_after_it(type_name, shapes, cfg):
+    """The same contract for the CUDA kernels (``scale_relu``, ``scale_bias_relu``,
+    ``add_relu``) against CuPy's own forward and ReLU kernels."""
+    import cupy
+    layer, params = build(type_name, shapes, dtype=np.float32, **cfg)
+    rng = np.random.default_rng(3)
+    bottoms = [cupy.asarray(_values(s, rng)) for s in shapes]
+    params = {k: cupy.asarray(v) for k, v in params.items()}
+    fused = _forward(layer, params, bottoms, cupy, True)
+    assert cupy.array_equal(fused.view(cupy.uint32), _then_relu(layer, params, bottoms, cupy).view(cupy.uint32))
