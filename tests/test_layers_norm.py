@@ -167,9 +167,10 @@ def test_fast_paths_on_large_maps_same_bits_on_threads(forced_splits, kind, cfg)
 
 
 def test_relu_rows_give_maximum_exactly():
-    """ReLU's zero-row kernel against ``np.maximum(x, 0)``, for sizes below, at and around
-    multiples of its row, signed zeros and infinities included."""
-    from superneuron.layers.activation import ROW, _relu
+    """ReLU's zero-row kernel (parallel.max_zero) against ``np.maximum(x, 0)``, for sizes
+    below, at and around multiples of its row, signed zeros and infinities included."""
+    from superneuron.layers.parallel import ROW
+    from superneuron.layers.parallel import max_zero as _relu
     rng = np.random.default_rng(4)
     for size in (1, ROW - 1, ROW, ROW + 1, 3 * ROW + 17):
         x = rng.standard_normal(size).astype(np.float32)

@@ -18,23 +18,6 @@ from . import cuda_kernels as cuda
 from .base import Algo, Key, Layer, workspace_bytes
 from .codecs import Encoding, packed_bytes
 
-# Elements per row of :func:`_relu`'s zero row (64 KiB of float32, made once)
-ROW = 1 << 14
-
-
-def _relu(x, y):
-    """``y = max(x, 0)`` on the CPU, flat ``x`` and ``y`` taken as rows against a row of zeros:
-    NumPy's maximum runs about twice as fast over two contiguous operands as against the
-    scalar 0 (see :func:`~.parallel.constant`); the same values either way."""
-    if x.ndim != 1:
-        np.maximum(x, 0, out=y)
-        return
-    zero, body = parallel.constant(0, ROW, x.dtype), x.size - x.size % ROW
-    if body:
-        np.maximum(x[:body].reshape(-1, ROW), zero, out=y[:body].reshape(-1, ROW))
-    if body < x.size:
-        np.maximum(x[body:], zero[:x.size - body], out=y[body:])
-
 
 @register
 class ReLU(Layer):
@@ -100,7 +83,8 @@ class ReLU(Layer):
             cuda.kernel("relu")(x, y)
             return
         if not slope:
-            parallel.elementwise(_relu if xp is np else lambda xs, ys: xp.maximum(xs, 0, out=ys), (x, y), xp)
+            kernel = parallel.max_zero if xp is np else lambda xs, ys: xp.maximum(xs, 0, out=ys)
+            parallel.elementwise(kernel, (x, y), xp)
             return
         scaled = xp.multiply(x, slope, out=ctx.scratch(x.shape, x.dtype))
         # max(x, s*x) picks x where x > 0 when s < 1; min does when s > 1

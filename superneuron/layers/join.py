@@ -13,9 +13,13 @@ from .base import Algo, Cost, Key, Layer, workspace_bytes
 
 
 def _add_relu(a, b, out):
-    """``out = max(a + b, 0)`` over one slice, the sum still in cache for the ReLU."""
-    np.add(a, b, out=out)
-    np.maximum(out, 0, out=out)
+    """``out = max(a + b, 0)`` over one flat slice, parallel.CACHE_BYTES at a time: the sum
+    still in cache for the ReLU."""
+    step = parallel.CACHE_BYTES // out.itemsize
+    for s in range(0, out.size, step):
+        chunk = out[s:s + step]
+        np.add(a[s:s + step], b[s:s + step], out=chunk)
+        parallel.max_zero(chunk, chunk)
 
 
 def shape_str(shape):

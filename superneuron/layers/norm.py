@@ -328,14 +328,24 @@ class Scale(Layer):
                 cuda.kernel("scale" + then)(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
             return
         x, weight, bias = bottoms[0].reshape(self.ncl), params["weight"], params.get("bias")
+        n, _, l = self.ncl
 
-        def block(a, b):  # a ReLU after it, while the block is in cache
+        def block(a, b):
             ys = xp.multiply(x[:, a:b], weight[a:b, None], out=y[:, a:b])
             if bias is not None:
                 ys += bias[a:b, None]
-            if relu:
-                xp.maximum(ys, 0, out=ys)
-        parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2], xp)
+
+        def block_relu(a, b):  # samples CACHE_BYTES at a time, each in cache for its ReLU
+            row = (b - a) * l
+            zero = parallel.constant(0, row, self.dtype)
+            step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize))
+            for s in range(0, n, step):
+                ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
+                if bias is not None:
+                    ys += bias[a:b, None]
+                rows = ys.reshape(len(ys), row)
+                xp.maximum(rows, zero, out=rows)
+        parallel.run(block_relu if relu else block, self.ncl[1], n * l, xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp

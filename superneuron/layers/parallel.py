@@ -248,6 +248,28 @@ def constant(value, length, dtype):
     return row
 
 
+# Elements per row of :func:`max_zero`'s zero row (64 KiB of float32, made once)
+ROW = 1 << 14
+# A slice that a second pass over it still finds in a core's cache (L2: 1 MiB a core here): a
+# layer that ends with a ReLU in its own pass (Layer.fuses_relu) takes its output so many bytes
+# at a time (ResNet's Scale at 32x256x56x56: 11.2 ms against 21.7 ms for Scale, then ReLU)
+CACHE_BYTES = 1 << 20
+
+
+def max_zero(x, y):
+    """``y = max(x, 0)`` on the CPU (NaN kept), flat ``x`` and ``y`` taken as rows against a row
+    of zeros: NumPy's maximum runs about twice as fast over two contiguous operands as
+    against the scalar 0 (see :func:`constant`); the same values either way."""
+    if x.ndim != 1:
+        numpy.maximum(x, 0, out=y)
+        return
+    zero, body = constant(0, ROW, x.dtype), x.size - x.size % ROW
+    if body:
+        numpy.maximum(x[:body].reshape(-1, ROW), zero, out=y[:body].reshape(-1, ROW))
+    if body < x.size:
+        numpy.maximum(x[body:], zero[:x.size - body], out=y[body:])
+
+
 def copyto(xp, dst, src):
     """``xp.copyto(dst, src)`` split along axis 0 of both (arrays of one shape, any strides)."""
     run(lambda a, b: xp.copyto(dst[a:b], src[a:b]), dst.shape[0], dst[:1].size, xp)

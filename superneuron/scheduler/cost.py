@@ -38,12 +38,14 @@ from .steps import (
 @dataclass(frozen=True)
 class DeviceModel:
     """A device's assumed sustained rates: ``flops`` per second, ``bandwidth`` (device memory)
-    and ``copy`` (host↔device, each direction) in bytes per second."""
+    and ``copy`` (host↔device, each direction) in bytes per second; ``fused_pass``: the part
+    of a ReLU's own time that it still takes run in the pass of the layer before it (fuse.py)."""
 
     name: str
     flops: float
     bandwidth: float
     copy: float
+    fused_pass: float = 0.0
 
     def seconds(self, flops, nbytes):
         """Time of work that is compute-bound or memory-bound, whichever takes longer."""
@@ -55,11 +57,15 @@ DEVICES = {
     # at ~230 GFLOP/s, an elementwise add over 128 MiB at ~47 GB/s (read + write). Layers
     # reach about half of either (im2col copies, small GEMMs, temporaries), hence these.
     # A "copy" to host memory on the CPU is a memcpy by the copy thread, ~5 GB/s on one core.
-    "cpu": DeviceModel("cpu", flops=100e9, bandwidth=20e9, copy=5e9),
+    # A ReLU in the pass of the layer before it costs about its own pass on the CPU at
+    # CIFAR's map sizes (Scale at 32x16x32x32: 0.282 ms fused against 0.281 ms; on
+    # 32x64x56x56 Scale's ReLU kept 0.24 of its pass and Eltwise's 0.73): no gain is counted.
+    "cpu": DeviceModel("cpu", flops=100e9, bandwidth=20e9, copy=5e9, fused_pass=1.0),
     # An H100-class GPU: what float32 convolutions sustain through cuDNN (well under the
     # 67 TFLOP/s peak without TF32) and about half of HBM3's 3.35 TB/s.
     # Copies: pinned memory over PCIe 5.0 x16 sustains ~20 GB/s each way in practice.
-    "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12, copy=20e9),
+    # A fused ReLU is one kernel with its layer's: the same reads and writes, its flops more.
+    "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12, copy=20e9, fused_pass=0.0),
 }
 
 
@@ -154,8 +160,10 @@ class CostModel:
 
     def fused_seconds(self, layer):
         """Seconds the ReLU ``layer`` adds run in the pass of the layer before it (fuse.py): its
-        flops, at the device's rate; the memory it would read and write is that layer's."""
-        return layer.cost().fwd_flops / self.device.flops
+        flops at the device's rate, or the device's ``fused_pass`` of its own time, whichever
+        is more."""
+        own = self.algo_seconds(layer, "forward", self.algorithms(layer, "forward")[0])
+        return max(layer.cost().fwd_flops / self.device.flops, self.device.fused_pass * own)
 
     def copy_seconds(self, nbytes):
         """Seconds of one host↔device copy of ``nbytes`` (measured bandwidth where the table
