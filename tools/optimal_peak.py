@@ -46,7 +46,7 @@ def main():
     args = p.parse_args()
     model = CostModel("gpu")
     for name in args.nets.split(","):
-        base, live, live_seconds = lowered_net(name, args.batch, model)
+        base, live, live_seconds, model = lowered_net(name, args.batch, model)
         budget, label = round(live.arena_bytes * args.fraction), f"{args.fraction:.3f} of liveness"
         memo = {}
         try:
