@@ -70,7 +70,13 @@ def main():
                    help="the heuristic and the solved policy compared (e.g. superneurons+params,optimal+params)")
     p.add_argument("--measured", action="store_true", help="plan with the kernels timed on this machine's GPU")
     p.add_argument("--json", help="also write every cell to this file")
+    p.add_argument("--chunked-speed", type=float,
+                   help="a what-if: im2col_chunked (and direct at 2/3 of it) at this fraction of im2col's speed, "
+                        "as cuDNN's implicit-GEMM engines run without columns (default: as measured on the CPU)")
     args = p.parse_args()
+    if args.chunked_speed is not None:
+        from superneuron.layers.conv import Convolution
+        Convolution._chunked_speed = lambda layer: args.chunked_speed
     heuristic, solved = args.policies.split(",")
     results = []
     for name in args.nets.split(","):
