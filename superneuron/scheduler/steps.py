@@ -6,7 +6,8 @@ acts on; the encoded form an Encode writes, or a Decode or a Backward reads), ``
 and ``workspace`` (the algorithm a compute step runs and the workspace tensor it uses; an
 Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
 one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
-(the parameter gradients a data-parallel bucket holds, in its order).
+(the parameter gradients a data-parallel bucket holds, in its order), ``fused`` (the in-place
+ReLU a Recompute runs in its own pass: fuse.py).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
 and host memory it takes and gives back. Those effects are what the passes reason about
