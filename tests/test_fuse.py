@@ -21,6 +21,7 @@ from superneuron.scheduler.recompute import recompute_joins
 from superneuron.spec import load_spec
 
 CASES = [("Scale", [(4, 6, 5, 7)], {"bias_term": True}), ("Scale", [(4, 6, 5, 7)], {"bias_term": False}),
+         ("Scale", [(4, 6)], {"bias_term": True}), ("Scale", [(3, 4, 6, 5)], {"axis": 2, "bias_term": True}),
          ("Eltwise", [(4, 6, 5, 7), (4, 6, 5, 7)], {})]
 
 

@@ -343,7 +343,8 @@ class Scale(Layer):
                 ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
                 if bias is not None:
                     ys += bias[a:b, None]
-                rows = ys.reshape(len(ys), row)
+                rows = ys.view()
+                rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
                 xp.maximum(rows, zero, out=rows)
         parallel.run(block_relu if relu else block, self.ncl[1], n * l, xp)
 
