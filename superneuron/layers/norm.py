@@ -330,23 +330,18 @@ class Scale(Layer):
         x, weight, bias = bottoms[0].reshape(self.ncl), params["weight"], params.get("bias")
         n, _, l = self.ncl
 
-        def block(a, b):
-            ys = xp.multiply(x[:, a:b], weight[a:b, None], out=y[:, a:b])
-            if bias is not None:
-                ys += bias[a:b, None]
-
-        def block_relu(a, b):  # samples CACHE_BYTES at a time, each in cache for its ReLU
+        def block(a, b):  # with a ReLU: samples CACHE_BYTES at a time, each in cache for it
             row = (b - a) * l
-            zero = parallel.constant(0, row, self.dtype)
-            step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize))
+            step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize)) if relu else n
             for s in range(0, n, step):
                 ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
                 if bias is not None:
                     ys += bias[a:b, None]
-                rows = ys.view()
-                rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
-                xp.maximum(rows, zero, out=rows)
-        parallel.run(block_relu if relu else block, self.ncl[1], n * l, xp)
+                if relu:
+                    rows = ys.view()
+                    rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
+                    xp.maximum(rows, parallel.constant(0, row, self.dtype), out=rows)
+        parallel.run(block, self.ncl[1], n * l, xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp

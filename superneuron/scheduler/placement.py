@@ -102,23 +102,24 @@ def tensors_first(schedule, limit, needs=None, lost=None):
     for step in schedule.steps:
         before.append(compute)
         compute += step.kind not in MEMORY
+
+    def layout(key, pinned):
+        """``(score, offsets, rooms)`` of the tensors in the order of ``key``, ``pinned``
+        (workspace index → offset) placed first."""
+        where, region, (tree, times) = _place(spans, key, late, tensors_only=True, pinned=pinned)
+        rooms = {before[spans[k][0]]: (pinned[k], limit - pinned[k]) if k in pinned
+                 else _room(tree, times, spans[k], limit) for k in late}  # served: the next step
+        short = sum(rooms[k][1] < need for k, need in (needs or {}).items() if k in rooms)
+        return (region > limit, short, lost(rooms) if lost else 0.0, region), where, rooms
+
     best = None
     for key in ORDERS.values():
-        pinned = {}
-        while True:
-            where, region, (tree, times) = _place(spans, key, late, tensors_only=True, pinned=pinned)
-            rooms = {before[spans[k][0]]: (pinned[k], limit - pinned[k]) if k in pinned
-                     else _room(tree, times, spans[k], limit) for k in late}  # served: the next step
-            short = sum(rooms[k][1] < need for k, need in (needs or {}).items() if k in rooms)
-            score = (region > limit, short, lost(rooms) if lost else 0.0, region)
-            if best is None or score < best[0]:
-                best = score, where, rooms
-            if pinned:
-                break
-            pinned = {k: (limit - size) // ALIGN * ALIGN for k in late for size in (spans[k][3],)
-                      if rooms[before[spans[k][0]]][1] < size <= limit}
-            if not pinned:
-                break
+        plain = layout(key, {})
+        left_short = {k: (limit - spans[k][3]) // ALIGN * ALIGN for k in late
+                      if plain[2][before[spans[k][0]]][1] < spans[k][3] <= limit}  # under the limit
+        for candidate in (plain, layout(key, left_short)) if left_short else (plain,):
+            if best is None or candidate[0] < best[0]:
+                best = candidate
     _, where, rooms = best
     offsets = {}
     for k, ((_, _, name, _), off) in enumerate(zip(spans, where)):
