@@ -22,6 +22,8 @@ kernel: LeNet's and VGG's 2x2s) each pixel lies in exactly one window, so the ba
 each tap's gradient straight into its pixels of dx, without zeroing dx first or adding.
 """
 
+import functools
+
 import numpy as np
 
 from . import parallel, register
@@ -64,6 +66,8 @@ class Pooling(Layer):
         "ceil_mode": Key("bool", True, doc="round the output size up (Caffe); false: down"),
     }
     CHEAP = True
+    CHUNK_BYTES = 8 << 20  # the backward's ``chunked``: the most bytes of its gradient room (whole samples)
+    CHUNKED_SPEED = 0.9    # its relative speed: more, smaller calls (the cost model's weighing)
 
     def setup(self, bottom_shapes):
         shape = tuple(bottom_shapes[0])
@@ -97,6 +101,7 @@ class Pooling(Layer):
         self._sizes = [np.array(window_sizes((h, w)[a], kernel[a], stride[a], pad[a], (ho, wo)[a]),
                                 dtype=self.dtype) for a in (0, 1)]
         self.bottom_shapes, self.top_shapes = [shape], [(n, c, ho, wo)]
+        self.chunk = min(n, max(1, self.CHUNK_BYTES // (c * ho * wo * self.dtype.itemsize)))
         return list(self.top_shapes)
 
     def backward_reads(self):
@@ -134,13 +139,22 @@ class Pooling(Layer):
         return h, t
 
     def algorithms(self, phase):
-        shape = self.top_shapes[0]
         if phase == "forward":
             return [Algo("default", 0)]
-        if self.cfg["pool"] == "MAX":  # first-max flags, windows still to route, routed gradient
-            return [Algo("default", workspace_bytes((shape, np.bool_), (shape, np.bool_),
-                                                    (shape, self.dtype)))]
-        return [Algo("default", workspace_bytes((shape, self.dtype)))]  # top gradient / sizes
+        # the backward: ``default`` takes the batch at once, ``chunked`` (where a chunk is less)
+        # a few samples at a time (CHUNK_BYTES of routed gradient), with the room of a chunk
+        # only: the same operations on the same values, bit for bit, fewer to a call
+        names = ["default"] + (["chunked"] if self.chunk < self.top_shapes[0][0] else [])
+        return [Algo(name, workspace_bytes(*self._room(name)), self.CHUNKED_SPEED if name == "chunked" else 1.0)
+                for name in names]
+
+    def _room(self, algo):
+        """The backward's temporaries under ``algo`` (name; None: the default), as ``(shape,
+        dtype)``: a max pooling's first-max flags and windows still to route, and the routed
+        (or, averaging, divided) gradient."""
+        n, *rest = self.top_shapes[0]
+        shape = (self.chunk if algo == "chunked" else n, *rest)
+        return ([(shape, np.bool_)] * 2 if self.cfg["pool"] == "MAX" else []) + [(shape, self.dtype)]
 
     def cost(self):
         x, y = (int(np.prod(s)) for s in (self.bottom_shapes[0], self.top_shapes[0]))
@@ -175,18 +189,18 @@ class Pooling(Layer):
         if bottom_grads[0] is None:
             return
         xp, shape = ctx.xp, self.top_shapes[0]
-        is_max = self.cfg["pool"] == "MAX"
         # (tiling windows leave the routed-gradient buffer unused: the plan keeps one workspace
         # size per layer, whatever its shape)
-        room = ([ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_)] if is_max else []) + [
-            ctx.scratch(shape, top_grads[0].dtype)]
+        room = [ctx.scratch(*temporary) for temporary in self._room(ctx.algo)]
+        arrays = (bottoms[0], tops[0], top_grads[0], bottom_grads[0], ctx.encoded)
 
-        def samples(a, b):  # samples a..b, on one thread (x, top and argmax may be None)
-            part = [None if t is None else t[a:b] for t in
-                    (bottoms[0], tops[0], top_grads[0], bottom_grads[0], ctx.encoded)]
+        def samples(first, a, b):  # samples first+a..first+b, on one thread (x, top, argmax may be None)
+            part = [None if t is None else t[first + a:first + b] for t in arrays]
             self._backward_samples(xp, [t[a:b] for t in room], *part)
-        passes = BACKWARD_PASSES_PER_TAP * len(self._taps)
-        parallel.run(samples, shape[0], int(np.prod(shape[1:])) * passes, xp)
+        step, passes = len(room[0]), BACKWARD_PASSES_PER_TAP * len(self._taps)
+        for first in range(0, shape[0], step):  # the batch at once, or a chunk at a time
+            parallel.run(functools.partial(samples, first), min(step, shape[0] - first),
+                         int(np.prod(shape[1:])) * passes, xp)
 
     def _backward_samples(self, xp, room, x, top, dy, dx, argmax):
         """The backward of some samples: ``room`` their (hit, todo,) routed-gradient scratch,
