@@ -169,7 +169,8 @@ def test_chunked_allocates_nothing_big(two_samples):
 def test_googlenet_fits_half_of_liveness_arena_with_the_chunked_lrn(policy):
     # The LRN backward of conv2_norm2 needed 147 MiB of workspace, its bound 521.1 MiB, over
     # 1/2 of liveness's arena (470.9 MiB); chunked it needs 13.8 MiB and the bound was 387.9 MiB,
-    # with its gradient in place (Layer.grad_inplace) another step's, 361.9 MiB
+    # with its gradient in place (Layer.grad_inplace) another step's, 361.9 MiB, and with the max
+    # poolings' chunked backward (layers/pool.py), 336.6 MiB
     spec = load_spec("nets/googlenet.yaml", batch=32)
     model = CostModel("gpu")
     base = planning.lowered(Graph(spec, kernels=planning.planning_kernels("gpu")),
@@ -185,10 +186,11 @@ def test_googlenet_fits_half_of_liveness_arena_with_the_chunked_lrn(policy):
     grads = sum(aligned(base.tensors[t].nbytes) for t in base.resident if base.tensors[t].kind == "param_grad")
     assert plan.resident_bytes == base.resident_bytes - (grads if policy == "optimal" else 0)
     bound = round((plan.lower_bound_bytes + (grads if policy == "optimal" else 0)) / 2**20, 1)
-    assert bound == 361.9 if policy == "superneurons" else bound <= 361.9
+    assert bound == 336.6 if policy == "superneurons" else bound <= 336.6
     norm2 = [s for s in schedule.steps if s.kind == "backward"
              and schedule.graph.nodes[s.node].name == "conv2_norm2"]
-    assert [s.algorithm for s in norm2] == ["chunked"]
+    if policy == "superneurons":  # (optimal's may pack its tensors so as to leave the default's 220 MiB)
+        assert [s.algorithm for s in norm2] == ["chunked"]
 
 
 LRN_NET = """\

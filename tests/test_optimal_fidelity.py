@@ -42,6 +42,7 @@ def test_the_realised_plan_takes_the_time_the_program_counts():
         copied = sorted(s.tensor for s in steps if s.kind == kind)
         assert copied == sorted(solution.offload | solution.swap), kind
     timeline = model.timeline(found.schedule)
-    stalled = {steps[i].tensor for i, stream, _, _ in timeline.spans if stream == STALL}
+    stalled = {steps[i].tensor for i, stream, start, end in timeline.spans
+               if stream == STALL and end - start > 1e-9}  # (a Wait whose copy is just done: no stall)
     assert all(steps[i].kind == WAIT for i, stream, _, _ in timeline.spans if stream == STALL)
     assert stalled and not stalled & solution.swap
