@@ -65,14 +65,16 @@ REALISED_LOSS = 0.01
 # The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, encodings
 # offered, the recomputations fixed to those of an earlier program's last plan, the part of
 # the time limit by which it ends). The first is the quick one that every net solves to its
-# gap in seconds (ResNet-50 at 1/3 of liveness's arena: 1 s); the second is it with
-# encodings (only where the net has some: its plans compete with the first's rather than
-# replace them, since a plan with small encoded forms may leave the placement more holes);
-# the third, joins', is harder (ResNet-50 at 1/3: 4-9 s on the 2-core machine); the last
-# offers swaps alone on each earlier program's last recomputations (a plan a little over the
-# budget may fit so, without the placement's holes of the plans before).
-PHASES = ((False, False, False, False, 0.1), (False, True, False, False, 0.25), (False, True, True, False, 0.35),
-          (True, True, False, False, 0.6), (True, True, True, False, 0.85), (True, True, False, True, 1.0))
+# gap in seconds (ResNet-50 at 1/3 of liveness's arena: 1 s); the second offers swaps; the
+# third encodings too (only where the net has some: its plans compete with those before
+# rather than replace them, since a plan with small encoded forms may leave the placement
+# more holes); the fourth, joins', is harder (ResNet-50 at 1/3: 4-9 s on the 2-core machine;
+# ResNet-101 at 1/4: 7 s, which its share must leave it); the fifth is it with encodings
+# (GoogLeNet's best at 1/3, whose program has no plan without them); the last offers swaps
+# alone on each earlier program's last recomputations (a plan a little over the budget may
+# fit so, without the placement's holes of the plans before).
+PHASES = ((False, False, False, False, 0.1), (False, True, False, False, 0.3), (False, True, True, False, 0.4),
+          (True, True, False, False, 0.8), (True, True, True, False, 0.9), (True, True, False, True, 1.0))
 
 
 @dataclasses.dataclass

@@ -83,13 +83,12 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
             # that recomputation (ResNet-50 at 1/3 on the H100 estimates: x1.106 against
             # x1.139). Not for the outputs of cheap layers alone, which cost a pass over
             # memory to recompute: each option more makes the program harder (offered those
-            # too, ResNet-101 at 1/4 ran out of time and ended at x1.27 against x1.13); but
-            # for those recomputed from more bytes than their own (a strided pooling's), which
-            # only a source kept bigger than them brings back (GoogLeNet's pool1 and pool2,
-            # whose swaps take it at 1/3 from x1.150 to x1.131).
+            # too, ResNet-101 at 1/4 ran out of time and ended at x1.27 against x1.13; offered
+            # those of strided poolings alone, recomputed from four times their bytes,
+            # GoogLeNet at 1/3 went from x1.150 to x1.131, but ResNet-101's joins program at
+            # 1/4 took 17 s instead of 7 and ran out of its share: x1.256 against x1.112).
             if a < w < p < e and (r not in recomputable or len(source[r]) > 1
-                                  or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r])
-                                  or sum(roots.size(s) for s in source[r]) > roots.size(r)):
+                                  or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r])):
                 stash.swap, stash.copy_seconds = (w, p), copy
         index[r] = len(out)
         out.append(stash)
