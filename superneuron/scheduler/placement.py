@@ -63,8 +63,10 @@ def lifetimes(schedule):
 # Packing from the floor up checks a tensor again each time others rose under its lifetime:
 # a few times on GoogLeNet's plans (650 tensors: 4-38 checks each, 0.02-0.1 s), 157 on ResNet-152's
 # liveness schedule (1 507 tensors, 0.5 s, against 0.04 s best fit), quadratic beyond. Past these
-# it gives up and best fit's layouts stand alone.
-FLOOR_SPANS = 4096
+# it gives up and best fit's layouts stand alone. (On ResNet-152's optimal plans at 1/3, 2 600
+# tensors, it came out larger than best fit and its 0.16 s a layout, a dozen layouts a fit, took
+# the solver's time: x1.366 against x1.075.)
+FLOOR_SPANS = 1024
 FLOOR_CHECKS = 48
 
 ORDERS = {
@@ -107,10 +109,14 @@ def tensors_first(schedule, limit, needs=None, lost=None):
     limit: workspace.fit caps the steps so and places their workspaces there (a step's
     workspace lives at it alone, so no two meet).
 
-    Each of the :data:`ORDERS` gives a layout best fit, one from the floor up, and one where
-    the first left some workspace less than its bytes: those workspaces pinned first right under the limit (the
+    Each of the :data:`ORDERS` gives a layout best fit, and one where it left some workspace
+    less than its bytes: those workspaces pinned first right under the limit (the
     tensors then pack below them at their steps, as they can; GoogLeNet at 1/3 of liveness's
-    arena fits so where no order's layout did). The layout kept is, in turn: one whose
+    arena fits so where no order's layout did). Where none of those is free of cost (under the
+    limit, no step short, no time lost), each order also packs the tensors from the floor up
+    with room among them for the workspaces as chosen, else for the least each step can run
+    with (GoogLeNet's optimal plan at 1/3: the tensors with every least workspace in 260.4 MiB,
+    their peak, where no best-fit layout left every step its least). The layout kept is, in turn: one whose
     tensors stay under the limit; the one that leaves the fewest steps less room than
     ``needs`` (``{k: bytes}``, the least workspace each step can run with); the one whose
     rooms cost the least time (``lost(rooms)``: the seconds the steps lose to slower
@@ -139,17 +145,20 @@ def tensors_first(schedule, limit, needs=None, lost=None):
         short = sum(rooms[k][1] < need for k, need in (needs or {}).items() if k in rooms)
         return (region > limit, short, lost(rooms) if lost else 0.0, region), where, rooms
 
-    best = None
+    candidates = []
     for key in ORDERS.values():
         plain = layout(key, {})
         left_short = {k: (limit - spans[k][3]) // ALIGN * ALIGN for k in late
                       if plain[2][before[spans[k][0]]][1] < spans[k][3] <= limit}  # under the limit
-        pinned = (layout(key, left_short),) if left_short else ()
-        floored = tuple(layout(key, {}, reserve) for reserve in ((own, least) if least else (own,)))
-        for candidate in (plain,) + floored + pinned:
-            if candidate is not None and (best is None or candidate[0] < best[0]):
-                best = candidate
-    _, where, rooms = best
+        candidates += [plain] + ([layout(key, left_short)] if left_short else [])
+    if min(c[0] for c in candidates)[:3] != (False, 0, 0.0):  # best fit cost time: from the floor up
+        for key in ORDERS.values():
+            for reserve in (own, least) if least else (own,):
+                found = layout(key, {}, reserve)
+                candidates += [found] if found is not None else []
+                if found is None or found[0][:2] == (False, 0):
+                    break  # (room for the least workspaces where the chosen do not fit)
+    _, where, rooms = min(candidates, key=lambda c: c[0])
     offsets = {}
     for k, ((_, _, name, _), off) in enumerate(zip(spans, where)):
         if off is not None and k not in late:
