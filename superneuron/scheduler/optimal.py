@@ -60,7 +60,8 @@ ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan
 HALVING_BYTES = 1 << 20  # the search between a cap that fits and one that does not stops this close
 # A plan that fits but realises this much slower than its program says is probed under: a lower
 # cap leaves the placement room for the workspaces the tensors squeezed (GoogLeNet at 1/3 of
-# liveness's arena: x1.141 solved, x1.166 realised at the budget, x1.147 8 MiB under it)
+# liveness's arena, a program with more swaps: x1.141 solved, x1.166 realised at the budget,
+# x1.147 8 MiB under it)
 REALISED_LOSS = 0.01
 # The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, encodings
 # offered, the recomputations fixed to those of an earlier program's last plan, the part of
