@@ -20,6 +20,12 @@ whose window sees the image there (see :func:`~superneuron.layers.conv.window_ta
 Where the windows tile the image (kernel = stride, no padding, the size a multiple of the
 kernel: LeNet's and VGG's 2x2s) each pixel lies in exactly one window, so the backward writes
 each tap's gradient straight into its pixels of dx, without zeroing dx first or adding.
+
+The backward's temporaries (a max pooling's first-max flags and windows still to route, the
+routed or divided gradient) take the batch's maps at once under ``default``, a few samples'
+under ``chunked`` (:attr:`Pooling.CHUNK_BYTES` of gradient): every window lies within one
+sample, so both compute the same bits. The workspace pass takes ``chunked`` where the
+default's room does not fit (GoogLeNet's ``inception_3b_pool`` at batch 32: 68 MiB, 10 MiB).
 """
 
 import functools
