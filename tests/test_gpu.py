@@ -331,6 +331,28 @@ def test_batchnorm_chunked_on_gpu_gives_the_default_bits(monkeypatch):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
 
 
+@pytest.mark.parametrize("cfg", [dict(pool="MAX", kernel_size=3, stride=2, pad=1),
+                                 dict(pool="AVE", kernel_size=3, stride=1, pad=1)], ids=["max", "ave"])
+def test_pooling_chunked_on_gpu_gives_the_default_bits(monkeypatch, cfg):
+    """Pooling's backward ``chunked`` (layers/pool.py) is the same xp code on CuPy: the
+    default's bits, in exactly its declared workspace, and the CPU's values to float32 rounding."""
+    import cupy
+
+    from superneuron.layers.pool import Pooling
+    shape = (5, 3, 8, 7)
+    layer, params = build("Pooling", [shape], dtype=np.float32, **cfg)
+    monkeypatch.setattr(Pooling, "CHUNK_BYTES", 2 * int(np.prod(layer.top_shapes[0][1:])) * 4)  # two samples
+    layer, params = build("Pooling", [shape], dtype=np.float32, **cfg)
+    assert [a.name for a in layer.algorithms("backward")] == ["default", "chunked"]
+    bottoms = [np.random.default_rng(1).standard_normal(shape).astype(np.float32)]
+    cpu = _run(layer, params, bottoms, np, None)
+    default = _run_algos(layer, params, bottoms, cupy, "default", "default")
+    chunked = _run_algos(layer, params, bottoms, cupy, "default", "chunked")
+    for a, b, c in zip(cpu[1], default[1], chunked[1], strict=True):
+        np.testing.assert_array_equal(c, b)
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
+
+
 def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
     """ReLU's direct sign form on CuPy: the bits packed on the device as numpy.packbits packs
     them, and the one fused kernel that reads them writes the default backward's bits (+0.0
