@@ -17,7 +17,9 @@ compute steps are numbered 0..n-1, and:
   ``offload`` (offload.py's copies, one step of lookahead): absent from a+1 .. e-2, costs the
   device→host copy, whose Wait comes right after it, and what of the host→device copy the
   step before ``e`` does not hide;
-  ``swap`` (any stash whose copies fit its window: offload.py's copies, as far ahead as they need):
+  ``swap`` (a stash whose copies fit its window and that only an expensive layer brings back,
+  or, in a program with encodings, a source bigger than it: offload.py's copies, as far ahead
+  as they need; optimal_stashes.py):
   absent from the step its copy is done to the step its copy back must start, costs a token
   share of the copies; one copy at a time per stream, so none queues and the window holds.
 - a stash from which a chosen root is recomputed must be back before that root's backward:
@@ -188,7 +190,8 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
         if s.offload_seconds is not None:
             columns.append(("off", k, None))
             cost.append(s.offload_seconds * MS)
-        if s.swap is not None and swaps:  # hidden by the compute where the streams keep up: a token cost
+        if s.swap is not None and swaps and (m.units or not s.swap_with_encodings):  # hidden by the compute
+            # where the streams keep up: a token cost (some only with encodings: optimal_stashes.py)
             columns.append(("swap", k, None))
             cost.append(SWAP_COST * s.copy_seconds * MS)
     for c, choice in enumerate(m.choices):

@@ -38,6 +38,7 @@ class Stash:
     triggers: list = field(default_factory=list)
     swap: tuple = None           # (w, p): absent from w to p-1 when swapped (copies overlapped)
     copy_seconds: float = 0.0
+    swap_with_encodings: bool = False  # the swap is offered to the programs with encodings alone
 
 
 def stashes_of(schedule, steps, roots, model, fastest, joins):
@@ -83,13 +84,16 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
             # that recomputation (ResNet-50 at 1/3 on the H100 estimates: x1.106 against
             # x1.139). Not for the outputs of cheap layers alone, which cost a pass over
             # memory to recompute: each option more makes the program harder (offered those
-            # too, ResNet-101 at 1/4 ran out of time and ended at x1.27 against x1.13; offered
-            # those of strided poolings alone, recomputed from four times their bytes,
-            # GoogLeNet at 1/3 went from x1.150 to x1.131, but ResNet-101's joins program at
-            # 1/4 took 17 s instead of 7 and ran out of its share: x1.256 against x1.112).
-            if a < w < p < e and (r not in recomputable or len(source[r]) > 1
-                                  or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r])):
-                stash.swap, stash.copy_seconds = (w, p), copy
+            # too, ResNet-101 at 1/4 ran out of time and ended at x1.27 against x1.13). Those
+            # recomputed from more bytes than their own (a strided pooling's output, from four
+            # times its bytes) are offered a swap in the programs with encodings alone: there
+            # GoogLeNet's at 1/3 went from x1.150 to x1.131, but offered it, ResNet-101's joins
+            # program without encodings at 1/4 took 17 s instead of 7 and ran out of its share
+            # (x1.256 against x1.112).
+            expensive = (r not in recomputable or len(source[r]) > 1
+                         or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r]))
+            if a < w < p < e and (expensive or sum(roots.size(s) for s in source[r]) > roots.size(r)):
+                stash.swap, stash.copy_seconds, stash.swap_with_encodings = (w, p), copy, not expensive
         index[r] = len(out)
         out.append(stash)
     for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept
