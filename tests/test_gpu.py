@@ -311,38 +311,24 @@ def test_lrn_chunked_on_gpu_gives_the_default_bits(monkeypatch, cfg):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
 
 
-def test_batchnorm_chunked_on_gpu_gives_the_default_bits(monkeypatch):
-    """BatchNorm's backward ``chunked`` (layers/norm.py) runs the GPU's fused kernels as
-    ``default`` does, in exactly its declared workspace (the partial sums fit it): the
-    default's bits, and the CPU's values to float32 rounding."""
+# (layer, bottom shape, configuration, CHUNK_BYTES for two channels or samples a chunk)
+CHUNKED_BACKWARDS = [("BatchNorm", (4, 5, 6, 3), {}, 2 * 4 * 6 * 3 * 4),
+                     ("Pooling", (5, 3, 8, 7), dict(pool="MAX", kernel_size=3, stride=2, pad=1), 2 * 3 * 5 * 4 * 4),
+                     ("Pooling", (5, 3, 8, 7), dict(pool="AVE", kernel_size=3, stride=1, pad=1), 2 * 3 * 8 * 7 * 4)]
+
+
+@pytest.mark.parametrize("type_name, shape, cfg, chunk_bytes", CHUNKED_BACKWARDS,
+                         ids=["batchnorm", "max-pooling", "ave-pooling"])
+def test_chunked_backward_on_gpu_gives_the_default_bits(monkeypatch, type_name, shape, cfg, chunk_bytes):
+    """A backward's ``chunked`` algorithm on CuPy: BatchNorm's (layers/norm.py) runs the GPU's
+    fused kernels as ``default`` does (the partial sums fit its workspace), Pooling's
+    (layers/pool.py) the same xp code; each in exactly its declared workspace, the default's
+    bits, and the CPU's values to float32 rounding."""
     import cupy
 
-    from superneuron.layers.norm import BatchNorm
-    shape = (4, 5, 6, 3)
-    monkeypatch.setattr(BatchNorm, "CHUNK_BYTES", 2 * 4 * 6 * 3 * 4)  # two channels a chunk
-    layer, params = build("BatchNorm", [shape], dtype=np.float32)
-    assert [a.name for a in layer.algorithms("backward")] == ["default", "chunked"]
-    bottoms = [np.random.default_rng(1).standard_normal(shape).astype(np.float32)]
-    cpu = _run(layer, params, bottoms, np, None)
-    default = _run_algos(layer, params, bottoms, cupy, "default", "default")
-    chunked = _run_algos(layer, params, bottoms, cupy, "default", "chunked")
-    for a, b, c in zip(cpu[1], default[1], chunked[1], strict=True):
-        np.testing.assert_array_equal(c, b)
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
-
-
-@pytest.mark.parametrize("cfg", [dict(pool="MAX", kernel_size=3, stride=2, pad=1),
-                                 dict(pool="AVE", kernel_size=3, stride=1, pad=1)], ids=["max", "ave"])
-def test_pooling_chunked_on_gpu_gives_the_default_bits(monkeypatch, cfg):
-    """Pooling's backward ``chunked`` (layers/pool.py) is the same xp code on CuPy: the
-    default's bits, in exactly its declared workspace, and the CPU's values to float32 rounding."""
-    import cupy
-
-    from superneuron.layers.pool import Pooling
-    shape = (5, 3, 8, 7)
-    layer, params = build("Pooling", [shape], dtype=np.float32, **cfg)
-    monkeypatch.setattr(Pooling, "CHUNK_BYTES", 2 * int(np.prod(layer.top_shapes[0][1:])) * 4)  # two samples
-    layer, params = build("Pooling", [shape], dtype=np.float32, **cfg)
+    from superneuron.layers import layer_class
+    monkeypatch.setattr(layer_class(type_name), "CHUNK_BYTES", chunk_bytes)
+    layer, params = build(type_name, [shape], dtype=np.float32, **cfg)
     assert [a.name for a in layer.algorithms("backward")] == ["default", "chunked"]
     bottoms = [np.random.default_rng(1).standard_normal(shape).astype(np.float32)]
     cpu = _run(layer, params, bottoms, np, None)
