@@ -16,24 +16,17 @@ go lowest (its offset: the top of what is placed over its lifetime), the order b
 ties, so that no tensor is ever put where a hole stays below it while another could have
 filled it. Best fit, taking a large tensor first, leaves the gaps between short-lived ones
 that the long-lived ones above it cannot use: GoogLeNet's optimal plan at 1/3 of liveness's
-arena, with 252.9 MiB of tensors live at most, took 266.4 MiB best fit, 253.7 MiB so.
-
-The gap search does not compare pairs of tensors: a segment tree over (compressed) time keeps,
-per node, the union of the offset ranges taken by tensors covering that node (``own``) and by
-every tensor touching its span (``sub``); the offsets taken during a lifetime are the ``sub``
-of its O(log n) covering nodes joined with the ``own`` of their ancestors. The unions stay
-short (a tight packing has few holes), so placing n tensors costs about n log n.
+arena, with 252.9 MiB of tensors live at most, took 266.4 MiB best fit, 253.7 MiB so. The
+two packers are packing.py's; this module chooses among their layouts.
 """
 
 import bisect
 import dataclasses
 import functools
-import heapq
-
-import numpy as np
 
 from ..allocator import ALIGN, aligned
 from ..errors import SNError
+from .packing import FLOOR_SPANS, OffsetTree, best_fit, pack_from_floor
 from .steps import ALLOC, FREE, MEMORY
 
 PLACEMENTS = ("dynamic", "planned")
@@ -61,15 +54,6 @@ def lifetimes(schedule):
 # some network (largest first on VGG and AlexNet, longest-lived on GoogLeNet, the product on
 # LeNet, the classes on ResNet-50 under tight budgets: 10-20 % less arena); the plan keeps
 # the smallest arena.
-# Packing from the floor up checks a tensor again each time others rose under its lifetime:
-# a few times on GoogLeNet's plans (650 tensors: 4-38 checks each, 0.02-0.1 s), 157 on ResNet-152's
-# liveness schedule (1 507 tensors, 0.5 s, against 0.04 s best fit), quadratic beyond. Past these
-# it gives up and best fit's layouts stand alone. (On ResNet-152's optimal plans at 1/3, 2 600
-# tensors, it came out larger than best fit and its 0.16 s a layout, a dozen layouts a fit, took
-# the solver's time: x1.366 against x1.075.)
-FLOOR_SPANS = 1024
-FLOOR_CHECKS = 48
-
 ORDERS = {
     "largest": lambda start, end, size: (-size, start),
     "longest": lambda start, end, size: (start - end, -size),
@@ -231,16 +215,16 @@ def _place(spans, key, after=(), tensors_only=False, pinned=None, from_floor=Fal
     segment tree over the compressed times. ``tensors_only``: leave ``after`` out (offsets
     None) and make the tree's times those of the others alone. ``pinned``: ``{index:
     offset}``, spans put there before any other (none is placed over them). ``from_floor``:
-    the spans but ``after`` packed from the floor up (:func:`_from_floor`; none pinned), the
+    the spans but ``after`` packed from the floor up (packing.py; none pinned), the
     order of ``key`` breaking ties, with room kept among them for those of ``after`` that
     ``reserve`` (``{index: bytes}``) names, at that size (their offsets still placed
-    after the others', or None); None where that packing gives up (:func:`_from_floor`)."""
+    after the others', or None); None where that packing gives up."""
     late, pinned = set(after), pinned or {}
     assert not (pinned and from_floor), "a layout from the floor up pins nothing"
     times = sorted({t for k, (s, e, _, _) in enumerate(spans) if not (tensors_only and k in late) or k in pinned
                     for t in (s, e)})
     rank = {t: k for k, t in enumerate(times)}
-    tree = _Tree(len(times))
+    tree = OffsetTree(len(times))
     where = [None] * len(spans)
     region = 0
     for k, off in pinned.items():
@@ -255,7 +239,7 @@ def _place(spans, key, after=(), tensors_only=False, pinned=None, from_floor=Fal
     for k in first + ([] if tensors_only else list(after)):
         start, end, _, size = spans[k]
         lo, hi = rank[start], rank[end]
-        off = floor[k] if k in floor and k not in late else _best_fit(tree.taken(lo, hi), size)
+        off = floor[k] if k in floor and k not in late else best_fit(tree.taken(lo, hi), size)
         tree.add(lo, hi, off, off + size)
         where[k] = off
         region = max(region, off + size)
@@ -269,36 +253,9 @@ def _floor_offsets(spans, key, first, reserve):
                     key=lambda k: (key(spans[k][0], spans[k][1], spans[k][3]), k))
     times = sorted({t for k in packed for t in spans[k][:2]})
     rank = {t: i for i, t in enumerate(times)}
-    at = _from_floor([(rank[spans[k][0]], rank[spans[k][1]], reserve.get(k, spans[k][3])) for k in packed],
+    at = pack_from_floor([(rank[spans[k][0]], rank[spans[k][1]], reserve.get(k, spans[k][3])) for k in packed],
                      len(times))
     return None if at is None else {k: at[i] for i, k in enumerate(packed)}
-
-
-def _from_floor(spans, slots):
-    """``{i: offset}`` of ``spans`` (``(first slot, last slot, size)``, in order of
-    preference) packed from the floor up: each in turn, the one that can sit lowest, on the
-    top of what is placed over its slots (the first in ``spans`` among those as low), so that
-    offsets never go down from one to the next; None past :data:`FLOOR_SPANS` spans or
-    :data:`FLOOR_CHECKS` checks a span. A tensor's offset only rises as others are placed: a
-    heap of offsets last seen, each checked again when it comes out on top."""
-    if len(spans) > FLOOR_SPANS:
-        return None
-    top = np.zeros(slots, dtype=np.int64)  # per slot, the top of what is placed over it
-    heap = [(0, i) for i in range(len(spans))]
-    out, checks = {}, FLOOR_CHECKS * len(spans)
-    while heap:
-        seen, i = heapq.heappop(heap)
-        checks -= 1
-        if checks < 0:
-            return None
-        lo, hi, size = spans[i]
-        offset = int(top[lo:hi + 1].max())
-        if offset > seen:
-            heapq.heappush(heap, (offset, i))
-            continue
-        top[lo:hi + 1] = offset + size
-        out[i] = offset
-    return out
 
 
 def place(schedule, context):
@@ -321,83 +278,3 @@ def arena_bytes(schedule, placement):
     return replay(with_placement(schedule, placement)).high_water
 
 
-def _best_fit(taken, size):
-    """The lowest offset of the smallest gap of at least ``size`` between the sorted, disjoint
-    ranges ``taken``, else the end of the last range."""
-    best, best_len, cursor = None, None, 0
-    for lo, hi in taken:
-        gap = lo - cursor
-        if gap >= size and (best is None or gap < best_len):
-            best, best_len = cursor, gap
-        cursor = hi
-    return cursor if best is None else best
-
-
-def _union_add(ranges, lo, hi):
-    """Add ``[lo, hi)`` to a sorted list of disjoint ranges, merging what it overlaps or touches."""
-    i = bisect.bisect_left(ranges, (lo,))
-    if i > 0 and ranges[i - 1][1] >= lo:
-        i -= 1
-        lo = ranges[i][0]
-        hi = max(hi, ranges[i][1])
-    j = i
-    while j < len(ranges) and ranges[j][0] <= hi:
-        hi = max(hi, ranges[j][1])
-        j += 1
-    ranges[i:j] = [(lo, hi)]
-
-
-class _Tree:
-    """A segment tree over time slots 0..n-1 holding, per node, the offset ranges of the
-    tensors whose lifetime covers the node's span (``own``) or touches it (``sub``)."""
-
-    def __init__(self, n):
-        self.size = 1
-        while self.size < max(n, 1):
-            self.size *= 2
-        self.own, self.sub = {}, {}
-
-    def _cover(self, lo, hi):
-        """The nodes that exactly cover slots lo..hi, and all their ancestors."""
-        nodes, above = [], set()
-        lo += self.size
-        hi += self.size + 1
-        while lo < hi:
-            if lo & 1:
-                nodes.append(lo)
-                lo += 1
-            if hi & 1:
-                hi -= 1
-                nodes.append(hi)
-            lo //= 2
-            hi //= 2
-        for v in nodes:
-            v //= 2
-            while v and v not in above:
-                above.add(v)
-                v //= 2
-        return nodes, above
-
-    def taken(self, lo, hi):
-        """The offset ranges taken at some slot of lo..hi, sorted and merged."""
-        nodes, above = self._cover(lo, hi)
-        parts = [r for v in nodes for r in self.sub.get(v, ())]
-        parts += [r for v in above for r in self.own.get(v, ())]
-        parts.sort()
-        merged = []
-        for a, b in parts:
-            if merged and a <= merged[-1][1]:
-                if b > merged[-1][1]:
-                    merged[-1] = (merged[-1][0], b)
-            else:
-                merged.append((a, b))
-        return merged
-
-    def add(self, lo, hi, start, end):
-        """Take offsets start..end over slots lo..hi."""
-        nodes, above = self._cover(lo, hi)
-        for v in nodes:
-            _union_add(self.own.setdefault(v, []), start, end)
-            _union_add(self.sub.setdefault(v, []), start, end)
-        for v in above:
-            _union_add(self.sub.setdefault(v, []), start, end)
