@@ -104,8 +104,8 @@ def tensors_first(schedule, limit, needs=None, lost=None):
     their peak, where no best-fit layout left every step its least), and the best of those with
     the least then gives each workspace its chosen room in turn where that still fits
     (:func:`_more_room`; that plan then realises at x1.116 of liveness's time, not x1.133).
-    The layout kept is, in turn: one whose
-    tensors stay under the limit; the one that leaves the fewest steps less room than
+    The layout kept is, in turn: one whose tensors stay under the limit; the one that leaves
+    the fewest steps less room than
     ``needs`` (``{k: bytes}``, the least workspace each step can run with); the one whose
     rooms cost the least time (``lost(rooms)``: the seconds the steps lose to slower
     algorithms that fit them); the smallest."""
