@@ -105,10 +105,9 @@ def tensors_first(schedule, limit, needs=None, lost=None):
     the least then gives each workspace its chosen room in turn where that still fits
     (:func:`_more_room`; that plan then realises at x1.116 of liveness's time, not x1.133).
     The layout kept is, in turn: one whose tensors stay under the limit; the one that leaves
-    the fewest steps less room than
-    ``needs`` (``{k: bytes}``, the least workspace each step can run with); the one whose
-    rooms cost the least time (``lost(rooms)``: the seconds the steps lose to slower
-    algorithms that fit them); the smallest."""
+    the fewest steps less room than ``needs`` (``{k: bytes}``, the least workspace each step
+    can run with); the one whose rooms cost the least time (``lost(rooms)``: the seconds the
+    steps lose to slower algorithms that fit them); the smallest."""
     spans = lifetimes(schedule)
     late = _workspaces(schedule, spans)
     compute, before = 0, []  # before[i]: the compute steps before step i
