@@ -90,10 +90,10 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
             # GoogLeNet's at 1/3 went from x1.150 to x1.131, but offered it, ResNet-101's joins
             # program without encodings at 1/4 took 17 s instead of 7 and ran out of its share
             # (x1.256 against x1.112).
-            expensive = (r not in recomputable or len(source[r]) > 1
-                         or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r]))
-            if a < w < p < e and (expensive or sum(roots.size(s) for s in source[r]) > roots.size(r)):
-                stash.swap, stash.copy_seconds, stash.swap_with_encodings = (w, p), copy, not expensive
+            dear = (r not in recomputable or len(source[r]) > 1  # to bring back by recomputation
+                    or any(not graph.nodes[n].layer.CHEAP for n in recomputable[r]))
+            if a < w < p < e and (dear or sum(roots.size(s) for s in source[r]) > roots.size(r)):
+                stash.swap, stash.copy_seconds, stash.swap_with_encodings = (w, p), copy, not dear
         index[r] = len(out)
         out.append(stash)
     for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept

@@ -33,11 +33,10 @@ def pack_from_floor(spans, slots):
     """``{i: offset}`` of ``spans`` (``(first slot, last slot, size)``, in order of
     preference) packed from the floor up: each in turn, the one that can sit lowest, on the
     top of what is placed over its slots (the first in ``spans`` among those as low), so that
-    offsets never go down from one to the next; None past :data:`FLOOR_SPANS` spans or
-    :data:`FLOOR_CHECKS` checks a span. A tensor's offset only rises as others are placed: a
-    heap of offsets last seen, each checked again when it comes out on top."""
-    if len(spans) > FLOOR_SPANS:
-        return None
+    offsets never go down from one to the next; None past :data:`FLOOR_CHECKS` checks a span
+    (placement.py tries it on at most :data:`FLOOR_SPANS` tensors). A tensor's offset only
+    rises as others are placed: a heap of offsets last seen, each checked again when it comes
+    out on top."""
     top = np.zeros(slots, dtype=np.int64)  # per slot, the top of what is placed over it
     heap = [(0, i) for i in range(len(spans))]
     out, checks = {}, FLOOR_CHECKS * len(spans)

@@ -75,7 +75,7 @@ def plan_offsets(schedule):
     best = None
     for key in ORDERS.values():
         for after in ((), late) if late else ((),):
-            for from_floor in (False, True) if len(spans) <= FLOOR_SPANS else (False,):
+            for from_floor in (False, True):
                 found = _place(spans, key, after, from_floor=from_floor)
                 if found is not None and (best is None or found[1] < best[1]):
                     best = found[:2]
@@ -143,16 +143,18 @@ def tensors_first(schedule, limit, needs=None, lost=None):
         left_short = {k: (limit - spans[k][3]) // ALIGN * ALIGN for k in late
                       if plain[2][before[spans[k][0]]][1] < spans[k][3] <= limit}  # under the limit
         candidates += [plain] + ([layout(key, left_short)] if left_short else [])
-    if min(c[0] for c in candidates)[:3] != (False, 0, 0.0) and len(spans) <= FLOOR_SPANS:  # from the floor up
+    if min(c[0] for c in candidates)[:3] != (False, 0, 0.0):  # best fit costs time: from the floor up
         floored = None  # the best that fits with the least workspaces' room: (layout, its order)
         for key in ORDERS.values():
-            for reserve in (own, least) if least else (own,):
+            for reserve in (own, least) if least else (own,):  # the least where the chosen do not fit
                 found = layout(key, {}, reserve)
-                candidates += [found] if found is not None else []
-                if found is None or found[0][:2] == (False, 0):
-                    if found is not None and reserve is least and (floored is None or found[0] < floored[0][0]):
+                if found is None:
+                    break
+                candidates.append(found)
+                if found[0][:2] == (False, 0):
+                    if reserve is least and (floored is None or found[0] < floored[0][0]):
                         floored = found, key
-                    break  # (room for the least workspaces where the chosen do not fit)
+                    break
         if floored is not None:
             candidates.append(_more_room(layout, *floored, own, least, before, spans))
     _, where, rooms = min(candidates, key=lambda c: c[0])
@@ -170,9 +172,10 @@ def _more_room(layout, found, key, own, least, before, spans):
     reserve = dict(least)
     short = sorted((own[k] - least[k], k) for k in least if found[2][before[spans[k][0]]][1] < own[k])
     for _, k in short:
-        trial = layout(key, {}, {**reserve, k: own[k]})
+        more = {**reserve, k: own[k]}
+        trial = layout(key, {}, more)
         if trial is not None and trial[0][:2] == (False, 0) and trial[0] < found[0]:
-            found, reserve = trial, {**reserve, k: own[k]}
+            found, reserve = trial, more
     return found
 
 
@@ -217,7 +220,10 @@ def _place(spans, key, after=(), tensors_only=False, pinned=None, from_floor=Fal
     the spans but ``after`` packed from the floor up (packing.py; none pinned), the
     order of ``key`` breaking ties, with room kept among them for those of ``after`` that
     ``reserve`` (``{index: bytes}``) names, at that size (their offsets still placed
-    after the others', or None); None where that packing gives up."""
+    after the others', or None); None where that packing gives up or is not tried (past
+    :data:`~.packing.FLOOR_SPANS` spans)."""
+    if from_floor and len(spans) > FLOOR_SPANS:
+        return None
     late, pinned = set(after), pinned or {}
     assert not (pinned and from_floor), "a layout from the floor up pins nothing"
     times = sorted({t for k, (s, e, _, _) in enumerate(spans) if not (tensors_only and k in late) or k in pinned
@@ -253,7 +259,7 @@ def _floor_offsets(spans, key, first, reserve):
     times = sorted({t for k in packed for t in spans[k][:2]})
     rank = {t: i for i, t in enumerate(times)}
     at = pack_from_floor([(rank[spans[k][0]], rank[spans[k][1]], reserve.get(k, spans[k][3])) for k in packed],
-                     len(times))
+                         len(times))
     return None if at is None else {k: at[i] for i, k in enumerate(packed)}
 
 

@@ -202,7 +202,7 @@ def Backward(node, algorithm=None, workspace=None, encoded=None):
 
 def Recompute(node, algorithm=None, workspace=None, fused=None):
     """Node ``node``'s forward again, for the backward; ``fused``: the node of the in-place
-    ReLU on its top that it runs in the same pass (Layer.FUSES_RELU)."""
+    ReLU on its top that it runs in the same pass (Layer.fuses_relu)."""
     return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused))
 
 
