@@ -26,7 +26,8 @@ it derives what a run really used:
   that changes a parameter or state buffer (BatchNorm's statistics updated twice).
 
 Gist's Encode and Decode steps (scheduler/encode.py) are kernel calls too: a layer's own form
-(``Layer.encode``, max pooling's argmax) and the codecs' (``codecs.encode`` and
+(``Layer.encode``, max pooling's argmax, or its ``forward`` given ``ctx.encoded``, which then
+writes that form beside its top) and the codecs' (``codecs.encode`` and
 ``codecs.decode``) are wrapped, their operands recorded like any other (``source``: the map,
 named by the last kernel write to its bytes; ``encoded``: its form, named as encode.py names
 it). An Encode must read what was written to its source; a Decode, and a Backward that reads a
@@ -92,7 +93,7 @@ class Call:
 RESIDENT = ("param", "param_grad")
 READS = {"forward": ("bottom",), "recompute": ("bottom",), "backward": ("bottom", "top", "top_grad", "encoded"),
          "encode": ("bottom", "top", "source"), "decode": ("encoded",)}
-WRITES = {"forward": ("top",), "recompute": ("top",), "backward": ("bottom_grad", "param_grad"),
+WRITES = {"forward": ("top", "encoded"), "recompute": ("top",), "backward": ("bottom_grad", "param_grad"),
           "encode": ("encoded",), "decode": ("source",)}
 # What a Decode must give back of the value encoded, by codec: a digest of it
 KEPT = {"sign": lambda a: digest(a > 0), "fp16": lambda a: digest(a.astype(np.float16)), "sparse": digest}
@@ -223,6 +224,10 @@ class KernelTrace:
             bottoms, tops, params = args
             groups = [("bottom", node.bottoms, bottoms), ("top", node.tops, tops),
                       ("param", [node.params[k] for k in params], list(params.values()))]
+            if ctx.encoded is not None:  # it writes its layer's own form too, in the same pass
+                codec = next(e.codec for e in layer.encodings() if e.direct)
+                self.forms[node.name] = f"{node.name}#{codec}"
+                groups.append(("encoded", [self.forms[node.name]], [ctx.encoded]))
         for role, names, arrays in groups:
             for name, a in zip(names, arrays):
                 if a is not None:

@@ -149,17 +149,17 @@ def test_each_round_of_an_iter_size_iteration_touches_what_the_plan_said(monkeyp
 
 
 @pytest.mark.parametrize("case, signs", [
-    ("relu_pool", {("encode", "relu1#sign"), ("backward", "relu1#sign"), ("backward", "relu2#sign")}),
+    ("relu_pool", {("forward", "relu1#sign"), ("backward", "relu1#sign"), ("backward", "relu2#sign")}),
     ("leaky_relu_pool", {("encode", "conv1@relu1#sign"), ("decode", "conv1@relu1#sign"),
                          ("decode", "conv2@relu2#sign")}),
 ])
 def test_the_witness_sees_every_encode_and_decode(monkeypatch, case, signs):
-    """Under gist, the witness records the argmax and sign Encodes, each Decode, and the pool
-    and ReLU backwards that read their own forms, with the forms' bytes in the arena like any
-    operand."""
+    """Under gist, the witness records the pool and ReLU forwards that write their own forms
+    (argmax, signs) and the backwards that read them, the tensor forms' Encodes and each
+    Decode, with the forms' bytes in the arena like any operand."""
     net, trace = traced_run(monkeypatch, case, "gist", "dynamic")
     done = {(c.phase, op.name) for c in trace.calls for op in c.operands if op.role == "encoded"}
-    assert {("encode", "pool1#argmax"), ("backward", "pool1#argmax")} | signs <= done
+    assert {("forward", "pool1#argmax"), ("backward", "pool1#argmax")} | signs <= done
     assert trace.locate().nbytes == net.arena_bytes  # the forms are views of the arena too
     assert trace.violations == [] and trace.clashes() == []
     assert trace.high_water <= net.plans["train"].arena_bytes

@@ -80,15 +80,20 @@ class ReLU(Layer):
         xp, slope = ctx.xp, self.cfg["negative_slope"]
         x, y = bottoms[0], tops[0]
         if not slope and cuda.on_gpu(xp):
-            cuda.kernel("relu")(x, y)
+            if ctx.encoded is None:
+                cuda.kernel("relu")(x, y)
+            else:  # the direct sign form in the same pass
+                cuda.kernel("relu_bits")(x.reshape(-1), self._size, y.reshape(-1), ctx.encoded)
             return
         if not slope:
             kernel = parallel.max_zero if xp is np else lambda xs, ys: xp.maximum(xs, 0, out=ys)
             parallel.elementwise(kernel, (x, y), xp)
-            return
-        scaled = xp.multiply(x, slope, out=ctx.scratch(x.shape, x.dtype))
-        # max(x, s*x) picks x where x > 0 when s < 1; min does when s > 1
-        (xp.maximum if slope <= 1 else xp.minimum)(x, scaled, out=y)
+        else:
+            scaled = xp.multiply(x, slope, out=ctx.scratch(x.shape, x.dtype))
+            # max(x, s*x) picks x where x > 0 when s < 1; min does when s > 1
+            (xp.maximum if slope <= 1 else xp.minimum)(x, scaled, out=y)
+        if ctx.encoded is not None:
+            self.encode(ctx, "sign", bottoms, tops, ctx.encoded)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         dx = bottom_grads[0]

@@ -224,7 +224,9 @@ class Context:
         self.ranks = ranks  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
         self.relu = relu  # a forward ends with max(top, 0) in the same pass (Layer.fuses_relu)
         self.xp, self.train, self.recompute = xp, train, recompute
-        self.encoded = encoded  # a backward's direct encoded operand (Layer.encodings), if any
+        # the layer's direct encoded form (Layer.encodings), if any: a backward reads it, a
+        # forward writes it too
+        self.encoded = encoded
         self.workspace, self.algo, self.seed = workspace, algo, seed
         self.feed = feed if feed is not None else {}
         self.backend = backend
@@ -369,7 +371,8 @@ class Layer:
         can read operands that :meth:`backward_reads` names, beyond the exact and lossy forms
         any backward takes (a Decode gives those back whole): ``sign`` where it reads only the
         signs of a value, a ``direct`` form its backward reads itself (then ``backward`` finds
-        it in ``ctx.encoded`` and its bottoms and tops as None). Default: none."""
+        it in ``ctx.encoded`` and its bottoms and tops as None; ``forward``, given
+        ``ctx.encoded``, writes it there too, as :meth:`encode` would). Default: none."""
         return []
 
     def tensor_encoding(self, codec, shape, dtype):

@@ -96,6 +96,26 @@ def channel_sums(a, b, expr1, expr2, ncl, words, splits):
     return out
 
 
+# Max pooling's window (NCHW, contiguous): the input's and output's sizes, the kernel, stride
+# and padding; each output (n, c, oh, ow) finds its window's maximum ``m`` (from ``lowest``,
+# -inf).
+_WINDOW = ("T lowest, int64 h, int64 w, int64 ho, int64 wo, int32 kh, int32 kw, int32 sh, int32 sw, int32 ph, "
+           "int32 pw")
+_MAX_OF_WINDOW = """long long ow = i % wo, oh = (i / wo) % ho, plane = (i / (wo * ho)) * h * w;
+    T m = lowest;  // -inf
+    for (int a = 0; a < kh; a++) {
+        long long r = oh * sh - ph + a;
+        if (r < 0 || r >= h) continue;
+        for (int b = 0; b < kw; b++) {
+            long long c = ow * sw - pw + b;
+            if (c < 0 || c >= w) continue;
+            T v = x[plane + r * w + c];
+            if (v > m || v != v) m = v;  // a NaN, once seen, stays: nothing compares above it
+        }
+    }
+"""
+
+
 @functools.lru_cache(maxsize=None)
 def _kernels():
     import cupy
@@ -150,6 +170,40 @@ def _kernels():
         "relu_backward_bits": cupy.ElementwiseKernel(
             "T dy, raw uint8 bits", "T dx", "dx = (bits[i >> 3] >> (7 - (i & 7))) & 1 ? dy : (T)0;",
             "sn_relu_backward_bits"),
+        # "relu" writing that form in the same pass: byte i of the bits from values 8i..8i+7
+        # (flat x and y, ``size`` values; y may be x)
+        "relu_bits": cupy.ElementwiseKernel(
+            "raw T x, int64 size", "raw T y, uint8 bits",
+            """unsigned char b = 0;
+               for (int j = 0; j < 8; j++) {
+                   long long k = (long long)i * 8 + j;
+                   if (k < size) {
+                       T v = x[k];
+                       T r = v < (T)0 ? (T)0 : v;
+                       y[k] = r;
+                       if (r > (T)0) b |= (unsigned char)(0x80 >> j);
+                   }
+               }
+               bits = b;""", "sn_relu_bits"),
+        # max pooling, one output a thread: the window's maximum from -inf, NaN kept (as
+        # ``maximum`` taken tap by tap), over the taps that see the image
+        "max_pool": cupy.ElementwiseKernel(
+            "raw T x, " + _WINDOW, "T top", _MAX_OF_WINDOW + "top = m;", "sn_max_pool"),
+        # the same, and the argmax form (layers/pool.py): the scan-order index of the first tap
+        # equal to the maximum, 255 where none is (a NaN window)
+        "max_pool_argmax": cupy.ElementwiseKernel(
+            "raw T x, " + _WINDOW, "T top, uint8 argmax",
+            _MAX_OF_WINDOW + """top = m;
+               unsigned char arg = 255;
+               for (int a = 0; a < kh && arg == 255; a++) {
+                   long long r = oh * sh - ph + a;
+                   if (r < 0 || r >= h) continue;
+                   for (int b = 0; b < kw; b++) {
+                       long long c = ow * sw - pw + b;
+                       if (c >= 0 && c < w && x[plane + r * w + c] == m) { arg = a * kw + b; break; }
+                   }
+               }
+               argmax = arg;""", "sn_max_pool_argmax"),
     }
 
 

@@ -11,8 +11,10 @@ whose window sees the image there (see :func:`~superneuron.layers.conv.window_ta
 - MAX ignores padding; its backward sends each output's gradient to the first maximum of its
   window in scan order (as PyTorch does with ties), finding it again from the bottom and top.
 - With ``argmax`` (an encoded form, Gist's), the backward reads instead the index of each
-  window's first maximum, one byte per output, found by the same scan in the forward's Encode
-  step, and routes the gradient by it: the same adds in the same order, so the same bits.
+  window's first maximum, one byte per output, found by the same scan and written by the
+  forward (``ctx.encoded``) or an Encode step, and routes the gradient by it: the same adds in
+  the same order, so the same bits. On a GPU a max pooling's forward is one kernel, an output
+  a thread, that writes the argmax form in the same pass (layers/cuda_kernels.py).
 - AVE divides by the window's size clipped to the padded extent, ``H + p`` (Caffe's
   ``pool_size``, computed before clipping the window to the image); its backward reads
   nothing but the top gradient.
@@ -32,6 +34,7 @@ import functools
 
 import numpy as np
 
+from . import cuda_kernels as cuda
 from . import parallel, register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .codecs import Encoding
@@ -178,6 +181,9 @@ class Pooling(Layer):
 
     def forward(self, ctx, bottoms, tops, params):
         xp, is_max = ctx.xp, self.cfg["pool"] == "MAX"
+        if is_max and cuda.on_gpu(xp):
+            self._max_pool_gpu(bottoms[0], tops[0], ctx.encoded)
+            return
 
         def samples(a, b):  # samples a..b, on one thread
             x, top = bottoms[0][a:b], tops[0][a:b]
@@ -190,6 +196,17 @@ class Pooling(Layer):
             if not is_max:
                 self._divide_by_sizes(xp, top, top)
         parallel.run(samples, len(tops[0]), tops[0][0].size * len(self._taps), xp)
+        if ctx.encoded is not None:
+            self.encode(ctx, "argmax", bottoms, tops, ctx.encoded)
+
+    def _max_pool_gpu(self, x, top, argmax):
+        """The max pooling's forward in one kernel, and its ``argmax`` form where asked."""
+        (_, _, h, w), (_, _, ho, wo) = x.shape, top.shape
+        window = (x.dtype.type(-np.inf), h, w, ho, wo, *self.kernel, *self.stride, *self.pad)
+        if argmax is None:
+            cuda.kernel("max_pool")(x, *window, top)
+        else:
+            cuda.kernel("max_pool_argmax")(x, *window, top, argmax)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         if bottom_grads[0] is None:

@@ -186,6 +186,8 @@ class Runtime:
                 node = graph.nodes[step.node]
                 ctx = self._context(step, node, draw, schedule.train, kind == RECOMPUTE, feed)
                 ctx.relu = step.fused is not None  # the in-place ReLU after it, in its pass
+                if step.tensor is not None:  # its own encoded form, written in the same pass
+                    ctx.encoded = self.view(step.tensor)
                 if not node.layer.ALIAS_TOPS:
                     params = {k: self.view(t) for k, t in node.params.items()}
                     node.layer.forward(ctx, [self.view(b) for b in node.bottoms],

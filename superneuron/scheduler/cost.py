@@ -23,6 +23,8 @@ from .steps import (
     APPLY,
     BACKWARD,
     CODING,
+    ENCODE,
+    FORWARD,
     KINDS,
     LAYER_STEPS,
     MEMORY,
@@ -39,7 +41,8 @@ from .steps import (
 class DeviceModel:
     """A device's assumed sustained rates: ``flops`` per second, ``bandwidth`` (device memory)
     and ``copy`` (host↔device, each direction) in bytes per second; ``fused_pass``: the part
-    of a ReLU's own time that it still takes run in the pass of the layer before it (fuse.py)."""
+    of a pass that it still takes run in the pass before it (a ReLU in its layer's: fuse.py;
+    the reads of an Encode of a layer's own form in its Forward: encode.py)."""
 
     name: str
     flops: float
@@ -60,11 +63,13 @@ DEVICES = {
     # A ReLU in the pass of the layer before it costs about its own pass on the CPU at
     # CIFAR's map sizes (Scale at 32x16x32x32: 0.282 ms fused against 0.281 ms; on
     # 32x64x56x56 Scale's ReLU kept 0.24 of its pass and Eltwise's 0.73): no gain is counted.
+    # NumPy writes a layer's encoded form after its forward, reading the operands again.
     "cpu": DeviceModel("cpu", flops=100e9, bandwidth=20e9, copy=5e9, fused_pass=1.0),
     # An H100-class GPU: what float32 convolutions sustain through cuDNN (well under the
     # 67 TFLOP/s peak without TF32) and about half of HBM3's 3.35 TB/s.
     # Copies: pinned memory over PCIe 5.0 x16 sustains ~20 GB/s each way in practice.
-    # A fused ReLU is one kernel with its layer's: the same reads and writes, its flops more.
+    # A fused ReLU is one kernel with its layer's: the same reads and writes, its flops more;
+    # so is the encoded form a ReLU or a max pooling writes in its forward (cuda_kernels.py).
     "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12, copy=20e9, fused_pass=0.0),
 }
 
@@ -165,6 +170,15 @@ class CostModel:
         own = self.algo_seconds(layer, "forward", self.algorithms(layer, "forward")[0])
         return max(layer.cost().fwd_flops / self.device.flops, self.device.fused_pass * own)
 
+    def encoded_seconds(self, schedule, step):
+        """Seconds the Forward ``step`` adds writing its layer's own encoded form in its pass
+        (encode.py): the form's bytes, and the device's ``fused_pass`` of the operands an Encode
+        of its own would read again."""
+        reads, writes = KINDS[ENCODE].uses(schedule.graph, step._replace(kind=ENCODE))
+        size = schedule.tensors
+        return (sum(size[t].nbytes for t in writes)
+                + self.device.fused_pass * sum(size[t].nbytes for t in reads)) / self.device.bandwidth
+
     def copy_seconds(self, nbytes):
         """Seconds of one host↔device copy of ``nbytes`` (measured bandwidth where the table
         has it, under the key ``copy``)."""
@@ -181,6 +195,8 @@ class CostModel:
             seconds = self.algo_seconds(layer, phase, algo)
             if step.fused is not None:
                 seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
+            if step.kind == FORWARD and step.tensor is not None:
+                seconds += self.encoded_seconds(schedule, step)
             return seconds
         if step.kind == UPDATE:  # reads params, grads and state, writes params and state
             if step.grads:  # those of its gradients, each the shape of its parameter and states

@@ -8,9 +8,11 @@ map (layers/codecs.py has the kernels and the byte rules, which the pass learns 
 layers: Layer.encodings, Layer.tensor_encoding):
 
 - a layer's own *direct* form (``Layer.encodings``, ``direct``): max pooling's ``argmax``, one
-  byte per output. ``Encode`` right after the layer's Forward writes it from the operands its
-  backward reads, and that Backward reads it instead of them (``Backward(..., encoded=...)``),
-  so they need not be stashed for it. Chosen where the stashes it relieves (in the smallest form
+  byte per output. The layer's Forward writes it in the same pass (``Forward(...,
+  encoded=...)``: the operands are at hand there, so on a GPU it costs its own writes alone,
+  where an ``Encode`` of its own would read them all again; a Forward that has a workspace
+  keeps its algorithm's and is followed by an ``Encode`` instead), and the Backward reads it
+  instead of them (``Backward(..., encoded=...)``), so they need not be stashed for it. Chosen where the stashes it relieves (in the smallest form
   their other readers then allow) outweigh it, or weigh as much: in conv → ReLU → pool, the
   ReLU's output is then read after the turn by the ReLU's backward alone, which needs only its
   signs, and ReLU's own ``sign`` form (the bits its backward reads itself) takes it.
@@ -40,7 +42,7 @@ from ..graph import TensorInfo
 from .inplace import inplace
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace
-from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Backward, Decode, Encode
+from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward
 
 TENSOR_CODECS = ("sign", "fp16", "sparse")  # forms of one tensor, each written back by a Decode
 
@@ -61,7 +63,10 @@ def encode(schedule, context=None, only=None):
         tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
         ws = _workspace(tensors, e, "encode", enc.workspace)
         forward = plan.forward_of[node.index]
-        after.setdefault(forward, []).append(Encode(e, enc.codec, node=node.index, workspace=ws))
+        if steps[forward].workspace is None:  # written in the forward's own pass
+            steps[forward] = Forward(node.index, steps[forward].algorithm, ws, encoded=e)
+        else:
+            after.setdefault(forward, []).append(Encode(e, enc.codec, node=node.index, workspace=ws))
         steps[i] = Backward(node.index, steps[i].algorithm, steps[i].workspace, encoded=e)
     for r, (last, first), enc in plan.tensor_forms(steps, None if only is None else only[1]):
         e = f"{r}#{enc.codec}"
@@ -71,7 +76,7 @@ def encode(schedule, context=None, only=None):
         after.setdefault(last, []).append(Encode(e, enc.codec, source=r, workspace=ws))
         ws = _workspace(tensors, e, "decode", enc.decode_workspace)
         before.setdefault(first, []).append(Decode(e, enc.codec, r, workspace=ws))
-    if not after:
+    if len(tensors) == len(schedule.tensors):  # nothing encoded
         return schedule
     out = []
     for i, step in enumerate(steps):
@@ -113,6 +118,11 @@ def units(schedule, context=None):
         layers, roots = out.setdefault(find(x), (set(), set()))
         (layers if x[0] == "layer" else roots).add(x[1])
     return [(frozenset(layers), frozenset(roots)) for layers, roots in out.values()]
+
+
+def direct_form(layer):
+    """``layer``'s own encoded form (an Encoding with ``direct``: its backward reads it), or None."""
+    return next((e for e in layer.encodings() if e.direct), None)
 
 
 def _plan(schedule, context):
@@ -228,7 +238,7 @@ class _Stashes:
             if layers is not None and step.node not in layers:
                 continue
             node = self.graph.nodes[step.node]
-            enc = next((e for e in node.layer.encodings() if e.direct), None)
+            enc = direct_form(node.layer)
             if enc is None:
                 continue
             relieved = [r for r in self._operand_roots(node, node.layer.backward_reads()) if r in self.stashed]
@@ -283,7 +293,9 @@ def summary(schedule):
             live.pop(step.tensor, None)
         elif step.kind == BACKWARD and stash is None:
             stash = sum(aligned(tensors[t].nbytes) for t in live if tensors[t].kind in ("data", "encoded"))
-        if step.kind == ENCODE:
-            what = step.source or f"{graph.nodes[step.node].name}'s backward operands"
-            out.append((step.tensor, step.algorithm, what, tensors[step.tensor].nbytes))
+        if step.kind == ENCODE or step.kind == FORWARD and step.tensor is not None:
+            node = graph.nodes[step.node] if step.source is None else None
+            what = step.source or f"{node.name}'s backward operands"
+            codec = step.algorithm if step.kind == ENCODE else direct_form(node.layer).codec
+            out.append((step.tensor, codec, what, tensors[step.tensor].nbytes))
     return {"tensors": out, "stash_bytes": stash or 0}

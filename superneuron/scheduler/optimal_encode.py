@@ -10,7 +10,8 @@ before it, a Decode at the step after it, so an encoded form a step longer than 
 change points the program's running sum of freed bytes takes. A coding step's workspace is
 not counted, as a recomputation's is not: it lives at that step alone, which has no row of
 its own (where the realised plan goes over, the program is solved again lower); its
-cost, the Encode and Decode steps' time under the cost model. One encode pass and two
+cost, the Encode and Decode steps' time under the cost model (and what a Forward that writes
+its layer's own form adds: CostModel.encoded_seconds). One encode pass and two
 sweeps of the steps in all, whatever the number of units.
 
 A unit excludes every other option of the roots it keeps in a tensor form (keep encoded, or
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from .context import Context
 from .encode import encode, units
 from .liveness import Roots, intervals
-from .steps import BACKWARD, CODING, ENCODE, MEMORY
+from .steps import BACKWARD, CODING, ENCODE, FORWARD, MEMORY
 
 
 @dataclass
@@ -70,6 +71,9 @@ def units_of(schedule, steps, roots, model, lossy=()):
             seconds[u] += model.step_seconds(coded, s)
             at.append(k - 1 if s.kind == ENCODE else k)
         else:
+            if s.kind == FORWARD and s.tensor is not None:  # a layer's form, in its forward's pass
+                owner[s.tensor] = layer_of[s.node]
+                seconds[layer_of[s.node]] += model.encoded_seconds(coded, s)
             at.append(k)
             k += 1
     assert k == len(steps), "the encode pass adds coding steps only"

@@ -13,7 +13,7 @@ from ..allocator import Allocator, aligned
 from .cost import phase_of, step_seconds  # noqa: F401  (step_seconds: the trace imports it here)
 from .interpret import Interpreter
 from .liveness import Roots, step_roots
-from .steps import ALLOC, COPY, FREE, LAYER_STEPS, MEMORY
+from .steps import ALLOC, COPY, FORWARD, FREE, LAYER_STEPS, MEMORY
 
 MEMORY_OR_COPY = frozenset(MEMORY + COPY)
 
@@ -145,6 +145,8 @@ def largest_working_set(schedule, roots=None, smallest=False):
             if extra is None:
                 algos = schedule.graph.nodes[step.node].layer.algorithms(key[1])
                 extra = least[key] = aligned(min((a.workspace for a in algos), default=0))
+            if step.kind == FORWARD and step.tensor is not None and step.workspace:
+                touched.add(step.workspace)  # its encoded form's scratch (encode.py): no choice
         elif step.workspace and scheduled(step.workspace):
             touched.add(step.workspace)
         largest = max(largest, sum(map(size, touched)) + extra)

@@ -2,7 +2,8 @@
 
 A step is a :class:`Step`, an immutable record whose fields are named for what they hold:
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
-acts on; the encoded form an Encode writes, or a Decode or a Backward reads), ``algorithm``
+acts on; the encoded form an Encode or a Forward writes, or a Decode or a Backward reads),
+``algorithm``
 and ``workspace`` (the algorithm a compute step runs and the workspace tensor it uses; an
 Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
 one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
@@ -46,6 +47,8 @@ def _layer_forward(graph, step):
         return (), ()
     if step.fused is not None:  # and its ReLU's top, the same memory
         return list(node.bottoms) + list(node.params.values()), list(node.tops) + graph.nodes[step.fused].tops
+    if step.tensor is not None:  # and its own encoded form, in the same pass (encode.py)
+        return list(node.bottoms) + list(node.params.values()), list(node.tops) + [step.tensor]
     return list(node.bottoms) + list(node.params.values()), node.tops
 
 
@@ -160,7 +163,8 @@ class Step(NamedTuple):
     kind: str
     node: int = None          # compute steps of one layer: the graph node's index
     tensor: str = None        # memory and copy steps: the tensor they act on; Encode, Decode: the
-    #                           encoded form; a Backward: an encoded form it reads (Layer.encodings)
+    #                           encoded form; a Backward: an encoded form it reads (Layer.encodings);
+    #                           a Forward: the layer's own encoded form it writes too (encode.py)
     algorithm: str = None     # compute steps: the algorithm chosen
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
@@ -181,6 +185,8 @@ class Step(NamedTuple):
             text += " [keep]"
         if self.kind == BACKWARD and self.tensor:
             text += f" reads {self.tensor}"
+        elif self.kind == FORWARD and self.tensor:
+            text += f" writes {self.tensor}"
         if self.fused is not None:
             text += f" + ReLU({graph.nodes[self.fused].name})"
         return text
@@ -190,8 +196,10 @@ _TITLES = {ALLREDUCE: "AllReduce", WAIT_REDUCE: "WaitReduce"}
 _new = tuple.__new__  # memory and copy steps are made by the hundred thousand per plan: no keywords
 
 
-def Forward(node, algorithm=None, workspace=None):
-    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None, (), None))
+def Forward(node, algorithm=None, workspace=None, encoded=None):
+    """The forward of node ``node``; ``encoded``: the layer's own encoded form (Layer.encodings,
+    ``direct``) that it writes in the same pass, for its Backward to read."""
+    return _new(Step, (FORWARD, node, encoded, algorithm, workspace, False, None, (), None))
 
 
 def Backward(node, algorithm=None, workspace=None, encoded=None):
