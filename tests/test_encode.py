@@ -29,6 +29,7 @@ from superneuron.layers.base import Context
 from superneuron.net import Net
 from superneuron.optim import make_optimizer
 from superneuron.scheduler.context import Context as PlanContext
+from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.encode import encode, summary
 from superneuron.scheduler.inplace import inplace
 from superneuron.scheduler.liveness import liveness
@@ -36,6 +37,7 @@ from superneuron.scheduler.lower import lower
 from superneuron.scheduler.offload import offload
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
+from superneuron.scheduler.steps import Encode
 from superneuron.scheduler.workspace import fit
 from superneuron.solver_config import SolverConfig
 from superneuron.spec import load_spec
@@ -128,6 +130,10 @@ def test_max_pooling_argmax_routes_as_comparing_bottom_and_top(kernel, stride, p
     layer.encode(Context(workspace=np.zeros(enc.workspace, np.uint8)), "argmax", [x], [y], argmax)
     assert argmax.max() < kernel * kernel or kind == "special"
     assert kind != "special" or (argmax == NO_MAXIMUM).any()  # a NaN maximum matches nothing
+    written, top = np.zeros_like(argmax), np.zeros_like(y)  # the forward writes it too, when asked
+    layer.forward(Context(workspace=np.zeros(enc.workspace, np.uint8), encoded=written), [x], [top], {})
+    np.testing.assert_array_equal(written, argmax)
+    np.testing.assert_array_equal(top.view(np.uint32), y.view(np.uint32))
     dy = rng.standard_normal(out_shape).astype(np.float32)
     ws = layer.algorithms("backward")[0].workspace
     grads = []
@@ -156,6 +162,10 @@ def test_relu_backward_from_its_sign_bits_gives_the_default_bits(n, kind, chunk,
     bits = np.zeros(*direct.form)
     layer.encode(Context(workspace=np.zeros(direct.workspace, np.uint8)), "sign", [None], [y], bits)
     np.testing.assert_array_equal(bits, np.packbits(y > 0))
+    written, top = np.zeros_like(bits), x.copy()  # the forward writes it too, when asked (in place)
+    layer.forward(Context(workspace=np.zeros(direct.workspace, np.uint8), encoded=written), [top], [top], {})
+    np.testing.assert_array_equal(written, bits)
+    np.testing.assert_array_equal(top.view(np.uint32), y.view(np.uint32))
     algos = {a.name: a for a in layer.algorithms("backward")}
     assert set(algos) == ({"default", "chunked"} if n > chunk else {"default"})
     dy = np.random.default_rng(1).standard_normal(n).astype(np.float32)
@@ -218,6 +228,45 @@ def test_relu_pool_stashes_become_a_sign_mask_and_an_argmax():
     frees = [k for k, x in enumerate(s.steps) if x.kind == "free" and x.tensor == "scale1"]
     first_backward = next(k for k, x in enumerate(s.steps) if x.kind == "backward")
     assert frees and frees[0] < first_backward  # the map is not kept across the turn
+    assert_same_results(g, s)
+
+
+def test_a_forward_writing_its_own_form_costs_the_forms_bytes_alone_on_a_gpu():
+    """On the GPU model a ReLU's or max pooling's Forward that writes its own form adds the
+    form's bytes alone (the kernel has the operands at hand); an Encode of its own would read
+    them again, at 9x the argmax's bytes and 33x the signs'. On the CPU, where NumPy does read
+    them again, it adds what that Encode would take."""
+    g = graph_of(CHAIN)
+    s = apply_policy(lower(g), "gist")
+    fused = [x for x in s.steps if x.kind == "forward" and x.tensor is not None]
+    assert {g.nodes[x.node].layer.type for x in fused} == {"ReLU", "Pooling"}
+    for device in ("gpu", "cpu"):
+        model = CostModel(device)
+        for step in fused:
+            added = model.step_seconds(s, step) - model.step_seconds(s, step._replace(tensor=None))
+            alone = model.step_seconds(s, Encode(step.tensor, "?", node=step.node))
+            if device == "gpu":
+                assert added == pytest.approx(s.tensors[step.tensor].nbytes / model.device.bandwidth)
+                assert added * 8 < alone
+            else:
+                assert added == pytest.approx(alone)
+
+
+def test_a_forward_with_a_workspace_leaves_its_form_to_an_encode_step(monkeypatch):
+    """Where the layer's forward has a workspace of its own, its form is written by an Encode
+    right after it (with the form's scratch), and the results are baseline's, bit for bit."""
+    from superneuron.layers.base import Algo
+    from superneuron.layers.pool import Pooling
+    plain = Pooling.algorithms
+    monkeypatch.setattr(Pooling, "algorithms",
+                        lambda self, phase: [Algo("default", 4096)] if phase == "forward" else plain(self, phase))
+    g = graph_of(CHAIN)
+    s = apply_policy(lower(g), "gist")
+    assert encoded(s) == {"pool1#argmax": "argmax", "relu1#sign": "sign", "relu3#sign": "sign"}
+    steps = [x for x in s.steps if x.kind not in ("alloc", "free")]
+    at = {x.describe(g): i for i, x in enumerate(steps)}
+    assert at["Encode(pool1#argmax) [argmax]"] == at["Forward(pool1) [default]"] + 1
+    assert "Forward(relu1) [default] writes relu1#sign" in at
     assert_same_results(g, s)
 
 

@@ -214,7 +214,7 @@ def test_net_on_gpu_uses_cudnn_for_its_convolutions(cudnn_kernels):
 
 
 @pytest.mark.parametrize("policy", ["liveness", "recompute", "offload", "superneurons",
-                                    "superneurons+params"])
+                                    "superneurons+params", "gist"])
 def test_policies_on_gpu_match_baseline_and_plan_equals_run(policy):
     """Policy invariance within float32 rounding on the GPU (cuDNN may pick other engines at
     other free memory), plan equals run for device and host bytes, copies on CUDA streams
@@ -341,8 +341,9 @@ def test_chunked_backward_on_gpu_gives_the_default_bits(monkeypatch, type_name, 
 
 def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
     """ReLU's direct sign form on CuPy: the bits packed on the device as numpy.packbits packs
-    them, and the one fused kernel that reads them writes the default backward's bits (+0.0
-    where inactive, as the default's kernel), in place on the top gradient too."""
+    them, the same bits written by the forward's one kernel (relu_bits, in place), and the one
+    fused kernel that reads them writes the default backward's bits (+0.0 where inactive, as
+    the default's kernel), in place on the top gradient too."""
     import cupy
 
     n = 1003  # a ragged last byte
@@ -356,6 +357,10 @@ def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
     bits = cupy.zeros(*direct.form)
     layer.encode(Context(cupy, workspace=cupy.zeros(direct.workspace, cupy.uint8)), "sign", [None], [y], bits)
     np.testing.assert_array_equal(cupy.asnumpy(bits), np.packbits(cupy.asnumpy(y) > 0))
+    top, written = cupy.asarray(x), cupy.zeros_like(bits)  # the forward writing them, in place
+    layer.forward(Context(cupy, encoded=written), [top], [top], {})
+    np.testing.assert_array_equal(cupy.asnumpy(written), cupy.asnumpy(bits))
+    np.testing.assert_array_equal(cupy.asnumpy(top).view(np.uint32), cupy.asnumpy(y).view(np.uint32))
     ws = cupy.zeros(layer.algorithms("backward")[0].workspace, cupy.uint8)
     want = cupy.zeros(n, cupy.float32)
     layer.backward(Context(cupy, workspace=ws), [None], [y], [cupy.asarray(dy)], [want], {}, {})
@@ -364,6 +369,34 @@ def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
         dx = top_grad if in_place else cupy.full(n, 7.0, cupy.float32)
         layer.backward(Context(cupy, workspace=ws, encoded=bits), [None], [None], [top_grad], [dx], {}, {})
         np.testing.assert_array_equal(cupy.asnumpy(dx).view(np.uint32), cupy.asnumpy(want).view(np.uint32))
+
+
+@pytest.mark.parametrize("kernel, stride, pad, side", [(3, 2, 1, 9), (2, 2, 0, 7), (3, 1, 1, 5), (3, 2, 0, 8),
+                                                     (5, 5, 0, 5), (3, 2, 0, 10)])
+def test_max_pooling_on_gpu_is_the_cpus_and_writes_its_argmax_in_the_same_kernel(kernel, stride, pad, side):
+    """Max pooling's forward on CuPy (one kernel, an output a thread) gives the CPU's top, with
+    ties, NaN, infinities and padding (Caffe's rounded-up last window too), and given
+    ``ctx.encoded`` writes the argmax the CPU's Encode writes."""
+    import cupy
+    from test_encode import SPECIAL
+
+    from superneuron.layers.pool import Pooling
+    layer = Pooling("p", ["x"], ["y"], Pooling.config({"pool": "MAX", "kernel_size": kernel, "stride": stride,
+                                                       "pad": pad}))
+    (shape,) = layer.setup([(2, 3, side, side)])
+    x = np.round(np.random.default_rng(side).standard_normal((2, 3, side, side)) * 2).astype(np.float32)
+    x.reshape(-1)[::5] = np.resize(SPECIAL, x.size)[::5]
+    x[1, 2] = -np.inf  # a plane of -inf: every window's first tap
+    (enc,) = layer.encodings()
+    y, argmax = np.zeros(shape, np.float32), np.zeros(shape, np.uint8)
+    layer.forward(Context(), [x], [y], {})
+    layer.encode(Context(workspace=np.zeros(enc.workspace, np.uint8)), "argmax", [x], [y], argmax)
+    for encoded in (None, cupy.zeros(shape, cupy.uint8)):
+        top = cupy.zeros(shape, cupy.float32)
+        layer.forward(Context(cupy, encoded=encoded), [cupy.asarray(x)], [top], {})
+        np.testing.assert_array_equal(cupy.asnumpy(top), y)  # (a tie of -0.0 and 0.0 may keep either)
+        if encoded is not None:
+            np.testing.assert_array_equal(cupy.asnumpy(encoded), argmax)
 
 
 @pytest.mark.parametrize("shape, cfg", [((4, 4, 12, 12), c) for c in CONVS] + RESNET_CONVS[1:3],
