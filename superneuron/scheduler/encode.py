@@ -12,8 +12,9 @@ layers: Layer.encodings, Layer.tensor_encoding):
   encoded=...)``: the operands are at hand there, so on a GPU it costs its own writes alone,
   where an ``Encode`` of its own would read them all again; a Forward that has a workspace
   keeps its algorithm's and is followed by an ``Encode`` instead), and the Backward reads it
-  instead of them (``Backward(..., encoded=...)``), so they need not be stashed for it. Chosen where the stashes it relieves (in the smallest form
-  their other readers then allow) outweigh it, or weigh as much: in conv → ReLU → pool, the
+  instead of them (``Backward(..., encoded=...)``), so they need not be stashed for it.
+  Chosen where the stashes it relieves (in the smallest form their other readers then allow)
+  outweigh it, or weigh as much: in conv → ReLU → pool, the
   ReLU's output is then read after the turn by the ReLU's backward alone, which needs only its
   signs, and ReLU's own ``sign`` form (the bits its backward reads itself) takes it.
 - ``sign`` (1 bit a value) where every reader's backward needs only the signs (ReLU's top);
