@@ -105,7 +105,7 @@ def encoded_summary(encoded, listed=8):
     for t in tensors[:listed]:
         lines.append(f"              {t['name']}: {human_bytes(t['bytes'])} for {t['stands_for']}")
     if len(tensors) > listed:
-        lines.append(f"              ... and {len(tensors) - listed} more (--steps lists every Encode)")
+        lines.append(f"              ... and {len(tensors) - listed} more (--steps lists the steps that write them)")
     return "\n".join(lines)
 
 
