@@ -1,6 +1,8 @@
 """Measured on the CPU, not estimated: CIFAR ResNet-N trained under ``optimal`` at a fraction of
 liveness's peak against ``liveness`` without a budget, taking turns in blocks of iterations so
-that machine noise hits both alike; medians reported.
+that machine noise hits both alike; medians reported: each net's median iteration, and the
+median over blocks of optimal's median iteration in a block over liveness's in the same block
+(*paired*: a slow minute of the machine weighs on both sides of a block's ratio).
 
     python tools/bench_optimal.py [--depth 56] [--batch 32] [--fraction 0.3333] [--blocks 4] [--per-block 2]
                                   [--profile]
@@ -58,6 +60,9 @@ def main():
                 losses[name].append(n.train_step(feed, 1 + block * args.per_block + it))
                 times[name].append(time.perf_counter() - t)
     base = statistics.median(times["liveness"])
+    k = args.per_block
+    paired = statistics.median(statistics.median(times["optimal"][b * k:(b + 1) * k])
+                               / statistics.median(times["liveness"][b * k:(b + 1) * k]) for b in range(args.blocks))
     print(f"CIFAR ResNet-{args.depth}, batch {args.batch}, budget {human_bytes(budget)} "
           f"({args.fraction:.3f} of liveness's {human_bytes(live.arena_bytes)}); optimal planned in {planned:.1f} s; "
           f"{args.blocks} blocks of {args.per_block} iterations, alternating")
@@ -67,6 +72,7 @@ def main():
         print(f"{name:10s} median {t:.3f} s/iter  x{t / base:.3f} of liveness  arena {human_bytes(n.arena_bytes)}  "
               f"host {human_bytes(n.host_bytes)}  recomputes {kinds.count('recompute')}  "
               f"offloads {kinds.count('offload')}")
+    print(f"paired     median over the {args.blocks} blocks of optimal's block median / liveness's: x{paired:.3f}")
     # bit for bit where optimal runs liveness's algorithms; where a workspace that fits the budget
     # takes another (im2col_chunked's per-sample sums), to float32 rounding
     def algorithms(n):

@@ -162,7 +162,7 @@ class Runtime:
         self.memory = memory = Interpreter(schedule.tensors, self.arena, self.host, _Copies(self))
         pending = memory.pending
         reducing = {}  # bucket → the handle of its all-reduce
-        roots = Roots(schedule)
+        roots = Roots.of(schedule)  # kept with the schedule: its memos serve every iteration
         last = round_ == schedule.rounds - 1
         draw = iteration * schedule.rounds + round_  # each round its own dropout masks
         update = next((s for s in schedule.steps if s.kind == UPDATE), None) if last else None

@@ -65,6 +65,7 @@ class Roots:
         self._scheduled = {}
         self._uses = {}
         self._sizes = {}
+        self.touched = {}  # step_roots' memo
         if like is not None and like.graph is self.graph and like.resident == self.resident:
             self._uses = like._uses  # the same answers: see :meth:`derive`
 
@@ -133,12 +134,18 @@ class Roots:
 
 
 def step_roots(schedule, step, roots):
-    """The scheduled roots a compute step touches, writes first, each once, workspace last."""
-    reads, writes = roots.uses(step)
-    out = dict.fromkeys(writes + reads)
-    if step.workspace and roots.scheduled(step.workspace):
-        out[step.workspace] = True
-    return list(out)
+    """The scheduled roots a compute step touches, writes first, each once, workspace last
+    (a tuple, memoised in ``roots`` as its uses are: the Runtime asks at every step while a
+    copy is on its way)."""
+    key = (step.kind, step.node, step.tensor, step.grads, step.workspace)
+    found = roots.touched.get(key)
+    if found is None:
+        reads, writes = roots.uses(step)
+        out = dict.fromkeys(writes + reads)
+        if step.workspace and roots.scheduled(step.workspace):
+            out[step.workspace] = True
+        found = roots.touched[key] = tuple(out)
+    return found
 
 
 def intervals(schedule, steps, roots):
