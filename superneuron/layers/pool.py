@@ -203,10 +203,11 @@ class Pooling(Layer):
         """The max pooling's forward in one kernel, and its ``argmax`` form where asked."""
         (_, _, h, w), (_, _, ho, wo) = x.shape, top.shape
         window = (x.dtype.type(-np.inf), h, w, ho, wo, *self.kernel, *self.stride, *self.pad)
+        flat = x.reshape(-1)  # indexed by hand: a flat index, not unravelled per dimension
         if argmax is None:
-            cuda.kernel("max_pool")(x, *window, top)
+            cuda.kernel("max_pool")(flat, *window, top)
         else:
-            cuda.kernel("max_pool_argmax")(x, *window, top, argmax)
+            cuda.kernel("max_pool_argmax")(flat, *window, top, argmax)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         if bottom_grads[0] is None:
