@@ -5,7 +5,9 @@
 #   gpu.txt               nvidia-smi, the Python, CuPy and cuDNN Frontend versions
 #   gpu_tests.txt/.xml    pytest -m gpu: every GPU test, those written and never run included
 #                         (fused ReLU kernels, a convolution's gradient over its input, ReLU's
-#                         sign bits, LRN and BatchNorm chunked, policies against baseline)
+#                         sign bits written by its forward and read by its backward, max
+#                         pooling's one-kernel forward and argmax, LRN, BatchNorm and Pooling
+#                         chunked, policies against baseline, gist among them)
 #   optimal_measured.*    tools/optimal_table.py on ResNet-50 and GoogLeNet with their kernels
 #                         timed on this GPU (cuDNN's engines where the frontend is installed):
 #                         optimal against liveness at 2/3 .. 1/4 of liveness's arena
