@@ -49,6 +49,7 @@ except ImportError:  # NumPy 1
     byte_bounds = np.byte_bounds
 
 from superneuron.layers import REGISTRY, codecs
+from superneuron.scheduler.encode import direct_form
 
 ALIGN = 256  # the arena's alignment (cudaMalloc's), stated in DESIGN.md's accounting
 
@@ -225,8 +226,7 @@ class KernelTrace:
             groups = [("bottom", node.bottoms, bottoms), ("top", node.tops, tops),
                       ("param", [node.params[k] for k in params], list(params.values()))]
             if ctx.encoded is not None:  # it writes its layer's own form too, in the same pass
-                codec = next(e.codec for e in layer.encodings() if e.direct)
-                self.forms[node.name] = f"{node.name}#{codec}"
+                self.forms[node.name] = f"{node.name}#{direct_form(layer).codec}"
                 groups.append(("encoded", [self.forms[node.name]], [ctx.encoded]))
         for role, names, arrays in groups:
             for name, a in zip(names, arrays):

@@ -58,7 +58,8 @@ def encode(schedule, context=None, only=None):
         return schedule
     steps, tensors = plan.steps, dict(schedule.tensors)
     after, before = {}, {}  # step index → steps to put after it, before it
-    for i, node, enc in plan.direct_forms(None if only is None else only[0]):
+    direct = plan.direct_forms(None if only is None else only[0])
+    for i, node, enc in direct:
         e = f"{node.name}#{enc.codec}"
         shape, dtype = enc.form
         tensors[e] = TensorInfo(e, tuple(shape), np.dtype(dtype), "encoded")
@@ -77,7 +78,7 @@ def encode(schedule, context=None, only=None):
         after.setdefault(last, []).append(Encode(e, enc.codec, source=r, workspace=ws))
         ws = _workspace(tensors, e, "decode", enc.decode_workspace)
         before.setdefault(first, []).append(Decode(e, enc.codec, r, workspace=ws))
-    if len(tensors) == len(schedule.tensors):  # nothing encoded
+    if not direct and not after:  # nothing encoded
         return schedule
     out = []
     for i, step in enumerate(steps):
