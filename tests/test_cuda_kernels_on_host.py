@@ -18,11 +18,10 @@ import types
 import numpy as np
 import pytest
 from layer_harness import build
-from test_encode import POOLS, SPECIAL
+from test_encode import POOLS, SPECIAL, max_pool_case
 
 from superneuron.layers import cuda_kernels
 from superneuron.layers.base import Context
-from superneuron.layers.pool import Pooling
 
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
@@ -126,18 +125,10 @@ def test_relu_backward_from_the_bits_routes_as_the_top_does(host_kernel):
     np.testing.assert_array_equal(dx, np.where(y > 0, dy, np.float32(0)))
 
 
-@pytest.mark.parametrize("kernel, stride, pad, side", POOLS + [(3, 2, 0, 10)])
+@pytest.mark.parametrize("kernel, stride, pad, side", POOLS)
 def test_max_pooling_in_one_pass_is_the_layers_forward_and_argmax(host_kernel, kernel, stride, pad, side):
-    layer = Pooling("p", ["x"], ["y"], Pooling.config({"pool": "MAX", "kernel_size": kernel, "stride": stride,
-                                                       "pad": pad}))
-    (shape,) = layer.setup([(2, 3, side, side)])
-    x = np.round(np.random.default_rng(side).standard_normal((2, 3, side, side)) * 2).astype(np.float32)
-    x.reshape(-1)[::5] = np.resize(SPECIAL, x.size)[::5]
-    x[1, 2] = -np.inf  # a plane of -inf: every window's first tap
-    (enc,) = layer.encodings()
-    y, argmax = np.zeros(shape, np.float32), np.zeros(shape, np.uint8)
-    layer.forward(Context(), [x], [y], {})
-    layer.encode(Context(workspace=np.zeros(enc.workspace, np.uint8)), "argmax", [x], [y], argmax)
+    _, x, y, argmax = max_pool_case(kernel, stride, pad, side)
+    shape = y.shape
     window = (np.float32(-np.inf), side, side, shape[2], shape[3], kernel, kernel, stride, stride, pad, pad)
     top, written = np.zeros(shape, np.float32), np.zeros(shape, np.uint8)
     host_kernel("max_pool")(x.reshape(-1), *window, top)

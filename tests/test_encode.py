@@ -105,8 +105,27 @@ def test_fp16_rounds_as_numpy_does(n, kind):
     np.testing.assert_array_equal(back.view(np.uint32), x.astype(np.float16).astype(np.float32).view(np.uint32))
 
 
-POOLS = [  # (kernel, stride, pad, input side): overlapping windows, padding, odd sides, global
-    (3, 2, 1, 9), (2, 2, 0, 7), (3, 1, 1, 5), (3, 2, 0, 8), (5, 5, 0, 5)]
+POOLS = [  # (kernel, stride, pad, input side): overlapping windows, padding, odd sides, global,
+    # Caffe's rounded-up last window (10: five outputs, the last window one pixel short)
+    (3, 2, 1, 9), (2, 2, 0, 7), (3, 1, 1, 5), (3, 2, 0, 8), (5, 5, 0, 5), (3, 2, 0, 10)]
+
+
+def max_pool_case(kernel, stride, pad, side):
+    """A max pooling of (2, 3, side, side) and an input with ties, NaN, infinities, -0.0 and a
+    plane of -inf (every window's first tap), with the top and argmax NumPy computes for it:
+    ``(layer, x, top, argmax)``."""
+    from superneuron.layers.pool import Pooling
+    layer = Pooling("p", ["x"], ["y"], Pooling.config({"pool": "MAX", "kernel_size": kernel, "stride": stride,
+                                                       "pad": pad}))
+    (shape,) = layer.setup([(2, 3, side, side)])
+    x = np.round(np.random.default_rng(side).standard_normal((2, 3, side, side)) * 2).astype(np.float32)
+    x.reshape(-1)[::5] = np.resize(SPECIAL, x.size)[::5]
+    x[1, 2] = -np.inf
+    (enc,) = layer.encodings()
+    y, argmax = np.zeros(shape, np.float32), np.zeros(shape, np.uint8)
+    layer.forward(Context(), [x], [y], {})
+    layer.encode(Context(workspace=np.zeros(enc.workspace, np.uint8)), "argmax", [x], [y], argmax)
+    return layer, x, y, argmax
 
 
 @pytest.mark.parametrize("kernel, stride, pad, side", POOLS)

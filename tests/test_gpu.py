@@ -5,6 +5,7 @@ holding every tensor."""
 import numpy as np
 import pytest
 from layer_harness import build
+from test_encode import POOLS, max_pool_case
 
 from superneuron.layers.base import Context
 
@@ -371,26 +372,14 @@ def test_relu_backward_from_its_sign_bits_on_gpu_gives_the_default_bits():
         np.testing.assert_array_equal(cupy.asnumpy(dx).view(np.uint32), cupy.asnumpy(want).view(np.uint32))
 
 
-@pytest.mark.parametrize("kernel, stride, pad, side", [(3, 2, 1, 9), (2, 2, 0, 7), (3, 1, 1, 5), (3, 2, 0, 8),
-                                                     (5, 5, 0, 5), (3, 2, 0, 10)])
+@pytest.mark.parametrize("kernel, stride, pad, side", POOLS)
 def test_max_pooling_on_gpu_is_the_cpus_and_writes_its_argmax_in_the_same_kernel(kernel, stride, pad, side):
     """Max pooling's forward on CuPy (one kernel, an output a thread) gives the CPU's top, with
     ties, NaN, infinities and padding (Caffe's rounded-up last window too), and given
     ``ctx.encoded`` writes the argmax the CPU's Encode writes."""
     import cupy
-    from test_encode import SPECIAL
-
-    from superneuron.layers.pool import Pooling
-    layer = Pooling("p", ["x"], ["y"], Pooling.config({"pool": "MAX", "kernel_size": kernel, "stride": stride,
-                                                       "pad": pad}))
-    (shape,) = layer.setup([(2, 3, side, side)])
-    x = np.round(np.random.default_rng(side).standard_normal((2, 3, side, side)) * 2).astype(np.float32)
-    x.reshape(-1)[::5] = np.resize(SPECIAL, x.size)[::5]
-    x[1, 2] = -np.inf  # a plane of -inf: every window's first tap
-    (enc,) = layer.encodings()
-    y, argmax = np.zeros(shape, np.float32), np.zeros(shape, np.uint8)
-    layer.forward(Context(), [x], [y], {})
-    layer.encode(Context(workspace=np.zeros(enc.workspace, np.uint8)), "argmax", [x], [y], argmax)
+    layer, x, y, argmax = max_pool_case(kernel, stride, pad, side)
+    shape = y.shape
     for encoded in (None, cupy.zeros(shape, cupy.uint8)):
         top = cupy.zeros(shape, cupy.float32)
         layer.forward(Context(cupy, encoded=encoded), [cupy.asarray(x)], [top], {})
