@@ -1,7 +1,9 @@
 """The GPU's elementwise kernels (layers/cuda_kernels.py) checked on the CPU: each body,
 compiled as C++ by the host's compiler inside the loop that CuPy's ElementwiseKernel wraps it
 in (an index ``i`` over the non-raw arrays, a reference to each one's element, raw arrays
-indexed by hand), run on NumPy arrays and compared with the layers' NumPy code.
+indexed by hand), run on NumPy arrays and compared with the layers' NumPy code; then the
+layers' GPU branches themselves (what they pass to which kernel, in which order), run on NumPy
+arrays with those kernels and NumPy's per-channel sums in place of the CUDA ones.
 
 This is not the GPU (tests/test_gpu.py runs the kernels there, where there is one): it checks
 the kernels' logic and their C, which no machine without a GPU would compile otherwise. The
@@ -30,7 +32,8 @@ C_TYPES = {"T": "T", "float32": "float", "float64": "double", "int64": "long lon
            "uint8": "unsigned char"}
 SCALARS = {"float": ctypes.c_float, "double": ctypes.c_double, "long long": ctypes.c_longlong,
            "int": ctypes.c_int}
-HEADER = """template <class U> struct Raw { U* p; U& operator[](long long k) const { return p[k]; } };
+HEADER = """#include <math.h>
+template <class U> struct Raw { U* p; U& operator[](long long k) const { return p[k]; } };
 typedef float T;
 """
 
@@ -86,16 +89,19 @@ def host_kernel(bodies, tmp_path_factory):
                        check=True)
         return getattr(ctypes.CDLL(str(folder / f"{key}.so")), key)
 
+    built = {}
+
     def make(key):
         params, _ = bodies[key]
 
         def call(*values):
-            fn = compiled(key, [isinstance(v, np.ndarray) for v in values])
+            arrays = tuple(isinstance(v, np.ndarray) for v in values)
+            fn = built.get((key, arrays)) or built.setdefault((key, arrays), compiled(key, arrays))
             count = next(v.size for (raw, _, _), v in zip(params, values) if isinstance(v, np.ndarray) and not raw)
             out = [ctypes.c_longlong(count)]
             for (_, ctype, _), v in zip(params, values, strict=True):
                 if isinstance(v, np.ndarray):
-                    assert v.flags.c_contiguous and v.dtype != np.float64
+                    assert v.flags.c_contiguous and (ctype != "T" or v.dtype == np.float32)
                     out.append(ctypes.c_void_p(v.ctypes.data))
                 else:
                     out.append(SCALARS["float" if ctype == "T" else ctype](v))
@@ -138,3 +144,79 @@ def test_max_pooling_in_one_pass_is_the_layers_forward_and_argmax(host_kernel, k
     np.testing.assert_array_equal(top, y)
     np.testing.assert_array_equal(written, argmax)
     assert (argmax == 255).any()  # a NaN window: no tap equals its maximum
+
+
+SUMS = {"av": lambda a, b: a, "av * av": lambda a, b: a * a, "av * bv": lambda a, b: a * b}
+
+
+def _channel_sums(a, b, expr1, expr2, ncl, words, splits):
+    """cuda_kernels.channel_sums' contract in NumPy (float64 sums per channel into the tail of
+    ``words``); test_gpu.py checks the CUDA one against this."""
+    av = a.reshape(ncl).astype(np.float64)
+    bv = av if b is None else b.reshape(ncl).astype(np.float64)
+    out = words[2 * splits * ncl[1]:].reshape(2, ncl[1])
+    for row, expr in enumerate((expr1, expr2)):
+        out[row] = SUMS[expr](av, bv).sum(axis=(0, 2))
+    return out
+
+
+def _forward_backward(layer, params, bottoms, relu=False):
+    """The layer's training forward (``relu``: with the ReLU after it in its pass) and backward
+    on NumPy arrays: ``[tops, bottom gradients, parameter gradients, parameters after]``."""
+    f, b = layer.algorithms("forward")[0], layer.algorithms("backward")[0]
+    params = {k: v.copy() for k, v in params.items()}
+    bottoms = [x.copy() for x in bottoms]
+    tops = [np.zeros(s, layer.dtype) for s in layer.top_shapes]
+    layer.forward(Context(workspace=np.zeros(max(f.workspace, 1), np.uint8), relu=relu), bottoms, tops, params)
+    tg = [np.random.default_rng(2).standard_normal(s).astype(layer.dtype) for s in layer.top_shapes]
+    bg = [np.zeros(s, layer.dtype) for s in layer.bottom_shapes]
+    pg = {p.name: np.zeros(p.shape, layer.dtype) for p in layer.param_specs() if p.learnable}
+    if not relu:
+        layer.backward(Context(workspace=np.zeros(max(b.workspace, 1), np.uint8)), bottoms, tops, tg, bg, params, pg)
+    return [*tops, *bg, *(pg[k] for k in sorted(pg)), *(params[k] for k in sorted(params))]
+
+
+@pytest.mark.parametrize("type_name, shapes, cfg, relu", [
+    ("BatchNorm", [(16, 8, 5, 5)], {}, False), ("BatchNorm", [(2, 256, 4, 4)], {}, False),
+    ("Scale", [(4, 8, 5, 5)], dict(bias_term=True), False), ("Scale", [(4, 8, 5, 5)], {}, False),
+    ("Scale", [(4, 8, 5, 5)], dict(bias_term=True), True), ("Scale", [(4, 8, 5, 5)], {}, True),
+    ("ReLU", [(4, 8, 5, 5)], {}, False), ("Pooling", [(2, 3, 9, 9)], dict(pool="MAX", kernel_size=3, stride=2), False),
+    ("Eltwise", [(4, 8, 5, 5)] * 2, {}, True)])
+def test_the_layers_gpu_branches_compute_what_their_numpy_code_does(monkeypatch, host_kernel, type_name, shapes,
+                                                                     cfg, relu):
+    layer, params = build(type_name, shapes, dtype=np.float32, **cfg)
+    bottoms = [np.random.default_rng(k).standard_normal(s).astype(np.float32) for k, s in enumerate(shapes)]
+    numpy_ = _forward_backward(layer, params, bottoms, relu)
+    called = []
+
+    def kernel(name):
+        called.append(name)
+        return host_kernel(name)
+    monkeypatch.setattr(cuda_kernels, "on_gpu", lambda xp: True)
+    monkeypatch.setattr(cuda_kernels, "kernel", kernel)
+    monkeypatch.setattr(cuda_kernels, "channel_sums", _channel_sums)
+    gpu = _forward_backward(layer, params, bottoms, relu)
+    assert called  # the GPU branch ran
+    for a, b in zip(numpy_, gpu, strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-5 * max(np.abs(a).max(), 1))
+
+
+@pytest.mark.parametrize("type_name, shape, cfg", [("ReLU", (4, 8, 5, 5), {}), ("ReLU", (1003,), {}),
+                                                   ("Pooling", (2, 3, 10, 10), dict(pool="MAX", kernel_size=3,
+                                                                                    stride=2))])
+def test_the_gpu_branches_write_a_layers_own_form_as_its_numpy_code(monkeypatch, host_kernel, type_name, shape, cfg):
+    """A ReLU's and a max pooling's forward given ``ctx.encoded``, through their GPU branches
+    (one kernel each) and their NumPy code: the same top, the same form."""
+    layer, _ = build(type_name, [shape], dtype=np.float32, **cfg)
+    x = np.resize(SPECIAL, int(np.prod(shape))).reshape(shape) * np.float32(3)
+    (enc,) = [e for e in layer.encodings() if e.direct]
+    out = []
+    for gpu in (False, True):
+        if gpu:
+            monkeypatch.setattr(cuda_kernels, "on_gpu", lambda xp: True)
+            monkeypatch.setattr(cuda_kernels, "kernel", host_kernel)
+        top, form = np.zeros(layer.top_shapes[0], np.float32), np.zeros(*enc.form)
+        layer.forward(Context(workspace=np.zeros(enc.workspace, np.uint8), encoded=form), [x.copy()], [top], {})
+        out.append((top, form))
+    np.testing.assert_array_equal(out[1][0], out[0][0])
+    np.testing.assert_array_equal(out[1][1], out[0][1])
