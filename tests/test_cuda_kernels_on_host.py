@@ -178,8 +178,8 @@ def _forward_backward(layer, params, bottoms, relu=False):
 
 @pytest.mark.parametrize("type_name, shapes, cfg, relu", [
     ("BatchNorm", [(16, 8, 5, 5)], {}, False), ("BatchNorm", [(2, 256, 4, 4)], {}, False),
-    ("Scale", [(4, 8, 5, 5)], dict(bias_term=True), False), ("Scale", [(4, 8, 5, 5)], {}, False),
-    ("Scale", [(4, 8, 5, 5)], dict(bias_term=True), True), ("Scale", [(4, 8, 5, 5)], {}, True),
+    ("Scale", [(16, 8, 5, 5)], dict(bias_term=True), False), ("Scale", [(16, 8, 5, 5)], {}, False),
+    ("Scale", [(16, 8, 5, 5)], dict(bias_term=True), True), ("Scale", [(16, 8, 5, 5)], {}, True),
     ("ReLU", [(4, 8, 5, 5)], {}, False), ("Pooling", [(2, 3, 9, 9)], dict(pool="MAX", kernel_size=3, stride=2), False),
     ("Eltwise", [(4, 8, 5, 5)] * 2, {}, True)])
 def test_the_layers_gpu_branches_compute_what_their_numpy_code_does(monkeypatch, host_kernel, type_name, shapes,
