@@ -84,10 +84,11 @@ def host_kernel(bodies, tmp_path_factory):
                 per_element.append(f"{ctype}& {name} = {name}_p[i];")
         source = (HEADER + f'extern "C" void {key}({", ".join(args)}) {{\n' + "\n".join(setup)
                   + "\nfor (long long i = 0; i < n_; i++) {\n" + "\n".join(per_element) + "\n" + body + "\n}\n}\n")
-        (folder / f"{key}.cpp").write_text(source)
-        subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(folder / f"{key}.so"), str(folder / f"{key}.cpp")],
-                       check=True)
-        return getattr(ctypes.CDLL(str(folder / f"{key}.so")), key)
+        stem = folder / (key + "_" + "".join("a" if a else "s" for a in arrays))  # one library a signature
+        stem.with_suffix(".cpp").write_text(source)
+        subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(stem.with_suffix(".so")),
+                        str(stem.with_suffix(".cpp"))], check=True)
+        return getattr(ctypes.CDLL(str(stem.with_suffix(".so"))), key)
 
     built = {}
 
@@ -97,7 +98,9 @@ def host_kernel(bodies, tmp_path_factory):
         def call(*values):
             arrays = tuple(isinstance(v, np.ndarray) for v in values)
             fn = built.get((key, arrays)) or built.setdefault((key, arrays), compiled(key, arrays))
-            count = next(v.size for (raw, _, _), v in zip(params, values) if isinstance(v, np.ndarray) and not raw)
+            sizes = {v.size for (raw, _, _), v in zip(params, values) if isinstance(v, np.ndarray) and not raw}
+            assert len(sizes) == 1, "no broadcasting here: the non-raw arrays are one size"
+            count = sizes.pop()
             out = [ctypes.c_longlong(count)]
             for (_, ctype, _), v in zip(params, values, strict=True):
                 if isinstance(v, np.ndarray):
