@@ -333,6 +333,7 @@ class Scale(Layer):
         def block(a, b):  # with a ReLU: samples CACHE_BYTES at a time, each in cache for it
             row = (b - a) * l
             step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize)) if relu else n
+            zero = parallel.constant(0, row, self.dtype) if relu else None
             for s in range(0, n, step):
                 ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
                 if bias is not None:
@@ -340,7 +341,7 @@ class Scale(Layer):
                 if relu:
                     rows = ys.view()
                     rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
-                    xp.maximum(rows, parallel.constant(0, row, self.dtype), out=rows)
+                    xp.maximum(rows, zero, out=rows)
         parallel.run(block, self.ncl[1], n * l, xp)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):

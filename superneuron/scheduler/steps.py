@@ -3,9 +3,8 @@
 A step is a :class:`Step`, an immutable record whose fields are named for what they hold:
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
 acts on; the encoded form an Encode or a Forward writes, or a Decode or a Backward reads),
-``algorithm``
-and ``workspace`` (the algorithm a compute step runs and the workspace tensor it uses; an
-Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
+``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace tensor it
+uses; an Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
 one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
 (the parameter gradients a data-parallel bucket holds, in its order), ``fused`` (the in-place
 ReLU a Recompute runs in its own pass: fuse.py).
