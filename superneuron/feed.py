@@ -80,6 +80,10 @@ def open_data(net, cfg):
     """``(cfg, train set, test set)``: the source of ``cfg`` (from :func:`data_config`; None:
     synthetic data like the net's input) opened, its labels checked against the net's
     classes and its samples against the net's input."""
+    if not net.input_names:
+        makers = ", ".join(f"'{n.name}'" for n in net.graph.nodes if not n.bottoms)
+        raise SNError(f"net '{net.graph.name}' makes its own data (layer {makers}): sn-train feeds a net through "
+                      f"its Input or Data layer; train this one from Python (Net.train_step)")
     classes = net.classes
     if cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         cfg = synthetic_like(net, classes)

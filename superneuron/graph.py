@@ -164,7 +164,7 @@ class Graph:
                 self._problem(ls, str(e.args[0]))
                 continue
             layer = cls(ls.name, ls.bottoms, ls.tops, ls.cfg, dtype=self.dtype)
-            layer.kernels = self.kernels
+            layer.kernels, layer.source_file = self.kernels, ls.file
             layers.append((ls, layer))
         return layers
 

@@ -220,8 +220,9 @@ class _Loader:
             self.problem(root.mark, "no 'layers:' list")
         else:
             self.expand(root["layers"], self.params, (), root.value_at("layers"))
-        if not any(ls.type in ("Input", "Data") for ls in self.layers) and "layers" in root:
-            self.problem(root.mark, "no input: add an 'input:' mapping or a Data layer")
+        sources = [ls for ls in self.layers if ls.type in ("Input", "Data") or (ls.type == "Python" and not ls.bottoms)]
+        if not sources and "layers" in root:
+            self.problem(root.mark, "no input: add an 'input:' mapping, a Data layer or a Python data layer")
         self.check()
         if self.batch is not None:
             self.apply_batch()

@@ -249,6 +249,8 @@ def figures(schedule, plan, budget):
         **{f"fragmentation_{k}": round(v / max(plan.peak_bytes, 1), 4) for k, v in arenas.items()},
         "host_bytes": plan.host_bytes,
         "budget_bytes": budget, "fits": fits, "overflow": overflow,
+        # a user's Python layers: the scheduler cannot see inside them (layers/python_layer.py)
+        "opaque_layers": [n.name for n in graph.nodes if not n.layer.RECOMPUTABLE],
     }
 
 
@@ -283,6 +285,9 @@ def run(args):
             print(report.data_parallel_summary(info["data_parallel"]))
         if "min_memory_bytes" in info:
             print(report.min_memory_line(info))
+        if info["opaque_layers"]:
+            names = ", ".join(f"'{n}'" for n in info["opaque_layers"])
+            print(f"opaque        Python layers {names}: their bottoms and tops kept for their backward, never recomputed")
         if info["profile"]:
             verb = "measured and wrote" if info["profile"]["measured"] else "read"
             print(f"profile       {verb} {info['profile']['cache']}")

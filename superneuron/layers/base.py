@@ -287,6 +287,8 @@ class Layer:
     LABEL_BOTTOMS = ()  # indices of bottoms that are labels: never differentiated
     INTERNAL = False    # only ever inserted by the graph, never written in network files
     kernels = None      # vendor kernels of the device (layers/cudnn.py), set by the Graph
+    source_file = None  # the net file that wrote it, set by the Graph (Python layers look beside it)
+    RECOMPUTABLE = True  # False: its forward must run once an iteration (a user's Python layer)
 
     def __init__(self, name, bottoms, tops, cfg, dtype=np.float32):
         self.name, self.bottoms, self.tops = name, list(bottoms), list(tops)

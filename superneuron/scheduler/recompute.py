@@ -78,7 +78,8 @@ def _recomputable(graph, roots, expensive=False, joins=False):
 
     def recomputable_writer(node, first):
         layer = node.layer
-        if layer.LOSS or not node.backward or len(node.tops) != 1 or not (layer.CHEAP or expensive):
+        if (layer.LOSS or not node.backward or len(node.tops) != 1 or not (layer.CHEAP or expensive)
+                or not layer.RECOMPUTABLE):
             return False
         if len(node.bottoms) == 1:
             return 0 not in layer.LABEL_BOTTOMS
