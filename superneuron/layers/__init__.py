@@ -23,4 +23,4 @@ def layer_class(type_name):
         raise KeyError(f"unknown layer type '{type_name}'{hint}") from None
 
 
-from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, python_layer, shape  # noqa: E402,F401
+from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, python_layer, recurrent, shape  # noqa: E402,F401
