@@ -437,3 +437,45 @@ def test_im2col_in_chunks_and_whole_against_torch(shape, cfg, chunked):
     for k in params:
         np.testing.assert_allclose(grads[k], dp[k], atol=1e-12, err_msg=f"dw alone {k}")
     assert_workspace_exact(layer, x, params)
+
+
+# -- depthwise (every channel its own group: MobileNet's) ----------------------------------------
+
+DEPTHWISE_CASES = [
+    ((2, 4, 9, 8), dict(num_output=4, group=4, kernel_size=3, pad=1)),
+    ((2, 5, 11, 9), dict(num_output=5, group=5, kernel_size=[3, 5], stride=[2, 1], pad=[1, 0], dilation=[1, 2])),
+    ((1, 3, 4, 4), dict(num_output=3, group=3, kernel_size=3, dilation=3, pad=3, bias_term=False)),
+]
+
+
+@pytest.mark.parametrize("shape,cfg", DEPTHWISE_CASES)
+def test_depthwise_is_offered_first_and_agrees_with_torch_and_finite_differences(shape, cfg):
+    layer, params = build("Convolution", [shape], **cfg)
+    assert layer.algorithms("forward")[0].name == layer.algorithms("backward")[0].name == "depthwise"
+    x = np.random.default_rng(3).standard_normal(shape)
+    gradcheck(layer, [x], params)  # and every other algorithm agrees with it
+    stride, pad = cfg.get("stride", 1), cfg.get("pad", 0)
+    dil = cfg.get("dilation", 1)
+    dy = np.random.default_rng(4).standard_normal(layer.top_shapes[0])
+    fn = (lambda x, weight, bias=None: F.conv2d(x, weight, bias, stride, pad, dil, groups=shape[1]))
+    y, dx, dp = torch_grads(fn, x, params, dy)
+    (ours,) = forward(layer, [x], params)
+    (dx_ours,), dp_ours = backward(layer, [x], [ours], [dy], params)
+    np.testing.assert_allclose(ours, y, atol=1e-12)
+    np.testing.assert_allclose(dx_ours, dx, atol=1e-12)
+    for k in params:
+        np.testing.assert_allclose(dp_ours[k], dp[k], atol=1e-12)
+    assert_workspace_exact(layer, x, params)
+
+
+def test_depthwise_needs_one_map_of_workspace_where_im2col_needs_the_batchs_columns():
+    layer, _ = build("Convolution", [(8, 16, 14, 14)], dtype=np.float32, num_output=16, group=16, kernel_size=3,
+                     pad=1)
+    work = {a.name: a.workspace for a in layer.algorithms("forward")}
+    assert work["depthwise"] == 16 * 14 * 14 * 4 and work["im2col"] >= 9 * work["depthwise"]
+
+
+def test_depthwise_is_not_offered_for_other_groupings():
+    for cfg in (dict(num_output=8, group=4), dict(num_output=4, group=2), dict(num_output=4, group=4, kernel_size=1)):
+        layer, _ = build("Convolution", [(1, 4, 6, 6)], **{"kernel_size": 3, **cfg})
+        assert "depthwise" not in [a.name for a in layer.algorithms("forward")]

@@ -1,4 +1,4 @@
-"""Convolution (Caffe's ``Convolution``) with three algorithms that trade speed for workspace.
+"""Convolution (Caffe's ``Convolution``) with algorithms that trade speed for workspace.
 
 Shapes: bottom (N, C, H, W), weight (K, C/g, kh, kw), bias (K,), top (N, K, Ho, Wo) with
 Caffe's ``Ho = (H + 2p - (d(kh-1)+1)) // s + 1``. The window is Caffe's: ``kernel_size``,
@@ -27,6 +27,9 @@ for dx in its forward and for y and dw in its backward. Fastest first:
 - ``direct``: for each tap and sample, the shifted input (C, Ho·Wo) times that tap's weight
   slice, accumulated through a product buffer; workspace about two feature maps of one sample.
   (Not offered for pointwise convolutions, where ``im2col_chunked`` already needs none.)
+
+- ``depthwise``, offered first where every channel is its own group with one filter
+  (MobileNet's 3x3 layers): tap by tap, every channel at once, in one map of workspace.
 
 On a GPU with NVIDIA's cuDNN Frontend (``self.kernels``, set by the Graph; layers/cudnn.py)
 float32 convolutions offer cuDNN's engines instead (``cudnn``, ``cudnn_lean``); the three
@@ -156,7 +159,11 @@ class Convolution(Layer):
         "weight_filler": Key("filler", parse_filler("msra")),
         "bias_filler": Key("filler", parse_filler("constant")),
     }
-    CHUNK_FLOPS = 4.3e6  # a sample's GEMM work that ``im2col_chunked``'s per-sample costs are worth
+    CHUNK_FLOPS = 4.3e6
+    # depthwise against im2col's grouped GEMMs, forward and backward, float32, one thread,
+    # MobileNet's 3x3 layers at batch 16 (2026-11-28, the 2-core machine): 1.05x (512 channels,
+    # 14x14) to 2.1x (256, 28x28, stride 2); PyTorch's own kernel was 3-9x faster than either
+    DEPTHWISE_SPEED = 1.5  # a sample's GEMM work that ``im2col_chunked``'s per-sample costs are worth
 
     def setup(self, bottom_shapes):
         n, c, h, w = self._check(bottom_shapes)
@@ -244,7 +251,15 @@ class Convolution(Layer):
                  Algo("im2col_chunked", workspace_bytes((cols, dt), *part), chunked)]
         if not self._pointwise:
             algos.append(Algo("direct", workspace_bytes(*direct), chunked * 2 / 3))
+        if self._depthwise_ok():
+            scratch = [((c, ho, wo), dt)] + ([((c,), dt)] if "dw" in outputs else [])
+            algos.insert(0, Algo("depthwise", workspace_bytes(*scratch), self.DEPTHWISE_SPEED))
         return algos
+
+    def _depthwise_ok(self):
+        """A depthwise convolution (every channel its own group, one filter each: MobileNet's)."""
+        n, c, h, w, k, g, ho, wo = self.geometry
+        return g == c == k and g > 1 and not self._pointwise
 
     def _chunked_speed(self):
         """``im2col_chunked``'s speed against ``im2col``: a sample a call, so the smaller a
@@ -378,3 +393,35 @@ class Convolution(Layer):
                         ys = y[s].reshape(g, kg, p)
                         parallel.matmul(xp, w_tap, shifted3, prod)
                         xp.add(ys, prod, out=ys)
+
+    def _depthwise(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
+        """A depthwise convolution tap by tap, every channel at once: each tap's shifted input
+        (or gradient) times that tap's weight per channel, a sample at a time, in one map of
+        workspace; no GEMM, no columns (im2col's grouped GEMMs are a GEMM of one row per
+        channel). A sample's dw is taken before its dx is written (dx may be x's memory)."""
+        xp = ctx.xp
+        n, c = self.geometry[:2]
+        prod = ctx.scratch((c,) + self.geometry[6:], self.dtype)
+        part = None if dw is None else ctx.scratch((c,), self.dtype)
+        taps = [(weight[:, 0, i, j].reshape(c, 1, 1), None if dw is None else dw[:, 0, i, j], o, v)
+                for i, j, o, v in self._taps if o is not None]
+        for out in (y, dw):
+            if out is not None:
+                out.fill(0)
+        for s in range(n):
+            if y is not None:
+                for w_tap, _, out_index, in_index in taps:
+                    xp.multiply(x[s][in_index], w_tap, out=prod[out_index])
+                    ys = y[s][out_index]
+                    xp.add(ys, prod[out_index], out=ys)
+            if dw is not None:
+                for _, dw_tap, out_index, in_index in taps:
+                    xp.multiply(x[s][in_index], dy[s][out_index], out=prod[out_index])
+                    xp.sum(prod[out_index], axis=(1, 2), out=part)
+                    xp.add(dw_tap, part, out=dw_tap)
+            if dx is not None:
+                dx[s].fill(0)
+                for w_tap, _, out_index, in_index in taps:
+                    xp.multiply(dy[s][out_index], w_tap, out=prod[out_index])
+                    view = dx[s][in_index]
+                    xp.add(view, prod[out_index], out=view)
