@@ -115,3 +115,23 @@ def test_plan_equals_run_witnessed(monkeypatch, text_file, policy):
     assert net.peak_bytes == plan.peak_bytes
     assert trace.clashes() == []
     assert trace.violations == []
+
+
+def test_optimal_under_a_budget_fits_and_gives_baselines_numbers(text_file):
+    """``optimal`` at 85 % of liveness's peak plans under the budget, runs to the plan, and
+    computes baseline's loss and gradients (bit for bit where it kept every algorithm)."""
+    base = gpt(text_file)
+    budget = int(gpt(text_file, policy="liveness").plans["train"].peak_bytes * 0.85)
+    net = load_net(GPT, overrides=dict(TINY_GPT, source=f"text:{text_file}"), policy="optimal",
+                   memory=budget, solver_seconds=5)
+    assert net.plans["train"].peak_bytes <= budget
+    feed = tokens(net)
+    loss, loss_base = net.forward_backward(feed), base.forward_backward(feed)
+    assert net.peak_bytes == net.plans["train"].peak_bytes
+    same_algorithms = "blocked" not in {s.algorithm for s in net.schedules["train"].steps}
+    for name in base.learnable_names:
+        if same_algorithms:
+            np.testing.assert_array_equal(net.grad(name), base.grad(name), err_msg=name)
+        else:
+            np.testing.assert_allclose(net.grad(name), base.grad(name), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert loss == loss_base if same_algorithms else abs(loss - loss_base) < 1e-6
