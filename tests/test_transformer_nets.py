@@ -135,3 +135,44 @@ def test_optimal_under_a_budget_fits_and_gives_baselines_numbers(text_file):
         else:
             np.testing.assert_allclose(net.grad(name), base.grad(name), rtol=1e-4, atol=1e-6, err_msg=name)
     assert loss == loss_base if same_algorithms else abs(loss - loss_base) < 1e-6
+
+
+TINY_VIT = dict(layers=2, d_model=8, heads=2, patch=4, size=8, classes=10, batch=2)
+
+
+def vit(policy="baseline", optimizer=None):
+    return load_net("nets/vit.yaml", overrides=TINY_VIT, policy=policy, optimizer=optimizer)
+
+
+def images(net, seed=0):
+    rng = np.random.default_rng(seed)
+    data, label = net.input_names
+    return {data: rng.standard_normal(net.input_shape(data)).astype(np.float32),
+            label: rng.integers(0, 10, net.input_shape(label)).astype(np.float32)}
+
+
+def test_vit_every_policy_gives_baselines_numbers_and_plan_equals_run(monkeypatch):
+    """The ViT (patches by a strided Convolution, a class token by Parameter and Concat, the
+    class token's state taken by Slice) under each policy: baseline's losses and weights bit
+    for bit over three steps, and under superneurons the plan witnessed kernel by kernel."""
+    def run(policy):
+        net = vit(policy, optimizer=make_optimizer(SolverConfig(type="Adam", base_lr=1e-2)))
+        return net, [net.train_step(images(net), k) for k in range(3)]
+    base, base_losses = run("baseline")
+    assert base_losses[2] < base_losses[0]
+    for policy in POLICIES:
+        net, losses = run(policy)
+        assert losses == base_losses, policy
+        for name in base.learnable_names:
+            np.testing.assert_array_equal(net.param(name), base.param(name), err_msg=f"{policy} {name}")
+        assert net.peak_bytes == net.plans["train"].peak_bytes
+    net = vit("superneurons")
+    trace = KernelTrace(net)
+    with monkeypatch.context() as m:
+        trace.install(m)
+        net.forward_backward(images(net))
+    plan = net.plans["train"]
+    assert trace.locate().nbytes == net.arena_bytes  # one block: the arena
+    assert plan.arena_bytes - ALIGN < trace.high_water <= plan.arena_bytes
+    assert net.peak_bytes == plan.peak_bytes
+    assert trace.clashes() == [] and trace.violations == []
