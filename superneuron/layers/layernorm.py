@@ -102,7 +102,11 @@ class LayerNorm(Layer):
         rstd = self._normalise(ctx, x, x_hat)
         if self.cfg["elementwise_affine"]:
             xp.sum(dy, axis=0, out=param_grads["bias"].reshape(-1))
-            xp.einsum("rw,rw->w", dy, x_hat, out=param_grads["weight"].reshape(-1))
+            dw = param_grads["weight"].reshape(-1)
+            if xp is np:  # the column sums of dy * x_hat with no product array
+                np.einsum("rw,rw->w", dy, x_hat, out=dw)
+            else:  # CuPy's einsum takes no out
+                xp.sum(dy * x_hat, axis=0, out=dw)
         if bottom_grads[0] is None:
             return
         g = bottom_grads[0].reshape(self.rows, self.width)
