@@ -32,6 +32,7 @@ class LayerNorm(Layer):
         "weight_filler": Key("filler", parse_filler({"type": "constant", "value": 1.0})),
         "bias_filler": Key("filler", parse_filler("constant")),
     }
+    CHEAP = True  # a few passes over memory, as BatchNorm: recomputed rather than kept
 
     def setup(self, bottom_shapes):
         shape, axis = tuple(bottom_shapes[0]), self.cfg["axis"]
