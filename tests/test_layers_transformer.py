@@ -189,16 +189,16 @@ def test_bad_settings_are_layer_errors(type_name, shapes, cfg, message):
         build(type_name, shapes, **cfg)
 
 
-@pytest.mark.parametrize("type_name, shape, cfg", [
-    ("MultiHeadAttention", (16, 128, 128), dict(num_heads=4, causal=True)),
-    ("LayerNorm", (16, 256, 128), {}),
-    ("GELU", (16, 256, 128), {}),
+@pytest.mark.parametrize("type_name, shape, cfg, limit", [
+    # attention: far below its (8, 4, 128, 128) probabilities (2 MiB), which live in the workspace
+    ("MultiHeadAttention", (8, 128, 64), dict(num_heads=4, causal=True), 8 * 4 * 128 * 128 * 4 // 8),
+    ("LayerNorm", (16, 256, 64), {}, 16 * 256 * 64 * 4 // 4),  # a quarter of the bottom
+    ("GELU", (16, 256, 64), {}, 16 * 256 * 64 * 4 // 4),
 ])
-def test_kernels_allocate_nothing_the_size_of_their_operands(rng, type_name, shape, cfg):
+def test_kernels_allocate_nothing_the_size_of_their_operands(rng, type_name, shape, cfg, limit):
     """Scratch comes from the workspace the algorithm declared: what the kernels allocate
-    besides (tracemalloc) is bookkeeping, far below the bottom (1-2 MiB) and attention's
-    probabilities (4 MiB)."""
+    besides (tracemalloc) is bookkeeping."""
     layer, params = build(type_name, [shape], dtype=np.float32, **cfg)
     x = rng.standard_normal(shape).astype(np.float32)
     peak_allocation(layer, [x], params)  # first calls import and cache (SciPy's erf)
-    assert peak_allocation(layer, [x], params) < x.nbytes / 4
+    assert peak_allocation(layer, [x], params) < limit
