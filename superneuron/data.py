@@ -21,6 +21,7 @@ from .array_files import check_memory, npz_describe, read_cifar, read_npz
 from .dataset import Dataset, ShardDraws, crop_mirror, one_line
 from .errors import SNError
 from .limits import MAX_DATA_SIDE, MAX_SPEC_INT, over
+from .text import describe_text, is_text_source, open_text
 
 # The Data layer's options besides source and batch_size: kind, default, meaning.
 OPTIONS = {
@@ -46,14 +47,16 @@ OPTIONS = {
 }
 DEFAULTS = {key: default for key, (_, default, _) in OPTIONS.items()}
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".gif", ".tif", ".tiff", ".webp")
-SOURCES = ("'digits', 'synthetic', a .npz file, a CIFAR-10 python directory, an image folder, an LMDB "
-           "or an image list (.txt)")
+SOURCES = ("'digits', 'synthetic', a .npz file, a CIFAR-10 python directory, an image folder, an LMDB, "
+           "an image list (.txt) or text[:FILE_OR_FOLDER]")
 
 
 def source_kind(src):
     """'digits', 'synthetic', 'npz', 'cifar' or 'folder'; SNError naming a missing or odd path."""
     if src in ("digits", "synthetic"):
         return src
+    if is_text_source(src):
+        return "text"  # byte-level tokens in windows: superneuron.text
     if not os.path.exists(src):
         raise SNError(f"{src}: no such file or directory (a data source is {SOURCES})")
     if os.path.isdir(src) and os.path.isfile(os.path.join(src, "data.mdb")):
@@ -113,6 +116,8 @@ def describe(cfg):
     """``(sample_shape, num_classes)`` of a source, after cropping, without loading it where avoidable."""
     cfg = _config(cfg)
     src, size, kind = cfg["source"], cfg["size"], source_kind(cfg["source"])
+    if kind == "text":
+        return describe_text(cfg)
     if kind == "digits":
         shape, classes = (1, size or 8, size or 8), 10
         check_memory(src, 1797 * math.prod(shape) * 4, "its 1797 images at this size")
@@ -146,6 +151,12 @@ def describe(cfg):
         if len(cfg[key]) not in (0, 1, shape[0]):
             raise SNError(f"{src}: {key} has {len(cfg[key])} values for {shape[0]} channels")
     return ((shape[0], crop, crop) if crop else shape), classes
+
+
+def label_shape(cfg, sample_shape):
+    """The shape of one sample's label: a class number (``()``), or for text one target token
+    per window position (the sample's shape)."""
+    return tuple(sample_shape) if source_kind(cfg["source"]) == "text" else ()
 
 
 # ---------------------------------------------------------------- datasets
@@ -206,6 +217,8 @@ def open_source(cfg):
     cfg = _config(cfg)
     describe(cfg)  # the same checks as the layer's setup: crop, size, mean and std lengths
     src, kind = cfg["source"], source_kind(cfg["source"])
+    if kind == "text":
+        return open_text(cfg)
     if kind == "folder":
         return _open_folder(src, cfg)
     if kind == "lmdb":

@@ -46,6 +46,8 @@ def data_config(spec, source=None):
     shape = first.cfg["shape"][0]
     base = {"batch_size": shape[0]}
     kind = source_kind(source)
+    if kind == "text" and len(shape) == 2:
+        base["size"] = shape[1]  # tokens per window
     if kind in RESIZED and len(shape) == 4:
         if shape[2] != shape[3]:
             raise SNError(f"{source}: {kind} data is made square, but the net's input "

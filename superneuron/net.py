@@ -193,8 +193,8 @@ class Net:
         """The classes its SoftmaxWithLoss scores (the channels of its first bottom), or None
         without one."""
         for node in self.graph.nodes:
-            if node.layer.type == "SoftmaxWithLoss":
-                return self.graph.tensors[node.bottoms[0]].shape[1]
+            if node.layer.type == "SoftmaxWithLoss":  # the classes lie on its axis (2 for a sequence)
+                return self.graph.tensors[node.bottoms[0]].shape[node.layer.cfg["axis"]]
         return None
 
     phase = "TEST"  # what forward() runs unless told: Caffe's phase of the net (load_net sets it)

@@ -32,8 +32,9 @@ def build_parser():
                "--test-interval, --snapshot-interval) override them.")
     net_arguments(p)
     p.add_argument("--data", metavar="SRC",
-                   help="data source: digits, synthetic, FILE.npz, a CIFAR-10 python folder or an "
-                        "image folder (default: the net's Data layer; synthetic for Input nets)")
+                   help="data source: digits, synthetic, FILE.npz, a CIFAR-10 python folder, an "
+                        "image folder, or text[:FILE_OR_FOLDER] (bytes; text alone: Python's "
+                        "standard library) (default: the net's Data layer; synthetic for Input nets)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--iters", type=int, metavar="N", help="iterations to train (solver max_iter)")
     length.add_argument("--epochs", type=float, metavar="N", help="passes over the training data")

@@ -24,3 +24,4 @@ def layer_class(type_name):
 
 
 from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, python_layer, recurrent, shape  # noqa: E402,F401
+from . import attention, embed, layernorm, matmul  # noqa: E402,F401  (transformers)

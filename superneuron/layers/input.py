@@ -75,5 +75,6 @@ class Data(Input):
         except SNError as e:
             message = str(e)
         else:
-            return self._set_shapes(bottom_shapes, [(batch,) + tuple(sample_shape), (batch,)])
+            labels = (batch,) + data.label_shape(self.cfg, sample_shape)  # text: a target per token
+            return self._set_shapes(bottom_shapes, [(batch,) + tuple(sample_shape), labels])
         self.fail(message)

@@ -36,24 +36,44 @@ def _gather(xp, flat, positions, out):
 class Softmax(Layer):
     """``y = exp(x) / sum(exp(x))`` along ``axis``. Its backward reads only the top."""
 
-    KEYS = {"axis": Key("int", 1, doc="the axis of the classes (negative counts from the end)")}
+    KEYS = {"axis": Key("int", 1, doc="the axis of the classes (negative counts from the end)"),
+            "causal": Key("bool", False, doc="attention's mask: over (..., queries, keys) with axis -1, "
+                                             "key j > query i gets probability 0")}
     INPLACE = True
     CHEAP = True
 
     def setup(self, bottom_shapes):
-        return axis_setup(self, bottom_shapes)
+        tops = axis_setup(self, bottom_shapes)
+        shape = tuple(bottom_shapes[0])
+        if self.cfg["causal"] and (len(shape) < 2 or self.cfg["axis"] % len(shape) != len(shape) - 1):
+            self.fail(f"causal needs the last axis (axis: -1) of a bottom of (..., queries, keys), "
+                      f"got axis {self.cfg['axis']} of {shape_str(shape)}")
+        return tops
 
     def backward_reads(self):
         return (), (0,)
 
+    def _mask_shape(self):
+        return tuple(self.bottom_shapes[0][-2:])
+
     def algorithms(self, phase):
         n, _, l = self.ncl
-        return [Algo("default", workspace_bytes(((n, 1, l), self.dtype)))]
+        mask = [(self._mask_shape(), np.bool_)] if self.cfg["causal"] and phase == "forward" else []
+        return [Algo("default", workspace_bytes(((n, 1, l), self.dtype), *mask))]
 
     def forward(self, ctx, bottoms, tops, params):
         n, _, l = self.ncl
-        _softmax(ctx.xp, bottoms[0].reshape(self.ncl), tops[0].reshape(self.ncl),
-                 ctx.scratch((n, 1, l), self.dtype))
+        room = ctx.scratch((n, 1, l), self.dtype)
+        x = bottoms[0]
+        if self.cfg["causal"]:  # masked scores to -inf: exp gives them 0, the backward 0 too
+            q, k = self._mask_shape()
+            mask = ctx.scratch((q, k), np.bool_)
+            ctx.xp.greater(ctx.xp.arange(k)[None, :], ctx.xp.arange(q)[:, None] + (k - q), out=mask)
+            if not ctx.xp.may_share_memory(tops[0], x):
+                ctx.xp.copyto(tops[0], x)
+            ctx.xp.copyto(tops[0], -np.inf, where=mask)
+            x = tops[0]
+        _softmax(ctx.xp, x.reshape(self.ncl), tops[0].reshape(self.ncl), room)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         # dx = y * (dy - sum(dy * y over the axis)); dx may be dy itself
@@ -82,7 +102,10 @@ class _ScoresAndLabels(Layer):
         scores, labels = (tuple(s) for s in bottom_shapes)
         if len(scores) < 2:
             self.fail(f"scores must be (N, C) or (N, C, H, W), got {shape_str(scores)}")
-        self.ncl = _ncl(scores)
+        axis = self.cfg["axis"]
+        if not -len(scores) <= axis < len(scores):
+            self.fail(f"axis {axis} is out of range for the {len(scores)}-D scores {shape_str(scores)}")
+        self.ncl = _ncl(scores, axis % len(scores))
         n, _, l = self.ncl
         count = int(np.prod(labels, dtype=np.int64))
         if count != n * l:
@@ -127,6 +150,7 @@ class SoftmaxWithLoss(_ScoresAndLabels):
     over the labels that count (``normalize``) or divided by N (``normalize: false``)."""
 
     KEYS = {
+        "axis": Key("int", 1, doc="the axis of the classes: 2 for (N, T, V) scores of a sequence"),
         "ignore_label": Key("int", -1, doc="a label left out of the loss (negatives always are)"),
         "normalize": Key("bool", True, doc="divide by the number of labels that count, else by N"),
     }
@@ -189,6 +213,7 @@ class Accuracy(_ScoresAndLabels):
 
     KEYS = {
         "top_k": Key("int", 1),
+        "axis": Key("int", 1, doc="the axis of the classes: 2 for (N, T, V) scores of a sequence"),
         "ignore_label": Key("int", -1, doc="a label left out (negatives always are)"),
     }
     BACKWARD = False

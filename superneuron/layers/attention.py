@@ -1,0 +1,216 @@
+"""MultiHeadAttention: self-attention as one layer whose algorithms trade workspace for time.
+
+For a bottom x of shape (N, T, D) and ``num_heads`` H (head width d = D / H), as
+torch.nn.MultiheadAttention computes it::
+
+    q, k, v = split(x W_in^T + b_in)                       each (N, H, T, d)
+    P = softmax(q k^T / sqrt(d))                            (N, H, T, T), causal: j > i masked
+    y = concat_heads(P v) W_out^T + b_out                   (N, T, D)
+
+Its backward reads only the bottom: what attention needs beyond it (q, k, v, the
+probabilities, the heads' outputs) lives in the step's workspace and is recomputed there, so
+nothing of size T^2 outlives a step. How much of it is held at once is the algorithm, which
+the workspace pass and ``optimal`` choose as they choose convolution's:
+
+- forward ``full``: the probabilities of every query at once (N·H·T² in the workspace);
+- forward ``chunked``: a block of ``query_block`` queries at a time (N·H·block·T);
+- backward ``full``: the probabilities recomputed whole, then every gradient from them;
+- backward ``blocked``: FlashAttention's trade, the probabilities recomputed a block of queries
+  at a time, twice (once for the heads' outputs, once for the gradients), dK and dV summed
+  over the blocks: no T² tensor, and the scores and softmax computed once more (its speed
+  estimate counts those flops: 0.93 of full's for GPT-2 small).
+
+The form that keeps the probabilities from the forward for the backward is the same net
+written with the primitive layers (InnerProduct ``axis: 2``, Reshape, Permute, MatMul,
+Softmax ``causal``), whose Softmax top the scheduler keeps, offloads or recomputes like any
+tensor. Dropout on the probabilities is not offered: its mask would have to be drawn again,
+block by block, in the same order by every algorithm.
+"""
+
+import math
+
+import numpy as np
+
+from . import parallel, register
+from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .join import shape_str
+
+
+@register
+class MultiHeadAttention(Layer):
+    """Multi-head self-attention over (N, T, D), with its input and output projections."""
+
+    KEYS = {
+        "num_heads": Key("int", doc="heads H; D must be a multiple of H"),
+        "causal": Key("bool", False, doc="a query sees only the keys at or before it"),
+        "bias_term": Key("bool", True),
+        "query_block": Key("int", 128, doc="queries per block of the chunked and blocked algorithms"),
+        "weight_filler": Key("filler", parse_filler("xavier")),
+        "bias_filler": Key("filler", parse_filler("constant")),
+    }
+    CHUNKED_SPEED = 0.95  # the same work as full's, in more, smaller calls
+
+    def setup(self, bottom_shapes):
+        shape, heads = tuple(bottom_shapes[0]), self.cfg["num_heads"]
+        if len(shape) != 3:
+            self.fail(f"the bottom must be (N, T, D), got {shape_str(shape)}")
+        if heads < 1 or shape[2] % heads:
+            self.fail(f"num_heads {heads} does not divide the width D = {shape[2]}")
+        if self.cfg["query_block"] < 1:
+            self.fail(f"query_block must be >= 1, got {self.cfg['query_block']}")
+        self.n, self.t, self.d = shape
+        self.h, self.dh = heads, shape[2] // heads
+        self.block = min(self.t, self.cfg["query_block"])
+        return [shape]
+
+    def param_specs(self):
+        d, w, b = self.d, self.cfg["weight_filler"], self.cfg["bias_filler"]
+        specs = [ParamSpec("in_weight", (3 * d, d), w, fan_in=d, fan_out=3 * d)]
+        if self.cfg["bias_term"]:
+            specs.append(ParamSpec("in_bias", (3 * d,), b))
+        specs.append(ParamSpec("out_weight", (d, d), w, fan_in=d, fan_out=d))
+        if self.cfg["bias_term"]:
+            specs.append(ParamSpec("out_bias", (d,), b))
+        return specs
+
+    def backward_reads(self):
+        return (0,), ()
+
+    def grad_inplace(self):
+        return [(0, 0)]  # dy is read whole (for dW_out and the heads' gradients) before dx is written
+
+    def grad_over_bottom(self):
+        return [0]  # x is read whole (for dW_in) before dx is written
+
+    # -- workspace ---------------------------------------------------------------------------
+    def _room(self, phase, block):
+        """The scratch arrays of ``phase`` with ``block`` queries at a time, in the order taken."""
+        n, t, d, h, dh, dt = self.n, self.t, self.d, self.h, self.dh, self.dtype
+        heads = ((3, n, h, t, dh), dt)
+        rows = ((n * t, 3 * d), dt)
+        probs, stat, mask = ((n, h, block, t), dt), ((n, h, block, 1), dt), ((block, t), np.bool_)
+        if phase == "forward":
+            return [rows, heads, ((n, h, t, dh), dt), probs, stat, mask]
+        acc = [((n, h, t, dh), dt)] if block < t else []
+        return [rows, heads, heads, ((n, h, t, dh), dt), ((n * t, d), dt), *acc, probs, probs, stat, mask]
+
+    def _blocked_speed(self):
+        """The blocked backward's speed beside the full one's: the same work plus the scores
+        and the softmax of every block computed once more (2·N·T²·D + 5·N·H·T² flops)."""
+        n, t, d = self.n, self.t, self.d
+        full = self.cost().bwd_flops
+        return full / (full + 2.0 * n * t * t * d + 5.0 * n * self.h * t * t)
+
+    def algorithms(self, phase):
+        names = ("full", "chunked") if phase == "forward" else ("full", "blocked")
+        speed = self.CHUNKED_SPEED if phase == "forward" else self._blocked_speed()
+        algos = [Algo(names[0], workspace_bytes(*self._room(phase, self.t)))]
+        if self.block < self.t:
+            algos.append(Algo(names[1], workspace_bytes(*self._room(phase, self.block)), speed))
+        return algos
+
+    def cost(self):
+        n, t, d, item = self.n, self.t, self.d, self.dtype.itemsize
+        proj = 2.0 * n * t * d * 4 * d
+        attend = 4.0 * n * t * t * d + 5.0 * n * self.h * t * t
+        fwd_bytes = float((2 * n * t * d + 4 * d * d) * item + 3 * n * self.h * t * t * item)
+        # the backward runs the forward again, then about twice its work
+        return Cost(proj + attend, 3 * (proj + attend), fwd_bytes, 3 * fwd_bytes)
+
+    # -- kernels -----------------------------------------------------------------------------
+    def _project(self, ctx, x, params, rows, heads):
+        """``heads`` = q, k, v (3, N, H, T, d) from x; q scaled by 1/sqrt(d)."""
+        xp = ctx.xp
+        parallel.matmul(xp, x.reshape(self.n * self.t, self.d), params["in_weight"].T, rows)
+        if self.cfg["bias_term"]:
+            rows += params["in_bias"]
+        xp.copyto(heads, rows.reshape(self.n, self.t, 3, self.h, self.dh).transpose(2, 0, 3, 1, 4))
+        heads[0] *= 1.0 / math.sqrt(self.dh)
+
+    def _probs(self, xp, heads, a, b, probs, stat, mask):
+        """The probabilities of queries ``a:b``, into ``probs[:, :, :b - a]`` (returned)."""
+        p, st = probs[:, :, :b - a], stat[:, :, :b - a]
+        xp.matmul(heads[0][:, :, a:b], heads[1].swapaxes(-1, -2), out=p)
+        if self.cfg["causal"]:
+            m = mask[:b - a]
+            xp.greater(xp.arange(self.t)[None, :], xp.arange(a, b)[:, None], out=m)
+            xp.copyto(p, -np.inf, where=m)
+        xp.max(p, axis=-1, keepdims=True, out=st)
+        p -= st  # shifted so that exp cannot overflow
+        xp.exp(p, out=p)
+        xp.sum(p, axis=-1, keepdims=True, out=st)
+        p /= st
+        return p
+
+    def _blocks(self, block):
+        return [(a, min(a + block, self.t)) for a in range(0, self.t, block)]
+
+    def forward(self, ctx, bottoms, tops, params):
+        xp, n, t, d = ctx.xp, self.n, self.t, self.d
+        block = self.block if ctx.algo == "chunked" else t
+        rows, heads, ctxh, probs, stat, mask = (ctx.scratch(s, dt) for s, dt in self._room("forward", block))
+        self._project(ctx, bottoms[0], params, rows, heads)
+        for a, b in self._blocks(block):
+            p = self._probs(xp, heads, a, b, probs, stat, mask)
+            xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
+        crow = rows.reshape(-1)[:n * t * d].reshape(n * t, d)  # q, k, v's rows are spent
+        xp.copyto(crow.reshape(n, t, self.h, self.dh), ctxh.transpose(0, 2, 1, 3))
+        y = tops[0].reshape(n * t, d)
+        parallel.matmul(xp, crow, params["out_weight"].T, y)
+        if self.cfg["bias_term"]:
+            y += params["out_bias"]
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        xp, n, t, d, h, dh = ctx.xp, self.n, self.t, self.d, self.h, self.dh
+        block = self.block if ctx.algo == "blocked" else t
+        room = [ctx.scratch(s, dt) for s, dt in self._room("backward", block)]
+        rows, heads, dheads, ctxh, crow = room[:5]
+        acc = room[5] if block < t else None
+        probs, dprobs, stat, mask = room[-4:]
+        x = bottoms[0].reshape(n * t, d)
+        dy = top_grads[0].reshape(n * t, d)
+        pg = param_grads
+        # the forward again, to the heads' outputs
+        self._project(ctx, bottoms[0], params, rows, heads)
+        for a, b in self._blocks(block):
+            p = self._probs(xp, heads, a, b, probs, stat, mask)
+            xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
+        xp.copyto(crow.reshape(n, t, h, dh), ctxh.transpose(0, 2, 1, 3))
+        # the output projection
+        parallel.matmul(xp, dy.T, crow, pg["out_weight"])
+        if self.cfg["bias_term"]:
+            xp.sum(dy, axis=0, out=pg["out_bias"])
+        parallel.matmul(xp, dy, params["out_weight"], crow)  # crow now holds d(heads' outputs)
+        xp.copyto(ctxh, crow.reshape(n, t, h, dh).transpose(0, 2, 1, 3))
+        # attention, block by block: dV = P^T dO, dS = P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q
+        dq, dk, dv = dheads
+        if acc is not None:
+            dk[...] = 0
+            dv[...] = 0
+        for a, b in self._blocks(block):
+            p = probs if block == t else self._probs(xp, heads, a, b, probs, stat, mask)
+            do = ctxh[:, :, a:b]
+            if acc is None:
+                xp.matmul(p.swapaxes(-1, -2), do, out=dv)
+            else:
+                xp.matmul(p.swapaxes(-1, -2), do, out=acc)
+                dv += acc
+            dp, st = dprobs[:, :, :b - a], stat[:, :, :b - a]
+            xp.matmul(do, heads[2].swapaxes(-1, -2), out=dp)
+            xp.matmul(p[..., None, :], dp[..., :, None], out=st[..., None])
+            dp -= st
+            dp *= p
+            xp.matmul(dp, heads[1], out=dq[:, :, a:b])
+            if acc is None:
+                xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=dk)
+            else:
+                xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=acc)
+                dk += acc
+        dq *= 1.0 / math.sqrt(dh)
+        # the input projection
+        xp.copyto(rows.reshape(n, t, 3, h, dh), dheads.transpose(1, 3, 0, 2, 4))
+        parallel.matmul(xp, rows.T, x, pg["in_weight"])
+        if self.cfg["bias_term"]:
+            xp.sum(rows, axis=0, out=pg["in_bias"])
+        if bottom_grads[0] is not None:
+            parallel.matmul(xp, rows, params["in_weight"], bottom_grads[0].reshape(n * t, d))
