@@ -10,10 +10,12 @@ one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for),
 ReLU a Recompute runs in its own pass: fuse.py).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
-and host memory it takes and gives back. Those effects are what the passes reason about
-(liveness.uses follows ``reads``/``writes``) and what the one interpreter of memory steps
-(interpret.py) carries out for both the Simulator and the Runtime. Adding a kind is one entry
-here, its executor (runtime/executor.py) and its cost (cost.py).
+Those are what the passes reason about (liveness.uses follows ``reads``/``writes``). What a
+step *does* is the walker's (walk.py): one method per kind, the memory and copy effects
+(device and host memory taken and given back, copies started and waited for) written once
+in its base, the Simulator, the cost model's clock and the Runtime adding their own. Adding a
+kind is one entry here, a method in each walker that gives it a meaning, and the pass that
+inserts it.
 """
 
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
 # update.py's, right after their Backward, reads those alone)
 RESIDENT_ONLY = (ACCUMULATE, UPDATE)
 MEMORY = (ALLOC, FREE)
-COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
+COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the walker does between device and host
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 COMMUNICATION = (ALLREDUCE, WAIT_REDUCE)
@@ -105,15 +107,12 @@ def _unpacks_bucket(graph, step):
 class Kind:
     """What a kind of step is: what it names (``'node'``, ``'tensor'`` or nothing); ``uses``,
     ``(graph, step) → (reads, writes)``, the tensors it reads and writes (what liveness
-    reasons about: workspaces and resident tensors aside); and, in words, the memory it takes
-    (``allocates``) and gives back (``frees``) on the device and on the host, which
-    interpret.py carries out."""
+    reasons about: workspaces and resident tensors aside). The memory it takes and gives back
+    is the method of its name in walk.Walker."""
 
     name: str
     names: str
     uses: object
-    allocates: str = ""
-    frees: str = ""
 
 
 KINDS = {k.name: k for k in (
@@ -132,22 +131,27 @@ KINDS = {k.name: k for k in (
     # Backward), or of every resident gradient where it names none; parameters and optimiser
     # state are resident
     Kind(UPDATE, "", _updates),
-    Kind(ALLOC, "tensor", _nothing, allocates="the tensor's storage on the device"),
-    Kind(FREE, "tensor", _nothing, frees="the tensor's storage on the device"),
-    # reads the tensor: its device→host copy starts
-    Kind(OFFLOAD, "tensor", _reads_its_tensor, allocates="a host copy of the tensor, unless it is host-resident"),
+    # places the tensor on the device (walk.Walker.alloc)
+    Kind(ALLOC, "tensor", _nothing),
+    # gives the tensor's device storage back
+    Kind(FREE, "tensor", _nothing),
+    # reads the tensor: a host copy is taken (unless it is host-resident), its device→host
+    # copy starts
+    Kind(OFFLOAD, "tensor", _reads_its_tensor),
     # writes the tensor: its host→device copy starts, into storage an Alloc placed
     Kind(PREFETCH, "tensor", _writes_its_tensor),
-    # reads the tensor: its copy has ended
-    Kind(WAIT, "tensor", _reads_its_tensor, frees="the host copy, after a Prefetch that does not keep it"),
+    # reads the tensor: its copy has ended (after a Prefetch that does not keep it, the host
+    # copy goes back)
+    Kind(WAIT, "tensor", _reads_its_tensor),
     # its source (a layer's own form: what that layer's backward reads) → its encoded form, the
     # tensor it names (the codec in ``algorithm``)
     Kind(ENCODE, "tensor", _encode),
     # the encoded form it names → its source anew (a write: the source's old contents are dead)
     Kind(DECODE, "tensor", _decode),
     # parameter offload: the host update of a gradient's parameter, begun when the gradient's
-    # copy landed (its Wait), is done; nothing on the device
-    Kind(APPLY, "tensor", _nothing, frees="the gradient's host copy, which the update has consumed"),
+    # copy landed (its Wait), is done: the gradient's host copy, which it consumed, goes back;
+    # nothing on the device
+    Kind(APPLY, "tensor", _nothing),
     # reads its gradients (packed into the bucket, which it writes): the bucket's all-reduce
     # across the ranks starts (MPI or NCCL; none runs in the Simulator)
     Kind(ALLREDUCE, "tensor", _packs_bucket),
