@@ -3,10 +3,22 @@ base walker, the copies it starts and waits for, and every kind of the vocabular
 meaning by every reading (Simulator, cost model's clock, Runtime)."""
 
 import pytest
+from test_encode import RELU_POOL
+from test_net import feed_for
 
-from superneuron.allocator import Allocator
+from superneuron import load_net
+from superneuron.allocator import Allocator, aligned
 from superneuron.graph import TensorInfo
-from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker
+from superneuron.net import Net
+from superneuron.optim import make_optimizer
+from superneuron.runtime.executor import Execution
+from superneuron.scheduler.cost import Clock, CostModel, Link
+from superneuron.scheduler.encode import _Summary
+from superneuron.scheduler.simulate import Replayer, simulate
+from superneuron.scheduler.workspace import _LiveAtSteps
+from superneuron.solver_config import SolverConfig
+from superneuron.spec import loads_spec
+from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
 from superneuron.scheduler.steps import KINDS, Alloc, Free, Offload, Prefetch, Step, Wait
 
 
@@ -75,3 +87,83 @@ def test_compute_kinds_touch_no_allocator_in_the_base_walker(kind):
     device, host = Recording(), Recording()
     Walker(TENSORS, device, host).walk([Step(kind, 0, "a")])
     assert device.calls == host.calls == []
+
+
+# -- every kind against every reading --------------------------------------------------------
+
+READINGS = [Walker, Replayer, Clock, Execution, _LiveAtSteps, _Summary]
+
+
+@pytest.mark.parametrize("reading", READINGS, ids=lambda c: c.__name__)
+def test_every_reading_has_a_method_for_every_kind(reading):
+    for kind in KINDS:
+        assert callable(getattr(reading, kind, None)), f"{reading.__name__} has no meaning for {kind}"
+
+
+def test_the_runtime_gives_every_compute_kind_its_own_kernel_and_the_cost_model_its_time():
+    # a compute kind that reached Walker.compute in the Runtime would be a step that runs nothing
+    assert not [k for k in KINDS if getattr(Execution, k) is Walker.compute]
+    assert set(CostModel("cpu")._seconds) == set(KINDS)
+
+
+def test_a_kind_without_a_method_fails_when_the_walker_is_made(monkeypatch):
+    monkeypatch.setitem(KINDS, "teleport", KINDS["alloc"])
+    with pytest.raises(TypeError, match="teleport"):
+        Walker(TENSORS)
+
+
+class TwinRanks:
+    """Two ranks that hold the same batch: the sum of a bucket over them is twice it (so their
+    average is what one rank has, exactly: doubling and halving are exact)."""
+
+    size, rank = 2, 0
+
+    def start(self, bucket):
+        return bucket
+
+    def wait(self, bucket, what):
+        bucket *= 2
+
+    def progress(self):
+        pass
+
+
+def _net(case, policy, iter_size, group):
+    optimizer = make_optimizer(SolverConfig(base_lr=0.1, momentum=0.9, iter_size=iter_size))
+    if case in CASE_TEXTS:
+        return Net(loads_spec(CASE_TEXTS[case]), policy=policy, optimizer=optimizer, group=group)
+    return load_net(case, batch=1, policy=policy, optimizer=optimizer, group=group)
+
+
+CASE_TEXTS = {"leaky_relu_pool": RELU_POOL.replace("type: ReLU,", "type: ReLU, negative_slope: 0.1,")}
+# between them, every kind: Encode and Decode (gist), Apply (parameter offload's host diet),
+# Offload, Prefetch, Wait, Recompute (superneurons), Accumulate (iter_size), AllReduce and
+# WaitReduce (two ranks)
+EVERY_KIND = [("leaky_relu_pool", "gist+params", 1, False), ("tests/nets/tiny.yaml", "superneurons", 2, True)]
+
+
+def test_every_kind_walks_in_the_simulator_the_clock_and_the_runtime():
+    seen = set()
+    for case, policy, k, twins in EVERY_KIND:
+        net = _net(case, policy, k, TwinRanks() if twins else None)
+        schedule = net.schedules["train"]
+        seen |= {s.kind for s in schedule.steps}
+        plan = simulate(schedule)                           # the Simulator
+        timeline = CostModel("cpu", link=Link(ranks=2)).timeline(schedule)  # the cost model's clock
+        assert len(timeline.starts) == len(schedule.steps) and timeline.seconds > timeline.stall >= 0
+        assert (timeline.communication > 0) == twins and (timeline.copied > 0)
+        feeds = [feed_for(net, seed=r) for r in range(k)]
+        losses = [net.train_step(feeds if k > 1 else feeds[0], i) for i in range(2)]  # the Runtime
+        assert net.peak_bytes == plan.peak_bytes and net.runtime.stalls == 0  # plan equals run
+        if twins:  # two ranks of the same batch train as one rank
+            alone = _net(case, policy, k, None)
+            assert [alone.train_step(feeds, i) for i in range(2)] == losses
+    assert seen == set(KINDS)
+
+
+def test_live_after_is_what_the_simulator_counts():
+    net = _net("tests/nets/tiny.yaml", "superneurons", 1, None)
+    schedule, plan = net.schedules["train"], net.plans["train"]
+    for index in range(0, len(schedule.steps), 7):
+        live = live_after(schedule, index)
+        assert sum(aligned(b) for b in live.values()) == plan.live[index]
