@@ -18,8 +18,9 @@ from superneuron.scheduler.simulate import Replayer, simulate
 from superneuron.scheduler.workspace import _LiveAtSteps
 from superneuron.solver_config import SolverConfig
 from superneuron.spec import loads_spec
+from superneuron.scheduler.barrier import barrier_before_update
 from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
-from superneuron.scheduler.steps import KINDS, Alloc, Free, Offload, Prefetch, Step, Wait
+from superneuron.scheduler.steps import BARRIER, KINDS, UPDATE, Alloc, Barrier, Free, Offload, Prefetch, Step, Wait
 
 
 class Recording(Allocator):
@@ -146,7 +147,7 @@ def test_every_kind_walks_in_the_simulator_the_clock_and_the_runtime():
     seen = set()
     for case, policy, k, twins in EVERY_KIND:
         net = _net(case, policy, k, TwinRanks() if twins else None)
-        schedule = net.schedules["train"]
+        schedule = net.schedules["train"] = barrier_before_update(net.schedules["train"])
         seen |= {s.kind for s in schedule.steps}
         plan = simulate(schedule)                           # the Simulator
         timeline = CostModel("cpu", link=Link(ranks=2)).timeline(schedule)  # the cost model's clock
@@ -157,6 +158,7 @@ def test_every_kind_walks_in_the_simulator_the_clock_and_the_runtime():
         assert net.peak_bytes == plan.peak_bytes and net.runtime.stalls == 0  # plan equals run
         if twins:  # two ranks of the same batch train as one rank
             alone = _net(case, policy, k, None)
+            alone.schedules["train"] = barrier_before_update(alone.schedules["train"])
             assert [alone.train_step(feeds, i) for i in range(2)] == losses
     assert seen == set(KINDS)
 
@@ -167,3 +169,39 @@ def test_live_after_is_what_the_simulator_counts():
     for index in range(0, len(schedule.steps), 7):
         live = live_after(schedule, index)
         assert sum(aligned(b) for b in live.values()) == plan.live[index]
+
+
+# -- Barrier: a kind added with its vocabulary entry, the base walker's method and its pass ----
+
+def test_a_barrier_waits_for_every_copy_under_way_as_its_waits_would():
+    device, host, copies = Recording(), Recording(), Log()
+    walker = Walker(TENSORS, device, host, copies)
+    walker.walk([Alloc("a"), Offload("a"), Wait("a"), Free("a"),
+                 Alloc("a"), Prefetch("a"), Alloc("b"), Offload("b"), Barrier()])
+    assert [(e[0], e[1], e[3], e[4]) for e in copies.log[4:]] == [("wait", "a", PREFETCHING, True),
+                                                                ("wait", "b", OFFLOADING, True)]
+    # a's host copy goes, as after its own Wait; b's stays, as an Offload's does
+    assert not walker.pending and host.calls == [("alloc", "a", 1000), ("alloc", "b", 300), ("free", "a")]
+
+
+def test_a_barrier_holds_the_clock_until_the_last_copy_lands():
+    class Bare:  # what the clock reads of a schedule for memory and copy steps
+        tensors, steps = TENSORS, [Alloc("a"), Alloc("b"), Offload("a"), Offload("b"), Barrier()]
+
+    model = CostModel("cpu")
+    clock = Clock(model, Bare).run(Bare)
+    # the two copies queue on the one device→host stream: the barrier waits for both
+    assert clock.now == clock.stall == model.copy_seconds(1000) + model.copy_seconds(300) > 0
+
+
+def test_the_barrier_pass_puts_one_before_the_last_update_and_changes_no_result():
+    plain, fenced = (_net("tests/nets/tiny.yaml", "superneurons", 1, None) for _ in range(2))
+    schedule = fenced.schedules["train"] = barrier_before_update(fenced.schedules["train"])
+    kinds = [s.kind for s in schedule.steps]
+    assert kinds.count(BARRIER) == 1 and kinds[kinds.index(BARRIER) + 1] == UPDATE
+    assert simulate(schedule).peak_bytes == plain.plans["train"].peak_bytes
+    feed = feed_for(plain)
+    assert [fenced.train_step(feed, i) for i in range(2)] == [plain.train_step(feed, i) for i in range(2)]
+    assert fenced.runtime.stalls == 0
+    no_copies = _net("tests/nets/tiny.yaml", "liveness", 1, None).schedules["train"]
+    assert barrier_before_update(no_copies) is no_copies

@@ -23,6 +23,7 @@ from .steps import (
     ALLREDUCE,
     APPLY,
     BACKWARD,
+    BARRIER,
     DECODE,
     ENCODE,
     FORWARD,
@@ -204,7 +205,8 @@ class CostModel:
                 UPDATE: self._update_seconds, ACCUMULATE: self._accumulate_seconds,
                 ENCODE: self._coding_seconds, DECODE: self._coding_seconds,
                 ALLREDUCE: self._bucket_seconds, WAIT_REDUCE: self._bucket_seconds,
-                ALLOC: nothing, FREE: nothing, OFFLOAD: nothing, PREFETCH: nothing, WAIT: nothing, APPLY: nothing}
+                ALLOC: nothing, FREE: nothing, OFFLOAD: nothing, PREFETCH: nothing, WAIT: nothing, APPLY: nothing,
+                BARRIER: nothing}
 
     def _layer_seconds(self, schedule, step):
         """A layer's pass with its algorithm, and what it runs in the same pass (a fused ReLU,

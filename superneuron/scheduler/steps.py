@@ -30,6 +30,8 @@ ENCODE, DECODE = "encode", "decode"
 APPLY = "apply"
 # Data-parallel training: a bucket's all-reduce across ranks starts, and is waited for.
 ALLREDUCE, WAIT_REDUCE = "allreduce", "waitreduce"
+# Every copy started and not yet waited for has ended (barrier.py).
+BARRIER = "barrier"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
 # compute steps that read every gradient, all resident (but an Update that names its gradients:
@@ -157,6 +159,8 @@ KINDS = {k.name: k for k in (
     Kind(ALLREDUCE, "tensor", _packs_bucket),
     # reads the bucket: its all-reduce has ended; writes its gradients, the ranks' average
     Kind(WAIT_REDUCE, "tensor", _unpacks_bucket),
+    # waits for every copy under way (each as its Wait would); names and touches no tensor
+    Kind(BARRIER, "", _nothing),
 )}
 
 
@@ -272,6 +276,11 @@ def AllReduce(bucket, grads):
 def WaitReduce(bucket, grads):
     """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
     return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None))
+
+
+def Barrier():
+    """Wait for every copy started and not yet waited for."""
+    return _new(Step, (BARRIER, None, None, None, None, False, None, (), None))
 
 
 def with_algorithm(step, algorithm, workspace):

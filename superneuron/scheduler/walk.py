@@ -141,6 +141,11 @@ class Walker:
         self.copies.applied(step.tensor)
         self.host.free(step.tensor)
 
+    def barrier(self, step):
+        """Wait for every copy under way, in the order they started (planned waits)."""
+        for name in list(self.pending):
+            self.wait_for(name, planned=True)
+
     def wait_for(self, name, planned):
         """Wait for ``name``'s copy, if one is pending (a stall may have waited for it
         already); after a Prefetch that keeps no host copy, free that copy."""
