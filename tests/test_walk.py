@@ -20,7 +20,20 @@ from superneuron.solver_config import SolverConfig
 from superneuron.spec import loads_spec
 from superneuron.scheduler.barrier import barrier_before_update
 from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
-from superneuron.scheduler.steps import BARRIER, KINDS, UPDATE, Alloc, Barrier, Free, Offload, Prefetch, Step, Wait
+from superneuron.scheduler.steps import (
+    BARRIER,
+    KINDS,
+    UPDATE,
+    Alloc,
+    Barrier,
+    Decode,
+    Encode,
+    Free,
+    Offload,
+    Prefetch,
+    Step,
+    Wait,
+)
 
 
 class Recording(Allocator):
@@ -205,3 +218,9 @@ def test_the_barrier_pass_puts_one_before_the_last_update_and_changes_no_result(
     assert fenced.runtime.stalls == 0
     no_copies = _net("tests/nets/tiny.yaml", "liveness", 1, None).schedules["train"]
     assert barrier_before_update(no_copies) is no_copies
+
+
+def test_an_encoded_form_names_its_codec_in_its_own_field():
+    encode, decode = Encode("x#sign", "sign", source="x"), Decode("x#sign", "sign", "x")
+    assert encode.codec == decode.codec == "sign" and encode.algorithm is decode.algorithm is None
+    assert (encode.describe(None), decode.describe(None)) == ("Encode(x#sign) [sign]", "Decode(x#sign) [sign]")

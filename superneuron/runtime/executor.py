@@ -354,14 +354,14 @@ class Execution(Walker):
         if step.source is None:
             node = self.graph.nodes[step.node]
             bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
-            node.layer.encode(ctx, step.algorithm, bottoms, tops, self.view(step.tensor))
+            node.layer.encode(ctx, step.codec, bottoms, tops, self.view(step.tensor))
         else:
-            codecs.encode(ctx, step.algorithm, self.view(step.source), self.view(step.tensor))
+            codecs.encode(ctx, step.codec, self.view(step.source), self.view(step.tensor))
 
     def decode(self, step):
         self._settle_roots(step)
         ctx = self._context(step, None, self.draw, True, False, None)
-        codecs.decode(ctx, step.algorithm, self.view(step.tensor), self.view(step.source))
+        codecs.decode(ctx, step.codec, self.view(step.tensor), self.view(step.source))
 
     def allreduce(self, step):
         """Pack the gradients of ``step``'s bucket into it and start its sum over the ranks."""

@@ -307,7 +307,7 @@ class _Summary(Walker):
 
     def encode(self, step):
         what = step.source or f"{self.graph.nodes[step.node].name}'s backward operands"
-        self.out.append((step.tensor, step.algorithm, what, self.tensors[step.tensor].nbytes))
+        self.out.append((step.tensor, step.codec, what, self.tensors[step.tensor].nbytes))
 
     def forward(self, step):
         if step.tensor is not None:  # the layer's own form, written in its pass

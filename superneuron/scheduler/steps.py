@@ -4,7 +4,7 @@ A step is a :class:`Step`, an immutable record whose fields are named for what t
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
 acts on; the encoded form an Encode or a Forward writes, or a Decode or a Backward reads),
 ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace tensor it
-uses; an Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
+uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch that leaves its host copy for a later
 one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
 (the parameter gradients a data-parallel bucket holds, in its order), ``fused`` (the in-place
 ReLU a Recompute runs in its own pass: fuse.py).
@@ -146,7 +146,7 @@ KINDS = {k.name: k for k in (
     # copy goes back)
     Kind(WAIT, "tensor", _reads_its_tensor),
     # its source (a layer's own form: what that layer's backward reads) → its encoded form, the
-    # tensor it names (the codec in ``algorithm``)
+    # tensor it names (in ``codec``)
     Kind(ENCODE, "tensor", _encode),
     # the encoded form it names → its source anew (a write: the source's old contents are dead)
     Kind(DECODE, "tensor", _decode),
@@ -180,14 +180,15 @@ class Step(NamedTuple):
     #                           Update: the gradients whose parameters it updates (none: all)
     fused: int = None         # a Recompute: the node of the ReLU, in place on its top, that its
     #                           layer runs in the same pass (fuse.py)
+    codec: str = None         # Encode, Decode: the codec of the encoded form (layers/codecs.py)
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
         ``Encode(conv1#sign) [sign]``."""
         name = graph.nodes[self.node].name if self.kind in LAYER_STEPS else (self.tensor or "")
         text = f"{_TITLES.get(self.kind) or self.kind.capitalize()}({name})"
-        if self.algorithm:
-            text += f" [{self.algorithm}]"
+        if self.algorithm or self.codec:
+            text += f" [{self.algorithm or self.codec}]"
         elif self.keep:
             text += " [keep]"
         if self.kind == BACKWARD and self.tensor:
@@ -206,81 +207,81 @@ _new = tuple.__new__  # memory and copy steps are made by the hundred thousand p
 def Forward(node, algorithm=None, workspace=None, encoded=None):
     """The forward of node ``node``; ``encoded``: the layer's own encoded form (Layer.encodings,
     ``direct``) that it writes in the same pass, for its Backward to read."""
-    return _new(Step, (FORWARD, node, encoded, algorithm, workspace, False, None, (), None))
+    return _new(Step, (FORWARD, node, encoded, algorithm, workspace, False, None, (), None, None))
 
 
 def Backward(node, algorithm=None, workspace=None, encoded=None):
     """The backward of node ``node``; ``encoded``: the encoded form (a layer's own, see
     Layer.encodings) it reads instead of its bottoms and tops."""
-    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, (), None))
+    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, (), None, None))
 
 
 def Recompute(node, algorithm=None, workspace=None, fused=None):
     """Node ``node``'s forward again, for the backward; ``fused``: the node of the in-place
     ReLU on its top that it runs in the same pass (Layer.fuses_relu)."""
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused))
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused, None))
 
 
 def Accumulate():
     """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
-    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None))
+    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None, None))
 
 
 def Update(workspace=None, grads=()):
     """The optimiser's update of the parameters of ``grads`` (none: of every resident gradient)."""
-    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None, None))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None, None))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None, None))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None, None))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None, None))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None, None))
 
 
 def Encode(tensor, codec, source=None, node=None, workspace=None):
     """Write ``tensor``, the ``codec`` form of ``source`` (or, with ``node`` and no source, the
     form of what that layer's backward reads, which its backward then reads itself)."""
-    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source, (), None))
+    return _new(Step, (ENCODE, node, tensor, None, workspace, False, source, (), None, codec))
 
 
 def Decode(tensor, codec, source, workspace=None):
     """Write ``source`` back from ``tensor``, its ``codec`` form."""
-    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source, (), None))
+    return _new(Step, (DECODE, None, tensor, None, workspace, False, source, (), None, codec))
 
 
 def Apply(grad):
     """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
-    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None))
+    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None, None))
 
 
 def AllReduce(bucket, grads):
     """Start the all-reduce of ``bucket`` (a tensor), once ``grads`` are packed into it."""
-    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None))
+    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None, None))
 
 
 def WaitReduce(bucket, grads):
     """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
-    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None))
+    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None, None))
 
 
 def Barrier():
     """Wait for every copy started and not yet waited for."""
-    return _new(Step, (BARRIER, None, None, None, None, False, None, (), None))
+    return _new(Step, (BARRIER, None, None, None, None, False, None, (), None, None))
 
 
 def with_algorithm(step, algorithm, workspace):
