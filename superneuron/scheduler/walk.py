@@ -5,8 +5,9 @@
 shares, the memory and copy effects, is written here once: an Alloc places its tensor on the
 ``device`` allocator, a Free gives it back, an Offload takes a host copy and starts a
 device→host copy, a Prefetch starts a host→device copy, a Wait waits for it (and gives the
-host copy back), an Apply gives a gradient's host copy back. Compute steps touch no
-allocator: here they all go to :meth:`Walker.compute`, which does nothing.
+host copy back), an Apply gives a gradient's host copy back, a Barrier waits for every copy
+under way. Compute steps touch no allocator: here they all go to :meth:`Walker.compute`,
+which does nothing.
 
 The readings are subclasses that override only what they add:
 - the Simulator (simulate.Replayer): bytes, on planning allocators, with nothing more;
