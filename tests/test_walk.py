@@ -120,6 +120,26 @@ def test_the_runtime_gives_every_compute_kind_its_own_kernel_and_the_cost_model_
     assert set(CostModel("cpu")._seconds) == set(KINDS)
 
 
+def test_a_walker_holds_no_reference_to_itself():
+    # planning turns the garbage collector off during its searches: a walker in a cycle would
+    # stay, with its arena, until it is back on
+    import gc
+    import weakref
+
+    class Bare:
+        tensors, steps = TENSORS, [Alloc("a"), Offload("a"), Wait("a")]
+
+    makers = (lambda: Walker(TENSORS, Recording(), Recording()), lambda: Clock(CostModel("cpu"), Bare).run(Bare),
+              lambda: Replayer(_net("tests/nets/tiny.yaml", "superneurons", 1, None).schedules["train"]))
+    gc.disable()
+    try:
+        for make in makers:
+            gone = weakref.ref(make())
+            assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_a_kind_without_a_method_fails_when_the_walker_is_made(monkeypatch):
     monkeypatch.setitem(KINDS, "teleport", KINDS["alloc"])
     with pytest.raises(TypeError, match="teleport"):

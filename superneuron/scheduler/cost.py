@@ -320,10 +320,10 @@ class Clock(Walker):
         super().__init__(schedule.tensors, copies=_Streams(self))
 
     def run(self, schedule):
-        starts, table = self.starts, self.table
+        starts, methods = self.starts, self.methods
         for step in schedule.steps:
             starts.append(self.now)
-            table[step.kind](step)
+            methods[step.kind](self, step)
         return self
 
     def _span(self, stream, start, end):
@@ -366,7 +366,7 @@ class _Streams(Copies):
     compute stream (a stall)."""
 
     def __init__(self, clock):
-        self.clock = clock
+        self.clock = weakref.proxy(clock)  # no cycle: see walk.Walker
         self.free_at = {OFFLOAD: 0.0, PREFETCH: 0.0}
 
     def start(self, name, nbytes, kind):

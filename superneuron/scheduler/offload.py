@@ -315,9 +315,10 @@ class _Variants:
         def advance(arena, steps):
             """Replay ``steps`` (Allocs and Frees) on ``arena``; False once it is over budget
             (its high-water mark only grows, so it would end over too)."""
-            table = Walker(tensors, arena).table
+            walker = Walker(tensors, arena)
+            methods = walker.methods
             for step in steps:
-                table[step.kind](step)
+                methods[step.kind](walker, step)
                 if step.kind == ALLOC and arena.high_water > budget:
                     return False
             return True

@@ -95,12 +95,12 @@ class Replayer(Walker):
         """Make the calls of ``schedule``'s steps from ``start`` on (after those before it, of
         this schedule or one whose steps up to there are the same), ending after the first
         step where ``stop(arena)``; that step's index, or None when none stopped it."""
-        arena, table = self.arena, self.table
+        arena, methods = self.arena, self.methods
         self.tensors = schedule.tensors
         steps = schedule.steps
         trace = arena.live_trace
         for i in range(start, len(steps)):
-            table[steps[i].kind](steps[i])
+            methods[steps[i].kind](self, steps[i])
             trace.append(arena.live)
             if stop is not None and stop(arena):
                 arena.stopped_at = i

@@ -68,24 +68,33 @@ class Walker:
     """Walks steps on ``device`` and ``host`` (allocator.Allocator, the runtime's arenas, a
     :class:`Tally` or :data:`NO_MEMORY`), the tensors' sizes from ``tensors`` (name →
     TensorInfo), copies through ``copies`` (a :class:`Copies`). ``pending``: tensor →
-    (what, handle) for every copy started and not yet waited for. ``table``: kind → the bound
-    method of that kind, built once (a kind of steps.KINDS without a method fails here)."""
+    (what, handle) for every copy started and not yet waited for. ``methods``: kind → the
+    function of that kind (called with the walker and the step), built once per class (a kind
+    of steps.KINDS without a method fails here). The functions are unbound so that a walker
+    holds no reference to itself: planning turns the garbage collector off during its
+    searches, and a cycle would keep every walker, and its arena, alive until it is back on."""
+
+    _tables = {}  # (class, kinds) → its methods
 
     def __init__(self, tensors, device=NO_MEMORY, host=NO_MEMORY, copies=NO_COPIES):
         self.tensors, self.device, self.host, self.copies = tensors, device, host, copies
         self.pending = {}
-        self.table = self._dispatch_table()
+        self.methods = self.dispatch_table()
 
-    def _dispatch_table(self):
-        """kind → bound method: the subclass's method of that kind's name, or, where the kind
-        is a compute step the subclass does not name, its :meth:`compute`."""
-        table = {}
-        cls = type(self)
-        for kind in KINDS:
-            method = getattr(cls, kind, None)
-            if method is None:
-                raise TypeError(f"{cls.__name__} has no method for the step kind '{kind}'")
-            table[kind] = self.compute if method is Walker.compute else getattr(self, kind)
+    @classmethod
+    def dispatch_table(cls):
+        """kind → function: the class's method of that kind's name, or, where the kind is a
+        compute step the class does not name, its :meth:`compute`."""
+        key = (cls, tuple(KINDS))
+        table = Walker._tables.get(key)
+        if table is None:
+            table = {}
+            for kind in KINDS:
+                method = getattr(cls, kind, None)
+                if method is None:
+                    raise TypeError(f"{cls.__name__} has no method for the step kind '{kind}'")
+                table[kind] = cls.compute if method is Walker.compute else method
+            Walker._tables[key] = table
         return table
 
     def run(self, schedule):
@@ -95,9 +104,9 @@ class Walker:
 
     def walk(self, steps):
         """Call each step's method, in order."""
-        table = self.table
+        methods = self.methods
         for step in steps:
-            table[step.kind](step)
+            methods[step.kind](self, step)
 
     # -- compute steps: no memory effect ----------------------------------------------------
     def compute(self, step):

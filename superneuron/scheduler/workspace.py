@@ -40,10 +40,10 @@ class _LiveAtSteps(Walker):
         super().__init__(tensors, self.tally)
 
     def run(self, schedule):
-        table = self.table
+        methods = self.methods
         for i, step in enumerate(schedule.steps):
             self.index = i
-            table[step.kind](step)
+            methods[step.kind](self, step)
         return self
 
     def alloc(self, step):
