@@ -185,16 +185,15 @@ class Step(NamedTuple):
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
         ``Encode(conv1#sign) [sign]``."""
-        name = graph.nodes[self.node].name if self.kind in LAYER_STEPS else (self.tensor or "")
+        runs_a_layer = KINDS[self.kind].names == "node"
+        name = graph.nodes[self.node].name if runs_a_layer else (self.tensor or "")
         text = f"{_TITLES.get(self.kind) or self.kind.capitalize()}({name})"
         if self.algorithm or self.codec:
             text += f" [{self.algorithm or self.codec}]"
         elif self.keep:
             text += " [keep]"
-        if self.kind == BACKWARD and self.tensor:
-            text += f" reads {self.tensor}"
-        elif self.kind == FORWARD and self.tensor:
-            text += f" writes {self.tensor}"
+        if runs_a_layer and self.tensor:  # the encoded form a Backward reads, a Forward writes
+            text += f" {'reads' if self.kind == BACKWARD else 'writes'} {self.tensor}"
         if self.fused is not None:
             text += f" + ReLU({graph.nodes[self.fused].name})"
         return text
