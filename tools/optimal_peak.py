@@ -22,18 +22,8 @@ from superneuron.report import human_bytes  # noqa: E402
 from superneuron.scheduler.context import Context  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 from superneuron.scheduler.optimal import smallest_budget  # noqa: E402
-from superneuron.scheduler.steps import ALLOC, FREE, LAYER_STEPS  # noqa: E402
-
-
-def live_at(schedule, index):
-    """The scheduled tensors allocated and not yet freed after step ``index``."""
-    live = {}
-    for step in schedule.steps[:index + 1]:
-        if step.kind == ALLOC:
-            live[step.tensor] = schedule.tensors[step.tensor].nbytes
-        elif step.kind == FREE:
-            live.pop(step.tensor, None)
-    return live
+from superneuron.scheduler.steps import LAYER_STEPS  # noqa: E402
+from superneuron.scheduler.walk import live_after  # noqa: E402
 
 
 def main():
@@ -60,7 +50,7 @@ def main():
         while step.kind not in LAYER_STEPS and index + 1 < len(schedule.steps):  # the step the peak serves
             index += 1
             step = schedule.steps[index]
-        tensors = live_at(schedule, found.peak_step)
+        tensors = live_after(schedule, found.peak_step)
         kinds = {}
         for t, nbytes in tensors.items():
             kind = schedule.tensors[t].kind

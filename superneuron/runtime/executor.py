@@ -1,8 +1,9 @@
 """The Runtime: executes a Schedule's steps with every tensor a view into one Arena.
 
-Its memory and copy steps go through the interpreter the Simulator drives too
-(scheduler/interpret.py), with real copies behind it, so it makes the same allocator calls as
-the Simulator, in the same order, and the arena's peak is the plan's. Resident tensors
+Each round is walked by an :class:`Execution`, a walker (scheduler/walk.py) whose memory and
+copy steps are the base walker's, as in the Simulator, with real copies behind them, so it
+makes the same allocator calls as the Simulator, in the same order, and the arena's peak is
+the plan's; its compute steps run the layers' kernels. Resident tensors
 (parameters, their gradients, optimiser state) are placed once at start-up; scheduled ones
 are placed as the steps allocate them, each iteration anew.
 
@@ -24,28 +25,10 @@ import numpy as np
 from ..graph import storage_root
 from ..layers import codecs, parallel
 from ..layers.base import Context
-from ..scheduler.interpret import OFFLOADING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.lower import ACCUM
-from ..scheduler.steps import (
-    ACCUMULATE,
-    ALLOC,
-    ALLREDUCE,
-    BACKWARD,
-    CODING,
-    COPY,
-    ENCODE,
-    FORWARD,
-    FREE,
-    MEMORY,
-    OFFLOAD,
-    PREFETCH,
-    RECOMPUTE,
-    RESIDENT_ONLY,
-    UPDATE,
-    WAIT,
-    WAIT_REDUCE,
-)
+from ..scheduler.steps import OFFLOAD, UPDATE
+from ..scheduler.walk import OFFLOADING, Copies, Walker
 from .copies import copies_for
 
 
@@ -93,7 +76,7 @@ class Runtime:
         for name in host_resident:
             self.host.place_resident(name, self.tensors[name].nbytes)
         self.copies = None             # the copy queues, made on the first copy
-        self.memory = None             # the Interpreter of the memory and copy steps of the run
+        self.memory = None             # the Execution (walker) of the last round run
         self.stalls = self.blocked = 0
         self.outside = None            # backend.Allocations of the last run
         self.host_peak = 0
@@ -157,14 +140,8 @@ class Runtime:
 
     def _run_steps(self, schedule, feed, iteration, optimizer, watch, round_=0, finite=True):
         """One round of ``schedule`` (``round_`` of its rounds; ``finite``: the losses of the
-        rounds before were finite)."""
-        graph = self.graph
-        self.memory = memory = Interpreter(schedule.tensors, self.arena, self.host, _Copies(self))
-        pending = memory.pending
-        reducing = {}  # bucket → the handle of its all-reduce
-        roots = Roots.of(schedule)  # kept with the schedule: its memos serve every iteration
+        rounds before were finite): its outputs."""
         last = round_ == schedule.rounds - 1
-        draw = iteration * schedule.rounds + round_  # each round its own dropout masks
         update = next((s for s in schedule.steps if s.kind == UPDATE), None) if last else None
         if self.host_update and update is not None:
             if self.updater is None:
@@ -175,56 +152,11 @@ class Runtime:
             # the last round of several: each gradient's sum is finished where it lands
             accums = self._accums() if schedule.rounds > 1 else None
             self.updater.begin(optimizer, iteration, self._entries_by_grad, ws, accums)
-        outputs = {}
-        for step in schedule.steps:
-            kind = step.kind
-            if pending and kind not in (ALLOC, WAIT):
-                self._stall_on(schedule, step, roots)
-            if kind in MEMORY or kind in COPY:
-                memory.run(step)
-            elif kind == FORWARD or kind == RECOMPUTE:
-                node = graph.nodes[step.node]
-                ctx = self._context(step, node, draw, schedule.train, kind == RECOMPUTE, feed)
-                ctx.relu = step.fused is not None  # the in-place ReLU after it, in its pass
-                if step.tensor is not None:  # its own encoded form, written in the same pass
-                    ctx.encoded = self.view(step.tensor)
-                if not node.layer.ALIAS_TOPS:
-                    params = {k: self.view(t) for k, t in node.params.items()}
-                    node.layer.forward(ctx, [self.view(b) for b in node.bottoms],
-                                       [self.view(t) for t in node.tops], params)
-                if kind == FORWARD and node.layer.top_shapes == [()]:
-                    outputs[node.name] = float(self.view(node.tops[0]))
-                if watch is not None and kind == FORWARD:
-                    watch(node, [self.view(t) for t in node.tops])
-            elif kind == BACKWARD:
-                node = graph.nodes[step.node]
-                self._backward(step, node, draw)
-                if reducing:
-                    self.group.progress()
-            elif kind == ACCUMULATE:
-                self._accumulate(round_, schedule.rounds)
-            elif kind in CODING:
-                self._code(step, draw)
-            elif kind == ALLREDUCE:
-                reducing[step.tensor] = self._start_reduce(step)
-            elif kind == WAIT_REDUCE:
-                self._finish_reduce(step, reducing.pop(step.tensor), iteration)
-            elif kind == UPDATE:
-                if not last:
-                    continue  # the rounds before the last only accumulate
-                if self.host_update:  # the gradients' copies must have landed on the host
-                    self.backend.synchronize()
-                    self.updater.finish()
-                    continue
-                if not (finite and all(math.isfinite(outputs[n.name]) for n in graph.losses)):
-                    continue  # NaN gradients would make every parameter NaN and hide the cause
-                ctx = self._context(step, None, iteration, True, False, None)
-                optimizer.update(self.xp, iteration, self._entries_of(step, optimizer), ctx.scratch)
-            else:
-                raise AssertionError(f"unknown step {kind}")
-        assert not pending, f"copies never waited for: {sorted(pending)}"
-        assert not reducing, f"all-reduces never waited for: {sorted(reducing)}"
-        return outputs
+        self.memory = execution = Execution(self, schedule, feed, iteration, optimizer, watch, round_, finite)
+        execution.run(schedule)
+        assert not execution.pending, f"copies never waited for: {sorted(execution.pending)}"
+        assert not execution.reducing, f"all-reduces never waited for: {sorted(execution.reducing)}"
+        return execution.outputs
 
     def _accums(self):
         """Each parameter gradient's accumulator (resident: on the device, or on the host under
@@ -253,74 +185,6 @@ class Runtime:
             else:
                 grad += acc
 
-    def _start_reduce(self, step):
-        """Pack the gradients of ``step``'s bucket into it and start its sum over the ranks."""
-        bucket, at = self.view(step.tensor), 0
-        for g in step.grads:
-            grad = self.view(g)
-            bucket[at:at + grad.size] = grad.reshape(-1)
-            at += grad.size
-        return self.group.start(bucket)
-
-    def _finish_reduce(self, step, handle, iteration):
-        """Wait for the bucket's sum, then write the ranks' average into its gradients."""
-        self.group.wait(handle, f"the all-reduce of {step.tensor} in iteration {iteration}")
-        bucket, at = self.view(step.tensor), 0
-        bucket /= self.group.size
-        for g in step.grads:
-            grad = self.view(g)
-            grad[...] = bucket[at:at + grad.size].reshape(grad.shape)
-            at += grad.size
-
-    def _stall_on(self, schedule, step, roots):
-        """Wait for any copy still running on what ``step`` touches (a stall: the plan should
-        have put a Wait before it)."""
-        if step.kind in RESIDENT_ONLY and not step.grads:  # it reads every parameter and gradient
-            touched = list(self.memory.pending)
-        elif step.kind == FREE or step.kind in (OFFLOAD, PREFETCH):
-            touched = [step.tensor]
-        else:
-            touched = step_roots(schedule, step, roots)
-        for name in touched:
-            if name in self.memory.pending:
-                self.stalls += 1
-                self.memory.wait(name, planned=False)
-
-    def _context(self, step, node, iteration, train, recompute, feed):
-        ws = self.view(step.workspace) if step.workspace else None
-        return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
-                       seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
-                       feed=feed, backend=self.backend, ranks=self.sync_bn)
-
-    def _code(self, step, iteration):
-        """An Encode or a Decode (scheduler/encode.py): a layer's own form through the layer, a
-        tensor's through the codecs."""
-        ctx = self._context(step, None, iteration, True, False, None)
-        if step.source is None:  # a layer's own form of what its backward reads
-            node = self.graph.nodes[step.node]
-            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
-            node.layer.encode(ctx, step.algorithm, bottoms, tops, self.view(step.tensor))
-        elif step.kind == ENCODE:
-            codecs.encode(ctx, step.algorithm, self.view(step.source), self.view(step.tensor))
-        else:
-            codecs.decode(ctx, step.algorithm, self.view(step.tensor), self.view(step.source))
-
-    def _backward(self, step, node, iteration):
-        if step.tensor is not None:  # it reads an encoded form instead of its bottoms and tops
-            bottoms, tops = [None] * len(node.bottoms), [None] * len(node.tops)
-        else:
-            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
-        top_grads = [None if g is None else self.view(g) for g in node.top_grads]
-        if node.loss_weight:
-            top_grads[0][...] = node.loss_weight
-        bottom_grads = [None if g is None else self.view(g) for g in node.bottom_grads]
-        params = {k: self.view(t) for k, t in node.params.items()}
-        param_grads = {k: self.view(g) for k, g in node.param_grads.items()}
-        ctx = self._context(step, node, iteration, True, False, None)
-        if step.tensor is not None:
-            ctx.encoded = self.view(step.tensor)
-        node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
-
     def update_entries(self, optimizer):
         """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
         if self._entries is None:
@@ -347,13 +211,190 @@ class Runtime:
         by_grad = self._entries_by_grad
         return [(by_grad[g][0], self.view(g), *by_grad[g][2:]) for g in step.grads]
 
+    def optimizer_update(self, optimizer, iteration, step, scratch):
+        """The optimiser's update of the parameters of Update ``step`` on the device."""
+        optimizer.update(self.xp, iteration, self._entries_of(step, optimizer), scratch)
+
     def to_host(self, name):
         """A NumPy copy of tensor ``name`` (after a run, where it was last placed)."""
         return np.asarray(self.backend.to_host(self.view(name, freed_ok=True)))
 
 
+class Execution(Walker):
+    """One round of a schedule on a :class:`Runtime`: the walker whose compute steps run
+    kernels on the arena's views; its memory and copy steps are the base walker's, on the
+    runtime's arena and host arena, with real copies (:class:`_Copies`). Before any step but an
+    Alloc or a Wait, a copy still running on what it touches is waited for and counted as a
+    stall. ``outputs``: the scalar outputs by layer name; ``reducing``: bucket → the handle of
+    its all-reduce under way."""
+
+    def __init__(self, runtime, schedule, feed, iteration, optimizer, watch, round_, finite):
+        self.runtime, self.graph, self.schedule, self.feed = runtime, runtime.graph, schedule, feed
+        self.view, self.iteration, self.optimizer, self.watch = runtime.view, iteration, optimizer, watch
+        self.round, self.last, self.finite = round_, round_ == schedule.rounds - 1, finite
+        self.draw = iteration * schedule.rounds + round_  # each round its own dropout masks
+        self.roots = Roots.of(schedule)  # kept with the schedule: its memos serve every iteration
+        self.outputs, self.reducing = {}, {}
+        super().__init__(schedule.tensors, runtime.arena, runtime.host, _Copies(runtime))
+
+    # -- stalls: a copy still running on what a step touches ---------------------------------
+    def _settle(self, names):
+        """Wait for any copy still running on ``names`` (a stall: the plan should have put a
+        Wait before the step)."""
+        pending = self.pending
+        for name in names:
+            if name in pending:
+                self.runtime.stalls += 1
+                self.wait_for(name, planned=False)
+
+    def _settle_roots(self, step):
+        if self.pending:
+            self._settle(step_roots(self.schedule, step, self.roots))
+
+    def free(self, step):
+        if self.pending:
+            self._settle((step.tensor,))
+        super().free(step)
+
+    def offload(self, step):
+        if self.pending:
+            self._settle((step.tensor,))
+        super().offload(step)
+
+    def prefetch(self, step):
+        if self.pending:
+            self._settle((step.tensor,))
+        super().prefetch(step)
+
+    def apply(self, step):
+        self._settle_roots(step)
+        super().apply(step)
+
+    # -- compute steps: kernels ---------------------------------------------------------------
+    def compute(self, step):
+        raise AssertionError(f"the Runtime has no meaning for a {step.kind} step")
+
+    def forward(self, step, recompute=False):
+        """A layer's forward into its tops (with its own encoded form, or the in-place ReLU on
+        its top, in the same pass); a loss's value is an output."""
+        self._settle_roots(step)
+        node = self.graph.nodes[step.node]
+        view = self.view
+        ctx = self._context(step, node, self.draw, self.schedule.train, recompute, self.feed)
+        ctx.relu = step.fused is not None  # the in-place ReLU after it, in its pass
+        if step.tensor is not None:  # its own encoded form, written in the same pass
+            ctx.encoded = view(step.tensor)
+        if not node.layer.ALIAS_TOPS:
+            params = {k: view(t) for k, t in node.params.items()}
+            node.layer.forward(ctx, [view(b) for b in node.bottoms], [view(t) for t in node.tops], params)
+        if recompute:
+            return
+        if node.layer.top_shapes == [()]:
+            self.outputs[node.name] = float(view(node.tops[0]))
+        if self.watch is not None:
+            self.watch(node, [view(t) for t in node.tops])
+
+    def recompute(self, step):
+        """The forward again, for the backward: no output, no watch."""
+        self.forward(step, recompute=True)
+
+    def backward(self, step):
+        self._settle_roots(step)
+        node, view = self.graph.nodes[step.node], self.view
+        if step.tensor is not None:  # it reads an encoded form instead of its bottoms and tops
+            bottoms, tops = [None] * len(node.bottoms), [None] * len(node.tops)
+        else:
+            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, view)
+        top_grads = [None if g is None else view(g) for g in node.top_grads]
+        if node.loss_weight:
+            top_grads[0][...] = node.loss_weight
+        bottom_grads = [None if g is None else view(g) for g in node.bottom_grads]
+        params = {k: view(t) for k, t in node.params.items()}
+        param_grads = {k: view(g) for k, g in node.param_grads.items()}
+        ctx = self._context(step, node, self.draw, True, False, None)
+        if step.tensor is not None:
+            ctx.encoded = view(step.tensor)
+        node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
+        if self.reducing:
+            self.runtime.group.progress()
+
+    def accumulate(self, step):
+        self._settle_all(step)
+        self.runtime._accumulate(self.round, self.schedule.rounds)
+
+    def update(self, step):
+        """The optimiser's update, in the last round only, and not after a non-finite loss
+        (NaN gradients would make every parameter NaN and hide the cause); under parameter
+        offload the host updater's, once the gradients' copies have landed."""
+        self._settle_all(step)
+        runtime = self.runtime
+        if not self.last:
+            return  # the rounds before the last only accumulate
+        if runtime.host_update:
+            runtime.backend.synchronize()
+            runtime.updater.finish()
+            return
+        if not (self.finite and all(math.isfinite(self.outputs[n.name]) for n in self.graph.losses)):
+            return
+        ctx = self._context(step, None, self.iteration, True, False, None)
+        runtime.optimizer_update(self.optimizer, self.iteration, step, ctx.scratch)
+
+    def _settle_all(self, step):
+        """An Update or Accumulate that names no gradients reads every parameter and gradient."""
+        if not step.grads:
+            self._settle(list(self.pending))
+        else:
+            self._settle_roots(step)
+
+    def encode(self, step):
+        """A layer's own form through the layer (what its backward reads), a tensor's through
+        the codecs (scheduler/encode.py)."""
+        self._settle_roots(step)
+        ctx = self._context(step, None, self.draw, True, False, None)
+        if step.source is None:
+            node = self.graph.nodes[step.node]
+            bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, self.view)
+            node.layer.encode(ctx, step.codec, bottoms, tops, self.view(step.tensor))
+        else:
+            codecs.encode(ctx, step.codec, self.view(step.source), self.view(step.tensor))
+
+    def decode(self, step):
+        self._settle_roots(step)
+        ctx = self._context(step, None, self.draw, True, False, None)
+        codecs.decode(ctx, step.codec, self.view(step.tensor), self.view(step.source))
+
+    def allreduce(self, step):
+        """Pack the gradients of ``step``'s bucket into it and start its sum over the ranks."""
+        self._settle_roots(step)
+        bucket, at = self.view(step.tensor), 0
+        for g in step.grads:
+            grad = self.view(g)
+            bucket[at:at + grad.size] = grad.reshape(-1)
+            at += grad.size
+        self.reducing[step.tensor] = self.runtime.group.start(bucket)
+
+    def waitreduce(self, step):
+        """Wait for the bucket's sum, then write the ranks' average into its gradients."""
+        self._settle_roots(step)
+        group = self.runtime.group
+        group.wait(self.reducing.pop(step.tensor), f"the all-reduce of {step.tensor} in iteration {self.iteration}")
+        bucket, at = self.view(step.tensor), 0
+        bucket /= group.size
+        for g in step.grads:
+            grad = self.view(g)
+            grad[...] = bucket[at:at + grad.size].reshape(grad.shape)
+            at += grad.size
+
+    def _context(self, step, node, iteration, train, recompute, feed):
+        runtime = self.runtime
+        ws = self.view(step.workspace) if step.workspace else None
+        return Context(runtime.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
+                       seed=step_seed(runtime.seed, iteration, -1 if node is None else node.index),
+                       feed=feed, backend=runtime.backend, ranks=runtime.sync_bn)
+
+
 class _Copies(Copies):
-    """The copies of a Runtime's run, for the Interpreter: each starts on the backend's copy
+    """The copies of a Runtime's run, for its Execution: each starts on the backend's copy
     queues between the arena and the host arena, and a Wait that really has to wait counts in
     ``runtime.blocked``; a gradient's copy landing lets the host optimiser update it."""
 

@@ -19,15 +19,16 @@ from dataclasses import dataclass
 
 from .steps import (
     ACCUMULATE,
+    ALLOC,
     ALLREDUCE,
     APPLY,
     BACKWARD,
-    CODING,
+    BARRIER,
+    DECODE,
     ENCODE,
     FORWARD,
+    FREE,
     KINDS,
-    LAYER_STEPS,
-    MEMORY,
     OFFLOAD,
     PREFETCH,
     RECOMPUTE,
@@ -35,6 +36,7 @@ from .steps import (
     WAIT,
     WAIT_REDUCE,
 )
+from .walk import Copies, Walker
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,11 @@ class Link:
 LINKS = {"cpu": Link(bandwidth=5e9, latency=5e-6), "gpu": Link(bandwidth=150e9, latency=10e-6)}
 
 
+def _no_seconds(schedule, step):
+    """Memory and copy steps take no time on the compute stream."""
+    return 0.0
+
+
 def phase_of(step):
     """The layer phase a compute step runs: a recompute is a forward."""
     return "backward" if step.kind == BACKWARD else "forward"
@@ -132,6 +139,7 @@ class CostModel:
         self.link = link or LINKS["cpu" if self.device.name == "cpu" else "gpu"]
         self._estimates = weakref.WeakKeyDictionary()  # layer → {(phase, algo, speed): seconds}
         self._algorithms = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
+        self._seconds = self._seconds_table()
 
     def algorithms(self, layer, phase):
         """``layer.algorithms(phase)``, memoised per layer and phase in this model (a plan's
@@ -187,34 +195,56 @@ class CostModel:
     def step_seconds(self, schedule, step):
         """Seconds of one step on the compute stream; memory and copy steps take none there
         (copies run on their own streams: see :meth:`timeline`)."""
-        if step.kind in LAYER_STEPS:
-            layer = schedule.graph.nodes[step.node].layer
-            phase = phase_of(step)
-            algos = self.algorithms(layer, phase)
-            algo = next((a for a in algos if a.name == step.algorithm), algos[0])
-            seconds = self.algo_seconds(layer, phase, algo)
-            if step.fused is not None:
-                seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
-            if step.kind == FORWARD and step.tensor is not None:
-                seconds += self.encoded_seconds(schedule, step)
-            return seconds
-        if step.kind == UPDATE:  # reads params, grads and state, writes params and state
-            if step.grads:  # those of its gradients, each the shape of its parameter and states
-                slots = schedule.optimizer.slots if schedule.optimizer is not None else 0
-                nbytes = sum(schedule.tensors[g].nbytes for g in step.grads) * (2 + slots)
-            else:
-                nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
-            return 3 * nbytes / self.device.bandwidth
-        if step.kind == ACCUMULATE:  # reads each gradient and its accumulator, writes one
-            nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident + schedule.host_resident
-                         if schedule.tensors[t].kind == "accum")
-            return 3 * nbytes / self.device.bandwidth
-        if step.kind in CODING:  # memory-bound: reads what it reads, writes what it writes
-            reads, writes = KINDS[step.kind].uses(schedule.graph, step)
-            return sum(schedule.tensors[t].nbytes for t in (*reads, *writes)) / self.device.bandwidth
-        if step.kind in (ALLREDUCE, WAIT_REDUCE):  # packs (unpacks) the gradients: read and write
-            return 2 * schedule.tensors[step.tensor].nbytes / self.device.bandwidth
-        return 0.0
+        return self._seconds[step.kind](schedule, step)
+
+    def _seconds_table(self):
+        """kind → ``(schedule, step) → seconds`` on the compute stream, one entry per kind of
+        steps.KINDS (a kind missing here fails: test_walk.py)."""
+        nothing = _no_seconds
+        return {FORWARD: self._layer_seconds, BACKWARD: self._layer_seconds, RECOMPUTE: self._layer_seconds,
+                UPDATE: self._update_seconds, ACCUMULATE: self._accumulate_seconds,
+                ENCODE: self._coding_seconds, DECODE: self._coding_seconds,
+                ALLREDUCE: self._bucket_seconds, WAIT_REDUCE: self._bucket_seconds,
+                ALLOC: nothing, FREE: nothing, OFFLOAD: nothing, PREFETCH: nothing, WAIT: nothing, APPLY: nothing,
+                BARRIER: nothing}
+
+    def _layer_seconds(self, schedule, step):
+        """A layer's pass with its algorithm, and what it runs in the same pass (a fused ReLU,
+        its own encoded form)."""
+        layer = schedule.graph.nodes[step.node].layer
+        phase = phase_of(step)
+        algos = self.algorithms(layer, phase)
+        algo = next((a for a in algos if a.name == step.algorithm), algos[0])
+        seconds = self.algo_seconds(layer, phase, algo)
+        if step.fused is not None:
+            seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
+        if step.kind == FORWARD and step.tensor is not None:
+            seconds += self.encoded_seconds(schedule, step)
+        return seconds
+
+    def _update_seconds(self, schedule, step):
+        """Reads params, grads and state, writes params and state."""
+        if step.grads:  # those of its gradients, each the shape of its parameter and states
+            slots = schedule.optimizer.slots if schedule.optimizer is not None else 0
+            nbytes = sum(schedule.tensors[g].nbytes for g in step.grads) * (2 + slots)
+        else:
+            nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident)
+        return 3 * nbytes / self.device.bandwidth
+
+    def _accumulate_seconds(self, schedule, step):
+        """Reads each gradient and its accumulator, writes one."""
+        nbytes = sum(schedule.tensors[t].nbytes for t in schedule.resident + schedule.host_resident
+                     if schedule.tensors[t].kind == "accum")
+        return 3 * nbytes / self.device.bandwidth
+
+    def _coding_seconds(self, schedule, step):
+        """Memory-bound: reads what it reads, writes what it writes."""
+        reads, writes = KINDS[step.kind].uses(schedule.graph, step)
+        return sum(schedule.tensors[t].nbytes for t in (*reads, *writes)) / self.device.bandwidth
+
+    def _bucket_seconds(self, schedule, step):
+        """Packs (unpacks) the bucket's gradients: reads and writes it."""
+        return 2 * schedule.tensors[step.tensor].nbytes / self.device.bandwidth
 
     def timeline(self, schedule):
         """The estimated :class:`Timeline` of one iteration: compute steps one after another
@@ -225,51 +255,12 @@ class CostModel:
         it is done (the *exposed* communication; the rest overlaps). ``spans`` says when each
         step ran on which stream (what sn-plan's trace draws). A schedule of several rounds
         (iter_size) runs its steps once per round and its Update once: the figures count them
-        so, while ``starts`` and ``spans`` draw one round."""
-        now = d2h = h2d = net = stall = recompute = copied = update = communication = exposed = 0.0
-        done, starts, spans = {}, [], []
-        for step in schedule.steps:
-            starts.append(now)
-            kind = step.kind
-            if kind == OFFLOAD or kind == PREFETCH:
-                seconds = self.copy_seconds(schedule.tensors[step.tensor].nbytes)
-                copied += schedule.tensors[step.tensor].nbytes
-                if kind == OFFLOAD:
-                    d2h = done[step.tensor] = max(d2h, now) + seconds
-                    spans.append((len(starts) - 1, D2H, d2h - seconds, d2h))
-                else:
-                    h2d = done[step.tensor] = max(h2d, now) + seconds
-                    spans.append((len(starts) - 1, H2D, h2d - seconds, h2d))
-            elif kind == APPLY:
-                pass  # the host update it waits for runs beside the backward: not modelled
-            elif kind == WAIT_REDUCE:
-                now += self.step_seconds(schedule, step)
-                if done[step.tensor] > now:
-                    exposed += done[step.tensor] - now
-                    spans.append((len(starts) - 1, EXPOSED, now, done[step.tensor]))
-                    now = done[step.tensor]
-            elif kind == WAIT:
-                if done[step.tensor] > now:
-                    stall += done[step.tensor] - now
-                    spans.append((len(starts) - 1, STALL, now, done[step.tensor]))
-                    now = done[step.tensor]
-            else:
-                seconds = self.step_seconds(schedule, step)
-                if kind not in MEMORY:
-                    spans.append((len(starts) - 1, COMPUTE_STREAM, now, now + seconds))
-                now += seconds
-                if kind == RECOMPUTE:
-                    recompute += seconds
-                elif kind == UPDATE:
-                    update += seconds
-                elif kind == ALLREDUCE:
-                    seconds = self.link.allreduce_seconds(schedule.tensors[step.tensor].nbytes)
-                    communication += seconds
-                    net = done[step.tensor] = max(net, now) + seconds
-                    spans.append((len(starts) - 1, NETWORK, net - seconds, net))
-        k = schedule.rounds
-        return Timeline(k * (now - update) + update, k * stall, k * recompute, k * copied, starts, spans,
-                        k * communication, k * exposed)
+        so, while ``starts`` and ``spans`` draw one round. (The walk is :class:`Clock`'s.)"""
+        clock = Clock(self, schedule)
+        clock.run(schedule)
+        k, update = schedule.rounds, clock.update_seconds
+        return Timeline(k * (clock.now - update) + update, k * clock.stall, k * clock.recompute_seconds,
+                        k * clock.copied, clock.starts, clock.spans, k * clock.communication, k * clock.exposed)
 
     def iteration_seconds(self, schedule):
         """Estimated seconds of one iteration (see :meth:`timeline`)."""
@@ -312,6 +303,86 @@ def as_model(costs):
 def step_seconds(schedule, step, model=None):
     """Seconds of ``step`` under ``model`` (default: the GPU estimate)."""
     return (model or CostModel()).step_seconds(schedule, step)
+
+
+class Clock(Walker):
+    """The walker of the cost model: the time of each step on its stream. ``now`` is the
+    compute stream's clock; copies (the base walker's, started by Offload and Prefetch and
+    waited for by Wait) are queued on a device→host and a host→device stream
+    (:class:`_Streams`); an AllReduce on the network. It adds the seconds of compute steps
+    and the waits; memory steps take none (the base's allocator calls go to no allocator)."""
+
+    def __init__(self, model, schedule):
+        self.model, self.schedule = model, schedule
+        self.now = self.stall = self.recompute_seconds = self.update_seconds = self.copied = 0.0
+        self.communication = self.exposed = self.network = 0.0
+        self.starts, self.spans, self.done = [], [], {}  # done: bucket → when its all-reduce ends
+        super().__init__(schedule.tensors, copies=_Streams(self))
+
+    def run(self, schedule):
+        starts, methods = self.starts, self.methods
+        for step in schedule.steps:
+            starts.append(self.now)
+            methods[step.kind](self, step)
+        return self
+
+    def _span(self, stream, start, end):
+        self.spans.append((len(self.starts) - 1, stream, start, end))
+
+    def compute(self, step):
+        """A compute step holds the compute stream for its :meth:`CostModel.step_seconds`."""
+        seconds = self.model.step_seconds(self.schedule, step)
+        self._span(COMPUTE_STREAM, self.now, self.now + seconds)
+        self.now += seconds
+        return seconds
+
+    def recompute(self, step):
+        self.recompute_seconds += self.compute(step)
+
+    def update(self, step):
+        self.update_seconds += self.compute(step)
+
+    def allreduce(self, step):
+        """Packs its bucket on the compute stream, then queues the bucket's sum on the network."""
+        self.compute(step)
+        seconds = self.model.link.allreduce_seconds(self.tensors[step.tensor].nbytes)
+        self.communication += seconds
+        self.network = self.done[step.tensor] = max(self.network, self.now) + seconds
+        self._span(NETWORK, self.network - seconds, self.network)
+
+    def waitreduce(self, step):
+        """Unpacks its bucket, once its all-reduce is done (any wait is *exposed*)."""
+        self.now += self.model.step_seconds(self.schedule, step)
+        end = self.done[step.tensor]
+        if end > self.now:
+            self.exposed += end - self.now
+            self._span(EXPOSED, self.now, end)
+            self.now = end
+
+
+class _Streams(Copies):
+    """The copies of a :class:`Clock`: each queued on its direction's stream, from when it is
+    issued or its stream is free; the handle is when it ends, and a Wait before then holds the
+    compute stream (a stall)."""
+
+    def __init__(self, clock):
+        self.clock = weakref.proxy(clock)  # no cycle: see walk.Walker
+        self.free_at = {OFFLOAD: 0.0, PREFETCH: 0.0}
+
+    def start(self, name, nbytes, kind):
+        clock = self.clock
+        seconds = clock.model.copy_seconds(nbytes)
+        clock.copied += nbytes
+        end = self.free_at[kind] = max(self.free_at[kind], clock.now) + seconds
+        clock._span(D2H if kind == OFFLOAD else H2D, end - seconds, end)
+        return end
+
+    def wait(self, name, end, what, planned):
+        clock = self.clock
+        if end > clock.now:
+            clock.stall += end - clock.now
+            clock._span(STALL, clock.now, end)
+            clock.now = end
 
 
 # -- measured tables -----------------------------------------------------------------------------

@@ -43,7 +43,8 @@ from ..graph import TensorInfo
 from .inplace import inplace
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace
-from .steps import ALLOC, BACKWARD, ENCODE, FORWARD, FREE, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward
+from .steps import BACKWARD, FORWARD, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward
+from .walk import Tally, Walker
 
 TENSOR_CODECS = ("sign", "fp16", "sparse")  # forms of one tensor, each written back by a Decode
 
@@ -286,18 +287,30 @@ def summary(schedule):
     """What ``schedule`` keeps encoded: ``{'tensors': [(encoded tensor, codec, what it stands
     for, its bytes)], 'stash_bytes': bytes of data and encoded tensors live across the turn}``
     (``sn-plan`` prints it beside the same figure under liveness)."""
-    tensors, graph, live, stash = schedule.tensors, schedule.graph, {}, None
-    out = []
-    for step in schedule.steps:
-        if step.kind == ALLOC:
-            live[step.tensor] = True
-        elif step.kind == FREE:
-            live.pop(step.tensor, None)
-        elif step.kind == BACKWARD and stash is None:
-            stash = sum(aligned(tensors[t].nbytes) for t in live if tensors[t].kind in ("data", "encoded"))
-        if step.kind == ENCODE or step.kind == FORWARD and step.tensor is not None:
-            node = graph.nodes[step.node] if step.source is None else None
-            what = step.source or f"{node.name}'s backward operands"
-            codec = step.algorithm if step.kind == ENCODE else direct_form(node.layer).codec
-            out.append((step.tensor, codec, what, tensors[step.tensor].nbytes))
-    return {"tensors": out, "stash_bytes": stash or 0}
+    found = _Summary(schedule).run(schedule)
+    return {"tensors": found.out, "stash_bytes": found.stash or 0}
+
+
+class _Summary(Walker):
+    """The walk of :func:`summary`: what is live at the first Backward (the turn), and each
+    encoded form an Encode or a Forward writes."""
+
+    def __init__(self, schedule):
+        self.graph, self.tally, self.out, self.stash = schedule.graph, Tally(), [], None
+        super().__init__(schedule.tensors, self.tally)
+
+    def backward(self, step):
+        if self.stash is None:
+            tensors = self.tensors
+            self.stash = sum(aligned(tensors[t].nbytes) for t in self.tally.names
+                             if tensors[t].kind in ("data", "encoded"))
+
+    def encode(self, step):
+        what = step.source or f"{self.graph.nodes[step.node].name}'s backward operands"
+        self.out.append((step.tensor, step.codec, what, self.tensors[step.tensor].nbytes))
+
+    def forward(self, step):
+        if step.tensor is not None:  # the layer's own form, written in its pass
+            node = self.graph.nodes[step.node]
+            codec = direct_form(node.layer).codec
+            self.out.append((step.tensor, codec, f"{node.name}'s backward operands", self.tensors[step.tensor].nbytes))

@@ -32,9 +32,9 @@ import bisect
 import copy
 import math
 
-from .interpret import Interpreter
 from .liveness import Roots, allocate_live, intervals
-from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, OFFLOAD, PREFETCH, Alloc, Free, Offload, Prefetch, Wait
+from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, PREFETCH, Alloc, Free, Offload, Prefetch, Wait
+from .walk import NO_MEMORY, Walker
 
 # How many steps a copy may run ahead of the compute: an offloaded tensor's device memory is
 # freed at most this many steps after its offload started, a prefetch is issued at most this
@@ -260,30 +260,31 @@ class _Variants:
 
     def host_steps(self, k):
         """The steps of :meth:`with_copies` ``(k)`` that take or give back host memory, in its
-        order: an Offload of its own takes a host copy of the gap's tensor (after the use at
-        ``a``), the Wait before ``b`` gives it back unless a later gap reuses it. The steps
-        without copies may have copies of their own: parameter offload's, of host-resident
-        tensors, touch no host memory, and under its diet a gradient's Offload takes a host
-        copy that its Apply gives back. None when they have others (a Prefetch of a tensor
-        not host-resident), which only a replay follows."""
+        order, for a walker of the host alone: an Offload of its own takes a host copy of the
+        gap's tensor (after the use at ``a``), the Wait after the Prefetch before ``b`` gives
+        it back unless a later gap reuses it (the Prefetch keeps it). The steps without copies
+        may have copies of their own: parameter offload's, of host-resident tensors, touch no
+        host memory, and under its diet a gradient's Offload takes a host copy that its Apply
+        gives back. None when they have others (a Prefetch of a tensor not host-resident),
+        which only a replay follows."""
         if self._host_copies is None:
             host = set(self.schedule.host_resident)
             own = [(i, s) for i, s in enumerate(self.steps) if s.kind in COPY and s.tensor not in host]
             if any(s.kind == PREFETCH for _, s in own):
                 self._host_copies = False
             else:
-                self._host_copies = [((i, 0, -1), Alloc(s.tensor) if s.kind == OFFLOAD else Free(s.tensor))
-                                     for i, s in own if s.kind in (OFFLOAD, APPLY)]
+                self._host_copies = [((i, 0, -1), s) for i, s in own]
         if self._host_copies is False:
             return None
         events = list(self._host_copies)
         for j in range(k):
             r, a, _, _, b = self.gaps[j]
             if not self.reuse[j]:
-                events.append(((a, 1, j), Alloc(r)))  # after step a (Offloads come last there)
-            if not self._keep(j, k):
-                events.append(((b, 0, j), Free(r)))  # before step b
-        events.sort(key=lambda e: e[0])
+                events.append(((a, 1, j), Offload(r)))  # after step a (Offloads come last there)
+            keep = self._keep(j, k)
+            events.append(((b, 0, j), Prefetch(r, keep=keep)))  # before step b: its Wait gives
+            events.append(((b, 0, j), Wait(r)))                 # the host copy back, or keeps it
+        events.sort(key=lambda e: e[0])  # stable: each Prefetch stays before its Wait
         return [step for _, step in events]
 
     def host_within(self, k, host_memory, residents):
@@ -297,9 +298,7 @@ class _Variants:
             return over.stopped_at is None
         host = _fork(residents[1])
         host.reset()
-        run = Interpreter(self.schedule.tensors, host).run  # these Allocs and Frees are the host's
-        for step in steps:
-            run(step)
+        Walker(self.schedule.tensors, NO_MEMORY, host).walk(steps)  # the host's side alone
         return host.high_water <= host_memory
 
     def fewest_within(self, lo, hi, budget, residents):
@@ -316,9 +315,10 @@ class _Variants:
         def advance(arena, steps):
             """Replay ``steps`` (Allocs and Frees) on ``arena``; False once it is over budget
             (its high-water mark only grows, so it would end over too)."""
-            run = Interpreter(tensors, arena).run
+            walker = Walker(tensors, arena)
+            methods = walker.methods
             for step in steps:
-                run(step)
+                methods[step.kind](walker, step)
                 if step.kind == ALLOC and arena.high_water > budget:
                     return False
             return True

@@ -1,21 +1,19 @@
 """The Simulator: runs a schedule's memory steps on a planning Arena (no kernels), giving the
 bytes live after every step, the peak, the arena size after placement, and the lower bound.
 
-Its memory and copy steps go through the one interpreter (interpret.py) that the Runtime
-drives too, on allocators alone (allocator.py), so it makes exactly the allocator calls the
-Runtime makes, in the same order, and its figures are the run's to the byte (plan equals
-run)."""
+It is a walker (walk.py) on allocators alone (allocator.py): the memory and copy steps do what
+the base walker does for the Runtime too, and compute steps nothing, so it makes exactly the
+allocator calls the Runtime makes, in the same order, and its figures are the run's to the
+byte (plan equals run)."""
 
 import copy
 from dataclasses import dataclass, field
 
 from ..allocator import Allocator, aligned
 from .cost import phase_of, step_seconds  # noqa: F401  (step_seconds: the trace imports it here)
-from .interpret import Interpreter
 from .liveness import Roots, step_roots
-from .steps import ALLOC, COPY, FORWARD, FREE, LAYER_STEPS, MEMORY
-
-MEMORY_OR_COPY = frozenset(MEMORY + COPY)
+from .steps import FORWARD, FREE, LAYER_STEPS, MEMORY
+from .walk import Walker
 
 
 @dataclass
@@ -66,11 +64,13 @@ def resident_arenas(schedule):
     return arena, host
 
 
-class Replayer:
-    """The allocator calls of a schedule's steps made on planning Arenas (:func:`replay`), from
-    any step on, and the last Alloc taken back: the workspace pass, which gives a step that
-    went over the budget a smaller workspace and tries again, goes on from that step instead
-    of starting over (the steps before it are the same)."""
+class Replayer(Walker):
+    """The Simulator: the allocator calls of a schedule's steps made on planning Arenas
+    (:func:`replay`), from any step on, and the last Alloc taken back: the workspace pass,
+    which gives a step that went over the budget a smaller workspace and tries again, goes on
+    from that step instead of starting over (the steps before it are the same). A walker that
+    adds to the base's memory and copy effects only the bytes live after each step
+    (``arena.live_trace``) and the marks an Alloc may have to give back."""
 
     def __init__(self, schedule, residents=None):
         if residents is None:
@@ -83,26 +83,24 @@ class Replayer:
         arena.live_trace = []
         arena.stopped_at = None
         self.arena = arena
-        self.memory = Interpreter(schedule.tensors, arena, host)
+        super().__init__(schedule.tensors, arena, host)
         self._before = None  # the arena's marks, and where the tensor was last, before the last Alloc
+
+    def alloc(self, step):
+        arena = self.arena
+        self._before = (arena.high_water, arena.peak_live, arena.last.get(step.tensor))
+        super().alloc(step)
 
     def run(self, schedule, start=0, stop=None):
         """Make the calls of ``schedule``'s steps from ``start`` on (after those before it, of
         this schedule or one whose steps up to there are the same), ending after the first
         step where ``stop(arena)``; that step's index, or None when none stopped it."""
-        arena, memory = self.arena, self.memory
-        memory.tensors = schedule.tensors
-        run = memory.run
+        arena, methods = self.arena, self.methods
+        self.tensors = schedule.tensors
         steps = schedule.steps
         trace = arena.live_trace
         for i in range(start, len(steps)):
-            step = steps[i]
-            kind = step.kind
-            if kind == ALLOC:
-                self._before = (arena.high_water, arena.peak_live, arena.last.get(step.tensor))
-                run(step)
-            elif kind in MEMORY_OR_COPY:
-                run(step)
+            methods[steps[i].kind](self, steps[i])
             trace.append(arena.live)
             if stop is not None and stop(arena):
                 arena.stopped_at = i
@@ -114,7 +112,7 @@ class Replayer:
         """Undo the Alloc ``step`` at ``index``, the last step run: the arena is as it was
         before it (freeing the block just placed merges the free blocks back as they were)."""
         arena = self.arena
-        assert step.kind == ALLOC and len(arena.live_trace) == index + 1
+        assert len(arena.live_trace) == index + 1
         arena.free(step.tensor)
         arena.high_water, arena.peak_live, last = self._before
         if last is None:

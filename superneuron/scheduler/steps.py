@@ -4,16 +4,18 @@ A step is a :class:`Step`, an immutable record whose fields are named for what t
 ``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
 acts on; the encoded form an Encode or a Forward writes, or a Decode or a Backward reads),
 ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace tensor it
-uses; an Encode's or a Decode's codec), ``keep`` (a Prefetch that leaves its host copy for a later
+uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch that leaves its host copy for a later
 one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
 (the parameter gradients a data-parallel bucket holds, in its order), ``fused`` (the in-place
 ReLU a Recompute runs in its own pass: fuse.py).
 
 :data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
-and host memory it takes and gives back. Those effects are what the passes reason about
-(liveness.uses follows ``reads``/``writes``) and what the one interpreter of memory steps
-(interpret.py) carries out for both the Simulator and the Runtime. Adding a kind is one entry
-here, its executor (runtime/executor.py) and its cost (cost.py).
+Those are what the passes reason about (liveness.uses follows ``reads``/``writes``). What a
+step *does* is the walker's (walk.py): one method per kind, the memory and copy effects
+(device and host memory taken and given back, copies started and waited for) written once
+in its base, the Simulator, the cost model's clock and the Runtime adding their own. Adding a
+kind is one entry here, a method in each walker that gives it a meaning, and the pass that
+inserts it.
 """
 
 from dataclasses import dataclass
@@ -28,13 +30,15 @@ ENCODE, DECODE = "encode", "decode"
 APPLY = "apply"
 # Data-parallel training: a bucket's all-reduce across ranks starts, and is waited for.
 ALLREDUCE, WAIT_REDUCE = "allreduce", "waitreduce"
+# Every copy started and not yet waited for has ended (barrier.py).
+BARRIER = "barrier"
 
 COMPUTE = (FORWARD, BACKWARD, RECOMPUTE, ACCUMULATE, UPDATE)
 # compute steps that read every gradient, all resident (but an Update that names its gradients:
 # update.py's, right after their Backward, reads those alone)
 RESIDENT_ONLY = (ACCUMULATE, UPDATE)
 MEMORY = (ALLOC, FREE)
-COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the interpreter does between device and host
+COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the walker does between device and host
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 COMMUNICATION = (ALLREDUCE, WAIT_REDUCE)
@@ -105,15 +109,12 @@ def _unpacks_bucket(graph, step):
 class Kind:
     """What a kind of step is: what it names (``'node'``, ``'tensor'`` or nothing); ``uses``,
     ``(graph, step) → (reads, writes)``, the tensors it reads and writes (what liveness
-    reasons about: workspaces and resident tensors aside); and, in words, the memory it takes
-    (``allocates``) and gives back (``frees``) on the device and on the host, which
-    interpret.py carries out."""
+    reasons about: workspaces and resident tensors aside). The memory it takes and gives back
+    is the method of its name in walk.Walker."""
 
     name: str
     names: str
     uses: object
-    allocates: str = ""
-    frees: str = ""
 
 
 KINDS = {k.name: k for k in (
@@ -132,27 +133,34 @@ KINDS = {k.name: k for k in (
     # Backward), or of every resident gradient where it names none; parameters and optimiser
     # state are resident
     Kind(UPDATE, "", _updates),
-    Kind(ALLOC, "tensor", _nothing, allocates="the tensor's storage on the device"),
-    Kind(FREE, "tensor", _nothing, frees="the tensor's storage on the device"),
-    # reads the tensor: its device→host copy starts
-    Kind(OFFLOAD, "tensor", _reads_its_tensor, allocates="a host copy of the tensor, unless it is host-resident"),
+    # places the tensor on the device (walk.Walker.alloc)
+    Kind(ALLOC, "tensor", _nothing),
+    # gives the tensor's device storage back
+    Kind(FREE, "tensor", _nothing),
+    # reads the tensor: a host copy is taken (unless it is host-resident), its device→host
+    # copy starts
+    Kind(OFFLOAD, "tensor", _reads_its_tensor),
     # writes the tensor: its host→device copy starts, into storage an Alloc placed
     Kind(PREFETCH, "tensor", _writes_its_tensor),
-    # reads the tensor: its copy has ended
-    Kind(WAIT, "tensor", _reads_its_tensor, frees="the host copy, after a Prefetch that does not keep it"),
+    # reads the tensor: its copy has ended (after a Prefetch that does not keep it, the host
+    # copy goes back)
+    Kind(WAIT, "tensor", _reads_its_tensor),
     # its source (a layer's own form: what that layer's backward reads) → its encoded form, the
-    # tensor it names (the codec in ``algorithm``)
+    # tensor it names (in ``codec``)
     Kind(ENCODE, "tensor", _encode),
     # the encoded form it names → its source anew (a write: the source's old contents are dead)
     Kind(DECODE, "tensor", _decode),
     # parameter offload: the host update of a gradient's parameter, begun when the gradient's
-    # copy landed (its Wait), is done; nothing on the device
-    Kind(APPLY, "tensor", _nothing, frees="the gradient's host copy, which the update has consumed"),
+    # copy landed (its Wait), is done: the gradient's host copy, which it consumed, goes back;
+    # nothing on the device
+    Kind(APPLY, "tensor", _nothing),
     # reads its gradients (packed into the bucket, which it writes): the bucket's all-reduce
     # across the ranks starts (MPI or NCCL; none runs in the Simulator)
     Kind(ALLREDUCE, "tensor", _packs_bucket),
     # reads the bucket: its all-reduce has ended; writes its gradients, the ranks' average
     Kind(WAIT_REDUCE, "tensor", _unpacks_bucket),
+    # waits for every copy under way (each as its Wait would); names and touches no tensor
+    Kind(BARRIER, "", _nothing),
 )}
 
 
@@ -172,20 +180,20 @@ class Step(NamedTuple):
     #                           Update: the gradients whose parameters it updates (none: all)
     fused: int = None         # a Recompute: the node of the ReLU, in place on its top, that its
     #                           layer runs in the same pass (fuse.py)
+    codec: str = None         # Encode, Decode: the codec of the encoded form (layers/codecs.py)
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
         ``Encode(conv1#sign) [sign]``."""
-        name = graph.nodes[self.node].name if self.kind in LAYER_STEPS else (self.tensor or "")
+        runs_a_layer = KINDS[self.kind].names == "node"
+        name = graph.nodes[self.node].name if runs_a_layer else (self.tensor or "")
         text = f"{_TITLES.get(self.kind) or self.kind.capitalize()}({name})"
-        if self.algorithm:
-            text += f" [{self.algorithm}]"
+        if self.algorithm or self.codec:
+            text += f" [{self.algorithm or self.codec}]"
         elif self.keep:
             text += " [keep]"
-        if self.kind == BACKWARD and self.tensor:
-            text += f" reads {self.tensor}"
-        elif self.kind == FORWARD and self.tensor:
-            text += f" writes {self.tensor}"
+        if runs_a_layer and self.tensor:  # the encoded form a Backward reads, a Forward writes
+            text += f" {'reads' if self.kind == BACKWARD else 'writes'} {self.tensor}"
         if self.fused is not None:
             text += f" + ReLU({graph.nodes[self.fused].name})"
         return text
@@ -198,76 +206,81 @@ _new = tuple.__new__  # memory and copy steps are made by the hundred thousand p
 def Forward(node, algorithm=None, workspace=None, encoded=None):
     """The forward of node ``node``; ``encoded``: the layer's own encoded form (Layer.encodings,
     ``direct``) that it writes in the same pass, for its Backward to read."""
-    return _new(Step, (FORWARD, node, encoded, algorithm, workspace, False, None, (), None))
+    return _new(Step, (FORWARD, node, encoded, algorithm, workspace, False, None, (), None, None))
 
 
 def Backward(node, algorithm=None, workspace=None, encoded=None):
     """The backward of node ``node``; ``encoded``: the encoded form (a layer's own, see
     Layer.encodings) it reads instead of its bottoms and tops."""
-    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, (), None))
+    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, (), None, None))
 
 
 def Recompute(node, algorithm=None, workspace=None, fused=None):
     """Node ``node``'s forward again, for the backward; ``fused``: the node of the in-place
     ReLU on its top that it runs in the same pass (Layer.fuses_relu)."""
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused))
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused, None))
 
 
 def Accumulate():
     """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
-    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None))
+    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None, None))
 
 
 def Update(workspace=None, grads=()):
     """The optimiser's update of the parameters of ``grads`` (none: of every resident gradient)."""
-    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None, None))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None, None))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None, None))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None, None))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None, None))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None))
+    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None, None))
 
 
 def Encode(tensor, codec, source=None, node=None, workspace=None):
     """Write ``tensor``, the ``codec`` form of ``source`` (or, with ``node`` and no source, the
     form of what that layer's backward reads, which its backward then reads itself)."""
-    return _new(Step, (ENCODE, node, tensor, codec, workspace, False, source, (), None))
+    return _new(Step, (ENCODE, node, tensor, None, workspace, False, source, (), None, codec))
 
 
 def Decode(tensor, codec, source, workspace=None):
     """Write ``source`` back from ``tensor``, its ``codec`` form."""
-    return _new(Step, (DECODE, None, tensor, codec, workspace, False, source, (), None))
+    return _new(Step, (DECODE, None, tensor, None, workspace, False, source, (), None, codec))
 
 
 def Apply(grad):
     """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
-    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None))
+    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None, None))
 
 
 def AllReduce(bucket, grads):
     """Start the all-reduce of ``bucket`` (a tensor), once ``grads`` are packed into it."""
-    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None))
+    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None, None))
 
 
 def WaitReduce(bucket, grads):
     """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
-    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None))
+    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None, None))
+
+
+def Barrier():
+    """Wait for every copy started and not yet waited for."""
+    return _new(Step, (BARRIER, None, None, None, None, False, None, (), None, None))
 
 
 def with_algorithm(step, algorithm, workspace):

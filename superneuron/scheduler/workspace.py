@@ -24,22 +24,41 @@ from ..sizes import human_bytes
 from .cost import as_model, phase_of
 from .liveness import Roots
 from .schedule import add_workspace
-from .steps import ALLOC, FREE, LAYER_STEPS, MEMORY, Alloc, Free, with_algorithm
+from .steps import ALLOC, LAYER_STEPS, MEMORY, Alloc, Free, with_algorithm
+from .walk import Tally, Walker
 
 CHOOSING = LAYER_STEPS  # compute steps whose layer has algorithms
 
 
+class _LiveAtSteps(Walker):
+    """Walks a schedule counting the scheduled bytes live (:class:`walk.Tally`), workspaces
+    aside: ``at``, ``{step index: those bytes at that compute step}`` for the steps that
+    choose an algorithm."""
+
+    def __init__(self, tensors):
+        self.tally, self.at, self.index = Tally(), {}, 0
+        super().__init__(tensors, self.tally)
+
+    def run(self, schedule):
+        methods = self.methods
+        for i, step in enumerate(schedule.steps):
+            self.index = i
+            methods[step.kind](self, step)
+        return self
+
+    def alloc(self, step):
+        if self.tensors[step.tensor].kind != "workspace":
+            self.device.alloc(step.tensor, aligned(self.tensors[step.tensor].nbytes))
+
+    def _choosing(self, step):
+        self.at[self.index] = self.tally.live
+
+    forward = backward = recompute = _choosing
+
+
 def _live_at_steps(schedule):
     """``{step index: scheduled bytes live at that compute step, workspaces aside}``."""
-    tensors, live, out = schedule.tensors, 0, {}
-    for i, step in enumerate(schedule.steps):
-        if step.kind == ALLOC and tensors[step.tensor].kind != "workspace":
-            live += aligned(tensors[step.tensor].nbytes)
-        elif step.kind == FREE and tensors[step.tensor].kind != "workspace":
-            live -= aligned(tensors[step.tensor].nbytes)
-        elif step.kind in CHOOSING:
-            out[i] = live
-    return out
+    return _LiveAtSteps(schedule.tensors).run(schedule).at
 
 
 def choose(algos, seconds, room=None, limit=None):
