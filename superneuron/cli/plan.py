@@ -17,6 +17,7 @@ does not, 2 for a bad network file or option.
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -24,7 +25,7 @@ import sys
 from ..errors import SNError
 from ..optim import make_optimizer
 from ..sizes import parse_size
-from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
+from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 
 
 def build_parser():
@@ -81,7 +82,6 @@ def plan_from_args(args, keep=None):
     from ..graph import Graph
     from ..planning import lowered, min_memory, plan
     from ..scheduler.cost import CostModel
-    budget, host_memory, limit = sizes_from_args(args)
     if getattr(args, "data", None) and not str(args.net).lower().endswith(".prototxt"):
         raise SNError("--data applies to Caffe .prototxt nets (a YAML net plans with its own Data layers)")
     spec = load_spec_from_args(args)
@@ -90,6 +90,8 @@ def plan_from_args(args, keep=None):
     # on a GPU with cuDNN the convolutions offer cuDNN's plans, as in sn-train's run
     graph = Graph(spec, kernels=planning_kernels(args.device))
     ranks, link = ranks_from_args(args)
+    options = options_from_args(args, policy="baseline", ranks=ranks)  # sn-plan's default: baseline
+    budget, host_memory = options.budget, options.host_memory
     model, profile = CostModel(args.device, link=link), None
     if getattr(args, "profile", False):
         from ..runtime.profile import load_or_measure
@@ -101,18 +103,15 @@ def plan_from_args(args, keep=None):
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
         keep["base"] = base
-    policy = policy_from_args(args)
     memo = {}
-    bucket_bytes = parse_size(getattr(args, "bucket_size", None) or "25MiB")
-    schedule, the_plan = plan(base, policy, budget, host_memory, cost=model, placement=args.placement,
-                              workspace_limit=limit, lossy=tuple(args.lossy), solver_seconds=args.solver_time,
-                              memo=memo, ranks=ranks, bucket_bytes=bucket_bytes)
+    schedule, the_plan = plan(base, options, cost=model, memo=memo)
     info = figures(schedule, the_plan, budget)
     info["optimal"] = memo.get("optimal")
     timeline = model.timeline(schedule)
-    live = schedule if policy == "liveness" else plan(base, "liveness", cost=model, placement=args.placement,
-                                                      workspace_limit=limit)[0]
-    reference = timeline if policy == "liveness" else model.timeline(live)
+    liveness = options.name == "liveness"
+    live = schedule if liveness else plan(base, "liveness", cost=model, placement=options.placement,
+                                          workspace_limit=options.workspace_limit)[0]
+    reference = timeline if liveness else model.timeline(live)
     info["encoded"] = encoded_figures(schedule, live)
     info.update(est_seconds=timeline.seconds, est_stall_seconds=timeline.stall,
                 est_recompute_seconds=timeline.recompute, copied_bytes=timeline.copied,
@@ -122,9 +121,7 @@ def plan_from_args(args, keep=None):
     if ranks > 1:
         info["data_parallel"] = data_parallel(schedule, timeline, model, ranks, getattr(args, "sync_bn", False))
     if getattr(args, "min_memory", False):
-        info["min_memory_bytes"] = min_memory(base, policy, host_memory, cost=model,
-                                              placement=args.placement, workspace_limit=limit,
-                                              lossy=tuple(args.lossy))
+        info["min_memory_bytes"] = min_memory(base, options, cost=model, budget=None)
     info["profile"] = profile
     return schedule, the_plan, info, model
 
@@ -143,8 +140,6 @@ def encoded_figures(schedule, live):
 
 def ranks_from_args(args):
     """``(ranks, cost.Link)`` from --ranks and --link (bandwidth, and optionally latency)."""
-    import dataclasses
-
     from ..scheduler.cost import LINKS
     ranks = getattr(args, "ranks", 1) or 1
     if ranks < 1:
@@ -267,9 +262,9 @@ def run(args):
     schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
     if args.tradeoff:
         from ..tradeoff import tradeoff
-        info["tradeoff"] = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
-                                    host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
-                                    solver_seconds=args.solver_time)
+        # each policy as the table names it: no lossy encodings, one rank, parameters resident
+        weighed = dataclasses.replace(options, budget=None, lossy=(), ranks=1, offload_params=False)
+        info["tradeoff"] = tradeoff(keep["base"], weighed, model, info["est_liveness_seconds"])
     if args.json:
         print(json.dumps(info, indent=1))
     else:

@@ -10,6 +10,7 @@ and only rank 0 prints, logs, tests and writes snapshots.
 """
 
 import argparse
+import dataclasses
 import math
 import os
 import signal
@@ -20,7 +21,7 @@ from .. import __version__
 from ..errors import SNError
 from ..limits import MAX_SEED
 from ..sizes import human_bytes
-from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
+from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 from .progress import Progress, plan_lines
 
 
@@ -104,7 +105,6 @@ def _train(args, group):
     from ..feed import data_config, loaders, open_data
     from ..net import Net
     from ..optim import make_optimizer
-    from ..sizes import parse_size
     from ..train import Trainer
 
     ranks, rank = (1, 0) if group is None else (group.size, group.rank)
@@ -112,17 +112,13 @@ def _train(args, group):
     solver = solver_from_args(args, spec)
     data_cfg = data_config(spec, args.data)
     optimizer = make_optimizer(solver)
-    memory, host_memory, limit = sizes_from_args(args)
-    if args.policy is None and memory is not None:
-        args.policy = "auto"  # a budget and no policy named: the fastest schedule that fits it
-    if args.policy == "auto" and memory is None:
+    options = options_from_args(args)  # a budget and no policy named: auto, the fastest that fits it
+    if options.policy == "auto" and options.budget is None:
         from ..backend import free_device_bytes
-        memory = free_device_bytes(args.device)  # on a GPU, what is free; on the CPU, none (liveness)
-    net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
-              policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
-              host_memory=host_memory, lossy=tuple(args.lossy),
-              costs="measure" if args.profile else None, solver_seconds=args.solver_time,
-              group=group, bucket_bytes=parse_size(args.bucket_size), sync_bn=args.sync_bn)
+        # on a GPU, what is free; on the CPU, none (liveness)
+        options = dataclasses.replace(options, budget=free_device_bytes(args.device))
+    net = Net(spec, options, optimizer=optimizer, costs="measure" if args.profile else None, group=group,
+              seed=args.seed)
     if group is not None:
         _check_same_collectives(net, group, args.sync_bn)
     data_cfg, train_set, test_set = open_data(net, data_cfg)

@@ -26,10 +26,9 @@ import functools
 
 from ..allocator import ALIGN, aligned
 from ..errors import SNError
+from ..options import PLACEMENTS
 from .packing import FLOOR_SPANS, OffsetTree, best_fit, pack_from_floor
 from .steps import ALLOC, FREE, MEMORY
-
-PLACEMENTS = ("dynamic", "planned")
 
 
 def lifetimes(schedule):
