@@ -8,7 +8,6 @@ import dataclasses
 from fractions import Fraction
 
 from .errors import SNError
-from .options import PlanOptions
 from .planning import fits, plan
 from .scheduler.context import Context
 from .scheduler.optimal import smallest_budget

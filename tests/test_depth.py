@@ -423,7 +423,8 @@ def test_the_workspace_retries_go_on_from_where_they_failed(policy):
     graph = Graph(load_spec("nets/vgg16.yaml", batch=8))  # large workspaces beside large tensors
     schedule = lower(graph, train=True, optimizer=make_optimizer(SolverConfig()))
     schedule = liveness(inplace(recompute(schedule) if policy == "superneurons" else schedule))
-    low, high = simulate(fit(schedule, Context(PlanOptions(budget=0)))).arena_bytes, simulate(fit(schedule, Context())).arena_bytes
+    low = simulate(fit(schedule, Context(PlanOptions(budget=0)))).arena_bytes
+    high = simulate(fit(schedule, Context())).arena_bytes
     retried = 0
     for budget in range(low - 2**20, high + 2**20, (high - low) // 40):
         placed = fit(schedule, Context(PlanOptions(budget=budget)))

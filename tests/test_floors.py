@@ -89,3 +89,119 @@ def test_no_two_rooms_import_each_other():
                 rooms.setdefault(_room(m), set()).add(_room(i))
     both = {tuple(sorted((a, b))) for a, bs in rooms.items() for b in bs if a in rooms.get(b, ())}
     assert not both, f"rooms that import each other: {sorted(both)}"
+
+
+# -- no circles, no long signatures, few imports inside functions ------------------------------
+
+def edges_of(name):
+    """The package modules ``name`` imports, anywhere in its file, each import read as Python
+    runs it: ``from . import x`` imports module ``x`` (not the package's own ``__init__``),
+    ``from .m import f`` imports ``m``."""
+    path = MODULES[name]
+    tree = ast.parse(open(path).read(), path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            stem = ".".join(base + ([node.module] if node.module else []))
+            for a in node.names:
+                found.add(f"{stem}.{a.name}" if f"{stem}.{a.name}" in MODULES else stem)
+    return {m for m in found if m in MODULES and m != name}
+
+
+def _circles():
+    """Every strongly connected set of two or more modules in the import graph (Tarjan's)."""
+    graph = {m: edges_of(m) for m in MODULES}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                out.append(sorted(part))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_the_circle_finder_sees_a_circle():
+    # a control: two modules that import each other are one strongly connected part
+    real = dict(MODULES)
+    try:
+        graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+        global edges_of  # noqa: PLW0603
+        saved = edges_of
+        MODULES.clear()
+        MODULES.update({k: None for k in graph})
+        edges_of = graph.get
+        assert _circles() == [["a", "b"]]
+    finally:
+        edges_of = saved
+        MODULES.clear()
+        MODULES.update(real)
+
+
+def test_no_import_circle_among_the_package_modules():
+    assert "superneuron.layers.windows" in edges_of("superneuron.layers.im2col")  # the reader sees them
+    assert not _circles(), f"modules that import each other, directly or round a circle: {_circles()}"
+
+
+MAX_PARAMETERS = 8
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Options travel as one value (options.PlanOptions), not spelled out again in each
+    signature: every parameter counts, ``self``, ``*args`` and ``**kwargs`` included."""
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                count = (len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None)
+                         + (a.kwarg is not None))
+                if count > MAX_PARAMETERS:
+                    long.append(f"{path}:{node.lineno} {getattr(node, 'name', 'lambda')} ({count})")
+    assert not long, "functions with more than 8 parameters:\n" + "\n".join(long)
+
+
+MAX_LATE_IMPORTS = 12
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    """An import of the package's own modules inside a function is kept only where importing at
+    the top would slow every tool's start-up (a comment on it says so), never to dodge a circle."""
+    late = []
+    for path in MODULES.values():
+        lines = open(path).read().split("\n")
+        for node in ast.walk(ast.parse("\n".join(lines), path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    own = (isinstance(inner, ast.ImportFrom) and (inner.level or (inner.module or "").startswith(
+                        "superneuron"))) or (isinstance(inner, ast.Import) and any(
+                            a.name.startswith("superneuron") for a in inner.names))
+                    if own:
+                        said = "start-up" in lines[inner.lineno - 1] or "start-up" in lines[inner.lineno - 2]
+                        late.append((f"{path}:{inner.lineno}", said))
+    unsaid = [where for where, said in late if not said]
+    assert not unsaid, "imports inside functions without a start-up reason:\n" + "\n".join(unsaid)
+    assert len(late) <= MAX_LATE_IMPORTS, f"{len(late)} imports inside functions: " + ", ".join(w for w, _ in late)

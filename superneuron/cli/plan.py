@@ -78,10 +78,14 @@ def plan_from_args(args, keep=None):
     """``(schedule, plan, figures, cost model)`` for the network, policy, placement, budget and
     workspace limit in ``args``; with ``args.profile``, algorithms are ranked and timed by
     measurement (the cost model is then the measured one, else the estimates of --device).
-    ``keep`` (a dict) gets ``'base'``: the baseline schedule planned."""
+    ``keep`` (a dict) gets ``'base'``: the baseline schedule planned, and ``'options'``: the
+    options.PlanOptions planned under."""
     from ..graph import Graph
     from ..planning import lowered, min_memory, plan
     from ..scheduler.cost import CostModel
+    ranks, link = ranks_from_args(args)
+    options = options_from_args(args, policy="baseline", ranks=ranks)  # sn-plan's default: baseline
+    budget, host_memory = options.budget, options.host_memory
     if getattr(args, "data", None) and not str(args.net).lower().endswith(".prototxt"):
         raise SNError("--data applies to Caffe .prototxt nets (a YAML net plans with its own Data layers)")
     spec = load_spec_from_args(args)
@@ -89,9 +93,6 @@ def plan_from_args(args, keep=None):
     from ..backend import get_backend, gpu_available, planning_kernels
     # on a GPU with cuDNN the convolutions offer cuDNN's plans, as in sn-train's run
     graph = Graph(spec, kernels=planning_kernels(args.device))
-    ranks, link = ranks_from_args(args)
-    options = options_from_args(args, policy="baseline", ranks=ranks)  # sn-plan's default: baseline
-    budget, host_memory = options.budget, options.host_memory
     model, profile = CostModel(args.device, link=link), None
     if getattr(args, "profile", False):
         from ..runtime.profile import load_or_measure
@@ -102,7 +103,7 @@ def plan_from_args(args, keep=None):
         profile = {"cache": path, "measured": measured, "entries": len(table)}
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
-        keep["base"] = base
+        keep["base"], keep["options"] = base, options
     memo = {}
     schedule, the_plan = plan(base, options, cost=model, memo=memo)
     info = figures(schedule, the_plan, budget)
@@ -263,7 +264,7 @@ def run(args):
     if args.tradeoff:
         from ..tradeoff import tradeoff
         # each policy as the table names it: no lossy encodings, one rank, parameters resident
-        weighed = dataclasses.replace(options, budget=None, lossy=(), ranks=1, offload_params=False)
+        weighed = dataclasses.replace(keep["options"], budget=None, lossy=(), ranks=1, offload_params=False)
         info["tradeoff"] = tradeoff(keep["base"], weighed, model, info["est_liveness_seconds"])
     if args.json:
         print(json.dumps(info, indent=1))
