@@ -15,10 +15,14 @@ import numpy as np
 from .backend import get_backend
 from .errors import SNError
 from .graph import Graph
+from .layers.base import fill
+from .limits import host_memory_bytes
 from .options import PlanOptions
 from .planning import min_memory, plan
 from .report import overflow_line
 from .runtime.executor import Runtime, rank_seed
+from .runtime.profile import load_or_measure
+from .scheduler.cost import LINKS, CostModel, cached_table
 from .scheduler.simulate import compute_step, overflow_at
 from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
 from .sizes import human_bytes
@@ -105,7 +109,6 @@ class Net:
     def _runtime(self, capacity, host, seed):
         """The Runtime and its arenas; SNError, before anything is allocated where it can be told,
         when they cannot be had (on the CPU both must fit this machine's memory)."""
-        from .limits import host_memory_bytes
         total = host_memory_bytes()
         on_host = host + (capacity if self.backend.name == "cpu" else 0)
         if total is not None and on_host > total:
@@ -123,8 +126,6 @@ class Net:
                           + ": not enough memory") from None
 
     def _cost_model(self, costs):
-        from .runtime.profile import load_or_measure
-        from .scheduler.cost import LINKS, CostModel, cached_table
         name = self.backend.name
         if costs == "measure":
             costs = load_or_measure(self.graph, self.backend, name)[0]
@@ -138,7 +139,6 @@ class Net:
 
     # -- parameters -----------------------------------------------------------------------
     def _init_params(self, seed):
-        from .layers.base import fill
         rng = np.random.default_rng(seed)
         for node in self.graph.nodes:
             for k, p in node.param_specs.items():

@@ -34,6 +34,7 @@ import math
 
 from . import adaptive
 from .errors import SNError
+from .layers.base import workspace_bytes
 from .solver_config import SolverConfig, learning_rate, solver_from_mapping
 
 SPAN = 1 << 21  # values of a parameter an update takes at a time, where it needs scratch
@@ -91,7 +92,6 @@ class Optimizer:
         scratch)."""
         if not shapes or not self._needs_scratch:
             return 0
-        from .layers.base import workspace_bytes
         span = ((min(SPAN, max(math.prod(s) for s in shapes)),), dtype)
         return workspace_bytes(*[span] * adaptive.SCRATCH.get(self.cfg.type, 1))
 

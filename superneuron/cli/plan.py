@@ -22,9 +22,23 @@ import json
 import math
 import sys
 
+from .. import report
+from ..allocator import aligned
+from ..backend import get_backend, gpu_available, planning_kernels
 from ..errors import SNError
+from ..files import check_output_path
+from ..graph import Graph
 from ..optim import make_optimizer
+from ..planning import lowered, min_memory, plan
+from ..runtime.profile import load_or_measure
+from ..scheduler.allreduce import sync_bn_sums
+from ..scheduler.cost import LINKS, CostModel
+from ..scheduler.encode import summary
+from ..scheduler.placement import PLACEMENTS, arena_bytes
+from ..scheduler.simulate import compute_step, overflow_at
+from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
 from ..sizes import parse_size
+from ..tradeoff import tradeoff
 from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 
 
@@ -80,9 +94,6 @@ def plan_from_args(args, keep=None):
     measurement (the cost model is then the measured one, else the estimates of --device).
     ``keep`` (a dict) gets ``'base'``: the baseline schedule planned, and ``'options'``: the
     options.PlanOptions planned under."""
-    from ..graph import Graph
-    from ..planning import lowered, min_memory, plan
-    from ..scheduler.cost import CostModel
     ranks, link = ranks_from_args(args)
     options = options_from_args(args, policy="baseline", ranks=ranks)  # sn-plan's default: baseline
     budget, host_memory = options.budget, options.host_memory
@@ -90,12 +101,10 @@ def plan_from_args(args, keep=None):
         raise SNError("--data applies to Caffe .prototxt nets (a YAML net plans with its own Data layers)")
     spec = load_spec_from_args(args)
     optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
-    from ..backend import get_backend, gpu_available, planning_kernels
     # on a GPU with cuDNN the convolutions offer cuDNN's plans, as in sn-train's run
     graph = Graph(spec, kernels=planning_kernels(args.device))
     model, profile = CostModel(args.device, link=link), None
     if getattr(args, "profile", False):
-        from ..runtime.profile import load_or_measure
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
         table, path, measured = load_or_measure(graph, backend)
@@ -131,7 +140,6 @@ def encoded_figures(schedule, live):
     """What ``schedule`` keeps encoded (scheduler/encode.py's summary) and the bytes stashed
     across the forward/backward turn beside those of ``live``, the liveness schedule; None
     where nothing is encoded."""
-    from ..scheduler.encode import summary
     found = summary(schedule)
     if not found["tensors"]:
         return None
@@ -141,7 +149,6 @@ def encoded_figures(schedule, live):
 
 def ranks_from_args(args):
     """``(ranks, cost.Link)`` from --ranks and --link (bandwidth, and optionally latency)."""
-    from ..scheduler.cost import LINKS
     ranks = getattr(args, "ranks", 1) or 1
     if ranks < 1:
         raise SNError(f"--ranks must be at least 1, got {ranks}")
@@ -179,8 +186,6 @@ def data_parallel(schedule, timeline, model, ranks, sync_bn=False):
     efficiency: one rank's iteration (the same steps without the all-reduces) over this one.
     ``sync_bn``: synchronised BatchNorm's all-reduces too (``sync_bn``: their number, bytes and
     seconds), counted as communication and all exposed."""
-    from ..scheduler.allreduce import sync_bn_sums
-    from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
     steps = schedule.steps
     exposed = {}
     for i, _stream, start, end in timeline.spans:
@@ -211,9 +216,6 @@ def data_parallel(schedule, timeline, model, ranks, sync_bn=False):
 
 def figures(schedule, plan, budget):
     """The plan's figures as a JSON-ready dict (both allocators' arenas, the fit)."""
-    from ..allocator import aligned
-    from ..scheduler.placement import PLACEMENTS, arena_bytes
-    from ..scheduler.simulate import compute_step, overflow_at
     graph = schedule.graph
     placement = "dynamic" if schedule.offsets is None else "planned"
     arenas = {k: plan.arena_bytes if k == placement else arena_bytes(schedule, k) for k in PLACEMENTS}
@@ -249,8 +251,6 @@ def figures(schedule, plan, budget):
 
 
 def run(args):
-    from .. import report
-    from ..files import check_output_path
     if args.timeline:  # before planning: a typo in a path should cost nothing
         report.timeline_format(args.timeline)
         check_output_path(args.timeline, "timeline")
@@ -262,7 +262,6 @@ def run(args):
     keep = {}  # the baseline schedule, for --tradeoff to plan again
     schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
     if args.tradeoff:
-        from ..tradeoff import tradeoff
         # each policy as the table names it: no lossy encodings, one rank, parameters resident
         weighed = dataclasses.replace(keep["options"], budget=None, lossy=(), ranks=1, offload_params=False)
         info["tradeoff"] = tradeoff(keep["base"], weighed, model, info["est_liveness_seconds"])

@@ -27,6 +27,7 @@ from ..layers.base import Context
 from ..scheduler.interpret import OFFLOADING, Copies, Interpreter
 from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.lower import ACCUM
+from ..scheduler.simulate import replay
 from ..scheduler.steps import (
     ACCUMULATE,
     ALLOC,
@@ -46,7 +47,9 @@ from ..scheduler.steps import (
     WAIT,
     WAIT_REDUCE,
 )
+from .arena import Arena
 from .copies import copies_for
+from .host_update import HostUpdater
 
 
 def rank_seed(seed, rank):
@@ -81,10 +84,8 @@ class Runtime:
         for s in schedules[1:]:
             assert s.resident == first.resident, "schedules of one runtime share resident tensors"
             self.tensors.update(s.tensors)
-        from .arena import Arena
         self.arena = Arena(capacity, backend)
         if host_capacity is None:
-            from ..scheduler.simulate import replay
             host_capacity = max(replay(s).host.high_water for s in schedules)
         self.host = Arena(host_capacity, backend, host=True)
         # parameter offload: the masters live on the host (the update's workspace too, which
@@ -168,7 +169,6 @@ class Runtime:
         update = next((s for s in schedule.steps if s.kind == UPDATE), None) if last else None
         if self.host_update and update is not None:
             if self.updater is None:
-                from .host_update import HostUpdater
                 self.updater = HostUpdater()
             self.update_entries(optimizer)
             ws = self.view(update.workspace) if update.workspace else None
