@@ -25,8 +25,9 @@ import time
 from ..depth import MAX_DEPTH, Planner, deepest, verify
 from ..errors import SNError
 from ..limits import MAX_DATA_SIDE, MAX_SEARCH_DEPTH, over
+from ..options import PlanOptions
 from ..report import table
-from ..scheduler.policy import POLICIES, SOLVED, passes_of
+from ..scheduler.policy import POLICIES, SOLVED
 from ..sizes import human_bytes, parse_size
 from ..spec import parse_overrides
 from .common import check_batch, run_cli
@@ -74,7 +75,7 @@ def policies_from(text):
     if not names:
         raise SNError(f"unknown policy '{text}'; known: {', '.join(POLICIES)}")
     for name in names:
-        passes_of(name)  # SNError naming it when it is not a policy
+        PlanOptions.of(name)  # SNError naming it when it is not a policy
     return list(dict.fromkeys(names))
 
 
