@@ -51,10 +51,12 @@ def main():
         budget, label = round(live.arena_bytes * args.fraction), f"{args.fraction:.3f} of liveness"
         memo = {}
         try:
-            schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+            schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time,
+                                   memo=memo)
         except SNError:
             budget, label = smallest_budget(base, Context(model=model), passes_of), "the smallest that fits"
-            schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+            schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time,
+                                   memo=memo)
         info, solver = memo["optimal"], memo["optimal"].get("solver") or {}
         index = found.peak_step
         step = schedule.steps[index]

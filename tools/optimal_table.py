@@ -90,7 +90,8 @@ def main():
             for policy in (heuristic, solved):
                 memo, start = {}, time.perf_counter()
                 try:
-                    schedule, p_ = plan(base, policy, budget=budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+                    schedule, p_ = plan(base, policy, budget=budget, cost=model, solver_seconds=args.solver_time,
+                                        memo=memo)
                 except SNError:
                     cells += ["-", ""] if policy == solved else ["-"]
                     continue
