@@ -40,8 +40,8 @@ def imports_of(name):
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            found.add(stem)
-            found.update(f"{stem}.{a.name}" for a in node.names)  # `from . import x` names modules
+            for a in node.names:  # `from . import x` imports module x; `from .m import f`, module m
+                found.add(f"{stem}.{a.name}" if f"{stem}.{a.name}" in MODULES else stem)
     return {m for m in found if m in MODULES}
 
 
@@ -93,28 +93,13 @@ def test_no_two_rooms_import_each_other():
 
 # -- no circles, no long signatures, few imports inside functions ------------------------------
 
-def edges_of(name):
-    """The package modules ``name`` imports, anywhere in its file, each import read as Python
-    runs it: ``from . import x`` imports module ``x`` (not the package's own ``__init__``),
-    ``from .m import f`` imports ``m``."""
-    path = MODULES[name]
-    tree = ast.parse(open(path).read(), path)
-    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
-            stem = ".".join(base + ([node.module] if node.module else []))
-            for a in node.names:
-                found.add(f"{stem}.{a.name}" if f"{stem}.{a.name}" in MODULES else stem)
-    return {m for m in found if m in MODULES and m != name}
+def import_graph():
+    """``{module: the package modules it imports}``, every import read (those inside functions too)."""
+    return {m: imports_of(m) - {m} for m in MODULES}
 
 
-def _circles():
-    """Every strongly connected set of two or more modules in the import graph (Tarjan's)."""
-    graph = {m: edges_of(m) for m in MODULES}
+def _circles(graph):
+    """Every strongly connected set of two or more nodes of ``graph`` (Tarjan's)."""
     index, low, stack, on, out = {}, {}, [], set(), []
 
     def visit(v):
@@ -146,24 +131,14 @@ def _circles():
 
 def test_the_circle_finder_sees_a_circle():
     # a control: two modules that import each other are one strongly connected part
-    real = dict(MODULES)
-    try:
-        graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
-        global edges_of  # noqa: PLW0603
-        saved = edges_of
-        MODULES.clear()
-        MODULES.update({k: None for k in graph})
-        edges_of = graph.get
-        assert _circles() == [["a", "b"]]
-    finally:
-        edges_of = saved
-        MODULES.clear()
-        MODULES.update(real)
+    assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_import_circle_among_the_package_modules():
-    assert "superneuron.layers.windows" in edges_of("superneuron.layers.im2col")  # the reader sees them
-    assert not _circles(), f"modules that import each other, directly or round a circle: {_circles()}"
+    graph = import_graph()
+    assert "superneuron.layers.windows" in graph["superneuron.layers.im2col"]  # the reader sees them
+    assert not _circles(graph), f"modules that import each other, directly or round a circle: {_circles(graph)}"
 
 
 MAX_PARAMETERS = 8
