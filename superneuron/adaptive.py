@@ -30,9 +30,11 @@ def rmsprop(xp, w, g, state, lr, delta, decay, tmp):
     _divide_by_rms(xp, w, g, history, lr, delta, tmp)
 
 
-def adadelta(xp, w, g, state, lr, delta, decay, tmp, tmp2):
-    """One AdaDelta step; ``state`` is ``[running mean of g², running mean of step²]``."""
+def adadelta(xp, w, g, state, lr, delta, decay, scratch):
+    """One AdaDelta step; ``state`` is ``[running mean of g², running mean of step²]``;
+    ``scratch``: two arrays of ``w``'s size."""
     square_avg, acc_delta = state
+    tmp, tmp2 = scratch
     _running_mean(xp, square_avg, g, decay, tmp)
     xp.add(acc_delta, delta, out=tmp)
     xp.add(square_avg, delta, out=tmp2)

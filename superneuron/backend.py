@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import SNError
+from .layers.cudnn import probe
 
 
 @dataclass
@@ -82,7 +83,6 @@ class GPUBackend(Backend):
     def kernels(self):
         """cuDNN through its Frontend where it imports (layers/cudnn.py), else None."""
         if self._kernels is False:
-            from .layers.cudnn import probe
             self._kernels, self.kernels_missing = probe()
         return self._kernels
 

@@ -122,9 +122,11 @@ def describe(cfg):
         shape, classes = (1, size or 8, size or 8), 10
         check_memory(src, 1797 * math.prod(shape) * 4, "its 1797 images at this size")
     elif kind == "lmdb":
+        # here, not at the top: Caffe's formats load protobuf, which costs start-up time
         from .caffe.lmdb_data import describe as describe_lmdb
         shape, classes = describe_lmdb(cfg)
     elif kind == "imagelist":
+        # here, not at the top: Caffe's formats load protobuf, which costs start-up time
         from .caffe.image_data import describe as describe_list
         shape, classes = describe_list(cfg)
     elif kind == "synthetic":
@@ -222,9 +224,11 @@ def open_source(cfg):
     if kind == "folder":
         return _open_folder(src, cfg)
     if kind == "lmdb":
+        # here, not at the top: Caffe's formats load protobuf, which costs start-up time
         from .caffe.lmdb_data import open_lmdb
         return open_lmdb(cfg)
     if kind == "imagelist":
+        # here, not at the top: Caffe's formats load protobuf, which costs start-up time
         from .caffe.image_data import open_image_list
         return open_image_list(cfg)
     if kind == "digits":

@@ -58,6 +58,7 @@ from . import planning
 from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
+from .net import Net
 from .optim import make_optimizer
 from .scheduler.cost import CostModel
 from .solver_config import SolverConfig
@@ -397,7 +398,6 @@ def verify(planner, result, device="cpu", iterations=2, seed=0):
     'net_plan_peak_bytes', 'loss', 'equal'}``, ``equal`` when the run's peak is the searched
     plan's peak to the byte. The run plans with the planner's cost model (not a measured
     table cached for this machine), so it makes the plan the search made."""
-    from .net import Net
     net = Net(planner.spec(result.best.blocks), device=device, optimizer=make_optimizer(SolverConfig()),
               memory=planner.budget, policy=result.policy, seed=seed, host_memory=planner.host_memory,
               costs=planner.costs)

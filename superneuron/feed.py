@@ -10,6 +10,7 @@ sources themselves).
 
 from .data import Loader, check_labels, describe, open_source, source_config, source_kind
 from .errors import SNError
+from .readahead import ReadAhead
 
 FIXED_SIZE = ("npz", "cifar")        # sources whose samples have one size, which size cannot change
 RESIZED = ("digits", "synthetic", "folder")   # sources that make samples of any size
@@ -105,7 +106,6 @@ def loaders(cfg, train_set, test_set, batch, seed=0, shard=(0, 1)):
     gives rank ``rank``'s part (data.Loader); the test loader's batch is then one rank's."""
     train = Loader(train_set, batch, shuffle=cfg.get("shuffle", True), seed=seed, train=True, shard=shard)
     if source_kind(cfg["source"]) in READ_AHEAD:
-        from .readahead import ReadAhead
         train = ReadAhead(train)
     test_batch = batch // shard[1]
     test = Loader(test_set, test_batch, shuffle=False, seed=seed, train=False) if len(test_set) else None

@@ -15,10 +15,14 @@ import numpy as np
 from .backend import get_backend
 from .errors import SNError
 from .graph import Graph
+from .layers.base import fill
+from .limits import host_memory_bytes
+from .options import PlanOptions
 from .planning import min_memory, plan
 from .report import overflow_line
 from .runtime.executor import Runtime, rank_seed
-from .scheduler.allreduce import DEFAULT_BUCKET_BYTES
+from .runtime.profile import load_or_measure
+from .scheduler.cost import LINKS, CostModel, cached_table
 from .scheduler.simulate import compute_step, overflow_at
 from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
 from .sizes import human_bytes
@@ -26,68 +30,85 @@ from .spec import load_spec
 
 
 class Net:
-    """A network built from a NetSpec, placed in one arena on a backend.
+    """A network built from a NetSpec, placed in one arena on a backend, planned under
+    ``options`` (an options.PlanOptions, or a policy's name) with the fields ``settings``
+    names changed (keywords, checked once by options.PlanOptions.of; an unknown one is an
+    SNError naming the closest):
+
+    ``memory`` (or ``budget``) caps the arena, in bytes or as text (``"5MiB"``); by default it
+    is sized from the plan. ``policy`` and ``placement`` choose the memory passes and the
+    allocator (scheduler.policy); without ``policy``, ``auto`` under ``memory`` (the fastest
+    schedule that fits it, as ``sn-train --memory``), else ``baseline``. Every policy computes
+    the same results as ``baseline``, but under the others a tensor freed early may be
+    overwritten before :meth:`blob` reads it. Each step runs the fastest algorithm whose
+    workspace fits ``memory`` and, where a layer has a choice, ``workspace_limit`` bytes
+    (scheduler/workspace.py). Policies that offload keep at most ``host_memory`` bytes on the
+    host; ``offload_params`` keeps the parameters there. ``device``: ``'cpu'``, ``'gpu'`` or a
+    backend.Backend; ``dtype``: ``'float32'`` or ``'float64'``. ``lossy``: the lossy encodings
+    a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``).
+    ``solver_seconds``: the time limit of the optimal policy's solver.
 
     ``optimizer`` (an optim.Optimizer) adds its state to the resident region and lets
-    :meth:`train_step` update the parameters. ``memory`` caps the arena (bytes); by default it
-    is sized from the plan. ``policy`` and ``placement`` choose the memory passes and the
-    allocator (scheduler.policy); every policy computes the same results as ``baseline``, but
-    under the others a tensor freed early may be overwritten before :meth:`blob` reads it.
-    Each step runs the fastest algorithm whose workspace fits ``memory`` and, where a layer has
-    a choice, ``workspace_limit`` bytes (scheduler/workspace.py). Policies that offload keep at
-    most ``host_memory`` bytes on the host. ``costs`` times the steps for the passes that weigh
-    them: a scheduler.cost.CostModel, a measured table, ``"measure"`` (time this net's kernels on
-    ``device`` now, or read the cached table: what ``sn-train --profile`` does), or None: the
-    cached table of this net on ``device`` if there is one, else estimates. ``lossy``: the lossy
-    encodings a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``).
-    ``solver_seconds``: the time limit of the optimal policy's solver (None: its default).
+    :meth:`train_step` update the parameters. ``costs`` times the steps for the passes that
+    weigh them: a scheduler.cost.CostModel, a measured table, ``"measure"`` (time this net's
+    kernels on the device now, or read the cached table: what ``sn-train --profile`` does), or
+    None: the cached table of this net on the device if there is one, else estimates.
     ``group``: the ranks of data-parallel training (runtime/collective.py; None: one rank),
-    whose gradients are averaged in buckets of ``bucket_bytes`` (scheduler/allreduce.py); each rank has its own
-    dropout masks, and the same initial parameters (the same ``seed``); with ``sync_bn``,
-    BatchNorm normalises by the statistics of every rank's batch together.
+    whose gradients are averaged in buckets of ``bucket_bytes`` (scheduler/allreduce.py); each
+    rank has its own dropout masks, and the same initial parameters (the same ``seed``); with
+    ``sync_bn``, BatchNorm normalises by the statistics of every rank's batch together.
     """
 
-    def __init__(self, spec, device="cpu", dtype="float32", seed=0, optimizer=None, memory=None,
-                 policy="baseline", placement="dynamic", workspace_limit=None, host_memory=None,
-                 costs=None, lossy=(), solver_seconds=None, group=None, bucket_bytes=DEFAULT_BUCKET_BYTES,
-                 sync_bn=False):
+    def __init__(self, spec, options=None, optimizer=None, costs=None, group=None, seed=0, **settings):
+        device = settings.get("device")
+        if device is not None and not isinstance(device, str):  # a Backend
+            settings["device"] = device.name
+        if group is not None:
+            settings["ranks"] = group.size
+        options = self.options = PlanOptions.of(options, **settings)
+        memory, host_memory = options.budget, options.host_memory
         self.spec = spec
-        self.backend = get_backend(device) if isinstance(device, str) else device
-        self.graph = Graph(spec, dtype=np.dtype(dtype), kernels=self.backend.kernels())
+        self.backend = get_backend(options.device) if device is None or isinstance(device, str) else device
+        self.graph = Graph(spec, dtype=np.dtype(options.dtype), kernels=self.backend.kernels())
         self.optimizer = optimizer
         self.seed = seed
-        self.policy = policy
-        self.group, self.sync_bn = group, sync_bn
-        self.ranks = 1 if group is None else group.size
+        self.group = group
         costs = self.costs = self._cost_model(costs)  # kept: sn-train estimates the run's time
-        self.placement, self.workspace_limit, self.host_memory = placement, workspace_limit, host_memory
-        self.lossy = tuple(lossy)
         self.schedules, self.plans = {}, {}
         for k in ("train", "test"):
-            self.schedules[k], self.plans[k] = plan(
-                self.graph, policy, budget=memory, host_memory=host_memory, cost=costs,
-                placement=placement, workspace_limit=workspace_limit, optimizer=optimizer,
-                train=k == "train", lossy=self.lossy, solver_seconds=solver_seconds, ranks=self.ranks,
-                bucket_bytes=bucket_bytes)
+            self.schedules[k], self.plans[k] = plan(self.graph, options, cost=costs, optimizer=optimizer,
+                                                    train=k == "train")
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
             k = "train" if self.plans["train"].arena_bytes > memory else "test"
             schedule, over = self.schedules[k], self.plans[k]
             line = overflow_line(overflow_at(schedule, over, memory), over.peak_bytes,
                                  compute_step(schedule, over.peak_step), memory)
-            raise SNError(f"{line} (policy {policy})")
+            raise SNError(f"{line} (policy {self.policy})")
         host = max(p.host_bytes for p in self.plans.values())
         if host_memory is not None and host > host_memory:
             raise SNError(f"needs {human_bytes(host)} of host memory for offloaded tensors; "
-                          f"--host-memory {human_bytes(host_memory)} (policy {policy})")
+                          f"--host-memory {human_bytes(host_memory)} (policy {self.policy})")
         self.runtime = self._runtime(memory or needed, host, seed)
         self._init_params(seed)
         self.outputs = {}  # scalar tops (losses, accuracies) of the last run, by layer name
 
+    @property
+    def policy(self):
+        """The policy planned, as users write it (``superneurons+params``)."""
+        return self.options.name
+
+    @property
+    def ranks(self):
+        return self.options.ranks
+
+    @property
+    def sync_bn(self):
+        return self.options.sync_bn
+
     def _runtime(self, capacity, host, seed):
         """The Runtime and its arenas; SNError, before anything is allocated where it can be told,
         when they cannot be had (on the CPU both must fit this machine's memory)."""
-        from .limits import host_memory_bytes
         total = host_memory_bytes()
         on_host = host + (capacity if self.backend.name == "cpu" else 0)
         if total is not None and on_host > total:
@@ -105,8 +126,6 @@ class Net:
                           + ": not enough memory") from None
 
     def _cost_model(self, costs):
-        from .runtime.profile import load_or_measure
-        from .scheduler.cost import LINKS, CostModel, cached_table
         name = self.backend.name
         if costs == "measure":
             costs = load_or_measure(self.graph, self.backend, name)[0]
@@ -120,7 +139,6 @@ class Net:
 
     # -- parameters -----------------------------------------------------------------------
     def _init_params(self, seed):
-        from .layers.base import fill
         rng = np.random.default_rng(seed)
         for node in self.graph.nodes:
             for k, p in node.param_specs.items():
@@ -301,21 +319,17 @@ class Net:
         and the test forward, fit under its policy, placement, workspace limit, host memory and
         cost model: at that many bytes both fit, at one byte less they do not both fit (see
         planning.min_memory for what holds beyond that)."""
-        return min_memory(self.graph, self.policy, self.host_memory, phases=(True, False), cost=self.costs,
-                          placement=self.placement, workspace_limit=self.workspace_limit,
-                          optimizer=self.optimizer, lossy=self.lossy)
+        return min_memory(self.graph, self.options, phases=(True, False), cost=self.costs,
+                          optimizer=self.optimizer)
 
     @property
     def arena_bytes(self):
         return self.runtime.arena.capacity
 
 
-DTYPES = ("float32", "float64")
-
-
-def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype="float32", **kw):
+def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, **kw):
     """Load ``path`` (YAML) with ``--set``-style ``overrides`` and ``batch``; see :class:`Net`
-    for the other keywords.
+    for the other keywords (``memory="5MiB"``, ``policy="gist"``, ``dtype``, ``optimizer``, ...).
 
     ``phase`` is Caffe's: what :meth:`Net.forward` runs by default, ``'TEST'`` (the layers of
     the TEST phase, Dropout passing everything, BatchNorm with its running statistics) or
@@ -328,13 +342,7 @@ def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype
         raise SNError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
     if dropout not in (None, True, False):
         raise SNError(f"dropout must be None, True or False, got {dropout!r}")
-    try:
-        name = np.dtype(dtype).name
-    except TypeError:
-        name = str(dtype)
-    if name not in DTYPES:
-        raise SNError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    net = Net(load_spec(path, overrides=overrides, batch=batch), dtype=name, **kw)
+    net = Net(load_spec(path, overrides=overrides, batch=batch), **kw)
     net.phase = phase
     for node in net.graph.nodes:
         if node.layer.type == "Dropout":

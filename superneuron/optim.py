@@ -34,6 +34,7 @@ import math
 
 from . import adaptive
 from .errors import SNError
+from .layers.base import workspace_bytes
 from .solver_config import SolverConfig, learning_rate, solver_from_mapping
 
 SPAN = 1 << 21  # values of a parameter an update takes at a time, where it needs scratch
@@ -91,7 +92,6 @@ class Optimizer:
         scratch)."""
         if not shapes or not self._needs_scratch:
             return 0
-        from .layers.base import workspace_bytes
         span = ((min(SPAN, max(math.prod(s) for s in shapes)),), dtype)
         return workspace_bytes(*[span] * adaptive.SCRATCH.get(self.cfg.type, 1))
 
@@ -138,12 +138,15 @@ class Optimizer:
             for a in range(0, w.size, span):
                 b = min(a + span, w.size)
                 tmp = [buf[:b - a] for buf in buffers]
-                self._update_one(xp, it, w[a:b], g[a:b], [s[a:b] for s in state], lr * lr_mult,
-                                 cfg.weight_decay * decay_mult, *(tmp or [None]))
+                self._update_one(xp, it, (w[a:b], g[a:b], [s[a:b] for s in state]), lr * lr_mult,
+                                 cfg.weight_decay * decay_mult, tmp or [None])
 
-    def _update_one(self, xp, it, w, g, state, lr, decay, tmp, *more):
-        """The update of one span of one parameter (flat views), ``tmp`` and ``more`` its scratch."""
+    def _update_one(self, xp, it, span, lr, decay, scratch):
+        """The update of one span of one parameter (``(w, g, state)``, flat views); ``scratch``:
+        its scratch arrays (the first for every optimiser, more for AdaDelta)."""
         cfg = self.cfg
+        w, g, state = span
+        tmp = scratch[0]
         if decay:  # g + wd * w, as torch's weight_decay (L1, as Caffe: g + wd * sign(w))
             if cfg.regularization_type == "L1":
                 xp.sign(w, out=tmp)
@@ -158,7 +161,7 @@ class Optimizer:
         elif cfg.type == "RMSProp":
             adaptive.rmsprop(xp, w, g, state, lr, cfg.delta, cfg.rms_decay, tmp)
         elif cfg.type == "AdaDelta":
-            adaptive.adadelta(xp, w, g, state, lr, cfg.delta, cfg.momentum, tmp, *more)
+            adaptive.adadelta(xp, w, g, state, lr, cfg.delta, cfg.momentum, scratch)
         else:
             self._sgd(xp, w, g, state, lr, tmp)
 

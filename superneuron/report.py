@@ -5,6 +5,9 @@ import os
 from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
+from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
+from .scheduler.liveness import Roots
+from .scheduler.simulate import working_set
 from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
@@ -156,8 +159,6 @@ def layers_table(schedule, plan):
     runs (resident included), and for a layer written in place (``top == bottom``) whether it
     shares its bottom's memory or keeps that value for a backward (and how many bytes); for a
     convolution whose backward writes its bottom's gradient over its bottom, that."""
-    from .scheduler.liveness import Roots
-    from .scheduler.simulate import working_set
     roots, at = Roots(schedule), {}
     for i, step in enumerate(schedule.steps):
         if step.kind in (FORWARD, BACKWARD):
@@ -243,7 +244,6 @@ def trace_events(schedule, plan, model):
     Wait holds it for a copy; data-parallel all-reduces on a track of their own, and an
     ``exposed`` span wherever a WaitReduce holds the compute track; and a counter (``ph: C``)
     of the device bytes live."""
-    from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
     graph, steps = schedule.graph, schedule.steps
     tids = {COMPUTE_STREAM: 0, STALL: 0, EXPOSED: 0, D2H: 1, H2D: 2, NETWORK: 3}
     marked = {STALL: "stall", EXPOSED: "exposed"}  # spans on the compute track that wait

@@ -16,6 +16,7 @@ import yaml
 from .errors import SpecError, where
 from .files import read_text_capped
 from .limits import MAX_ITER_SIZE, MAX_SOLVER_FILE_BYTES, over
+from .yaml_read import count_nodes
 
 TYPES = ("SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
@@ -244,6 +245,7 @@ def solver_from_mapping(mapping, file="<solver>", lines=None):
 def load_solver_prototxt(path):
     """``(SolverConfig, net path or None)`` from a Caffe ``solver.prototxt`` (translated by
     :mod:`superneuron.caffe.solver`); SpecError listing every problem as ``file:line:col: ...``."""
+    # here, not at the top: Caffe's formats load protobuf, which costs start-up time
     from .caffe.solver import solver_mapping
     mapping, lines, net = solver_mapping(path)
     return solver_from_mapping(mapping, str(path), lines), net
@@ -255,7 +257,6 @@ def load_solver(path):
     :mod:`superneuron.caffe.solver`."""
     if str(path).lower().endswith(".prototxt"):
         return load_solver_prototxt(path)[0]
-    from .yaml_read import count_nodes
     if not os.path.lexists(path):
         raise SpecError(f"{path}: no such solver file")
     text = read_text_capped(path, MAX_SOLVER_FILE_BYTES, "solver file", "MAX_SOLVER_FILE_BYTES", SpecError)

@@ -91,6 +91,7 @@ def load_spec(path, overrides=None, batch=None, data=None):
     A Caffe ``.prototxt`` is read by :mod:`superneuron.caffe.prototxt` into the same spec;
     ``data="synthetic"`` replaces its Data layers with synthetic data of their shape."""
     if str(path).lower().endswith(".prototxt"):
+        # here, not at the top: Caffe's formats load protobuf, which costs start-up time
         from .caffe.textproto import read_text
         return prototxt_spec(read_text(path), str(path), overrides, batch, data)
     text = read_text_capped(path, MAX_NET_FILE_BYTES, "network file", error=SpecError)
@@ -106,6 +107,7 @@ def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, los
     """The :class:`NetSpec` of a Caffe ``.prototxt``'s text, translated by
     :mod:`superneuron.caffe.prototxt` into the YAML layout and given every check a YAML net gets
     (``data``: ``synthetic[:CxHxW]`` replaces its Data layers; ``loss``: see ``add_loss``)."""
+    # here, not at the top: Caffe's formats load protobuf, which costs start-up time
     from .caffe.prototxt import add_loss, prototxt_tree
     root = prototxt_tree(text, file, data)
     if loss:

@@ -15,6 +15,7 @@ from superneuron.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of,
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.optim import make_optimizer
+from superneuron.options import PlanOptions
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import POLICIES, SOLVED, apply_policy
@@ -442,10 +443,11 @@ def test_the_workspace_retries_go_on_from_where_they_failed(policy):
     graph = Graph(load_spec("nets/vgg16.yaml", batch=8))  # large workspaces beside large tensors
     schedule = lower(graph, train=True, optimizer=make_optimizer(SolverConfig()))
     schedule = liveness(inplace(recompute(schedule) if policy == "superneurons" else schedule))
-    low, high = simulate(fit(schedule, Context(budget=0))).arena_bytes, simulate(fit(schedule, Context())).arena_bytes
+    low = simulate(fit(schedule, Context(PlanOptions(budget=0)))).arena_bytes
+    high = simulate(fit(schedule, Context())).arena_bytes
     retried = 0
     for budget in range(low - 2**20, high + 2**20, (high - low) // 40):
-        placed = fit(schedule, Context(budget=budget))
+        placed = fit(schedule, Context(PlanOptions(budget=budget)))
         expected, caps = _fit_the_long_way(schedule, budget)
         retried += bool(caps)
         assert placed.steps == expected.steps and placed.tensors == expected.tensors, budget

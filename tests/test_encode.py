@@ -370,7 +370,7 @@ def test_gist_stashes_less_than_liveness_by_the_bytes_the_shapes_give():
 @pytest.mark.parametrize("placement", ["dynamic", "planned"])
 def test_plan_equals_run_with_encodings(graph, placement, lossy):
     g = graph()
-    s = apply_policy(lower(g), "gist", placement, lossy=lossy)
+    s = apply_policy(lower(g), "gist", placement=placement, lossy=lossy)
     assert encoded(s)
     if lossy:  # half-precision stashes (11 bits): each gradient within a percent (those that are
         # zero but for rounding, a bias before BatchNorm, within 1e-5)

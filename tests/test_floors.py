@@ -40,8 +40,8 @@ def imports_of(name):
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            found.add(stem)
-            found.update(f"{stem}.{a.name}" for a in node.names)  # `from . import x` names modules
+            for a in node.names:  # `from . import x` imports module x; `from .m import f`, module m
+                found.add(f"{stem}.{a.name}" if f"{stem}.{a.name}" in MODULES else stem)
     return {m for m in found if m in MODULES}
 
 
@@ -89,3 +89,94 @@ def test_no_two_rooms_import_each_other():
                 rooms.setdefault(_room(m), set()).add(_room(i))
     both = {tuple(sorted((a, b))) for a, bs in rooms.items() for b in bs if a in rooms.get(b, ())}
     assert not both, f"rooms that import each other: {sorted(both)}"
+
+
+# -- no circles, no long signatures, few imports inside functions ------------------------------
+
+def import_graph():
+    """``{module: the package modules it imports}``, every import read (those inside functions too)."""
+    return {m: imports_of(m) - {m} for m in MODULES}
+
+
+def _circles(graph):
+    """Every strongly connected set of two or more nodes of ``graph`` (Tarjan's)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                out.append(sorted(part))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_the_circle_finder_sees_a_circle():
+    # a control: two modules that import each other are one strongly connected part
+    assert _circles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_among_the_package_modules():
+    graph = import_graph()
+    assert "superneuron.layers.windows" in graph["superneuron.layers.im2col"]  # the reader sees them
+    assert not _circles(graph), f"modules that import each other, directly or round a circle: {_circles(graph)}"
+
+
+MAX_PARAMETERS = 8
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """Options travel as one value (options.PlanOptions), not spelled out again in each
+    signature: every parameter counts, ``self``, ``*args`` and ``**kwargs`` included."""
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(open(path).read(), path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                count = (len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None)
+                         + (a.kwarg is not None))
+                if count > MAX_PARAMETERS:
+                    long.append(f"{path}:{node.lineno} {getattr(node, 'name', 'lambda')} ({count})")
+    assert not long, "functions with more than 8 parameters:\n" + "\n".join(long)
+
+
+MAX_LATE_IMPORTS = 12
+
+
+def test_imports_inside_functions_are_few_and_say_why():
+    """An import of the package's own modules inside a function is kept only where importing at
+    the top would slow every tool's start-up (a comment on it says so), never to dodge a circle."""
+    late = []
+    for path in MODULES.values():
+        lines = open(path).read().split("\n")
+        for node in ast.walk(ast.parse("\n".join(lines), path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    own = (isinstance(inner, ast.ImportFrom) and (inner.level or (inner.module or "").startswith(
+                        "superneuron"))) or (isinstance(inner, ast.Import) and any(
+                            a.name.startswith("superneuron") for a in inner.names))
+                    if own:
+                        said = "start-up" in lines[inner.lineno - 1] or "start-up" in lines[inner.lineno - 2]
+                        late.append((f"{path}:{inner.lineno}", said))
+    unsaid = [where for where, said in late if not said]
+    assert not unsaid, "imports inside functions without a start-up reason:\n" + "\n".join(unsaid)
+    assert len(late) <= MAX_LATE_IMPORTS, f"{len(late)} imports inside functions: " + ", ".join(w for w, _ in late)

@@ -18,6 +18,7 @@ from test_encode import RELU_POOL, _trained, encoded
 from test_memory_passes import CHAIN, assert_same_results, check_copies, graph_of, tiny
 
 from superneuron.errors import SNError
+from superneuron.options import PlanOptions
 from superneuron.scheduler.encode import summary
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy, passes_of
@@ -30,8 +31,8 @@ GRAPHS = {"tiny": tiny, "chain": lambda: graph_of(CHAIN), "relu_pool": lambda: g
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 def test_plan_equals_run_with_encodings_and_parameters_on_the_host(name, placement):
     g = GRAPHS[name]()
-    s = apply_policy(lower(g), "gist+params", placement)
-    gist, params = (apply_policy(lower(g), p, placement) for p in ("gist", "liveness+params"))
+    s = apply_policy(lower(g), "gist+params", placement=placement)
+    gist, params = (apply_policy(lower(g), p, placement=placement) for p in ("gist", "liveness+params"))
     assert encoded(s) and encoded(s) == encoded(gist)
     check_copies(s)  # every parameter is back and waited for before a step reads it
     runtime, plan = assert_same_results(g, s)[:2]
@@ -86,6 +87,6 @@ def test_sn_plan_and_sn_train_take_gist_params(capsys, tmp_path):
 
 
 def test_the_policies_with_parameter_offload_name_gist_params():
-    assert passes_of("gist+params")[0].__name__ == "offload_params"
+    assert passes_of("gist", offload_params=True)[0].__name__ == "offload_params"
     with raises_one_line(SNError, match=r"with parameter offload: .*gist\+params"):
-        passes_of("baseline+params")
+        PlanOptions.of("baseline+params")

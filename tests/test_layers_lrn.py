@@ -179,7 +179,7 @@ def test_googlenet_fits_half_of_liveness_arena_with_the_chunked_lrn(policy):
     assert {s.algorithm for s in free.steps if s.node is not None
             and free.graph.nodes[s.node].layer.type == "LRN"} == {"default"}  # no budget: the fastest
     budget = round(live.arena_bytes / 2)
-    schedule, plan = planning.plan(base, policy, budget, cost=model, solver_seconds=2)
+    schedule, plan = planning.plan(base, policy, budget=budget, cost=model, solver_seconds=2)
     assert plan.fits(budget) and plan.lower_bound_bytes < budget < 521 << 20
     # optimal updates each parameter after its backward (scheduler/update.py): no gradient resident;
     # where its plan keeps a max pooling's argmax and a ReLU's signs, its steps hold less still

@@ -413,7 +413,7 @@ def test_offload_under_a_budget_copies_only_what_it_must():
     assert with_all < with_none
     budget = (with_all + with_none) // 2
     for placement in ("dynamic", "planned"):
-        s = apply_policy(lower(g), "offload", placement, budget=budget)
+        s = apply_policy(lower(g), "offload", placement=placement, budget=budget)
         assert 0 < offloads(s) < offloads(full)
         check_copies(s)
         assert simulate(s).peak_bytes <= budget
@@ -528,7 +528,7 @@ def test_a_wait_right_after_its_offload_stalls_for_the_whole_copy():
 @pytest.mark.parametrize("placement", ["dynamic", "planned"])
 def test_plan_equals_run_for_every_policy(graph, policy, placement):
     g = graph()
-    s = apply_policy(lower(g), policy, placement)
+    s = apply_policy(lower(g), policy, placement=placement)
     check_copies(s)
     runtime, plan = assert_same_results(g, s)[:2]
     assert (runtime.peak_bytes, runtime.arena_bytes) == (plan.peak_bytes, plan.arena_bytes)

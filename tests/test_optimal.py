@@ -17,12 +17,13 @@ from test_memory_passes import CAFFE_CHAIN, CHAIN, assert_same_results, check_co
 
 from superneuron.graph import Graph
 from superneuron.layers.base import Algo
+from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal import HEURISTICS, realise, smallest_budget
 from superneuron.scheduler.optimal_model import Choice, Model, Stash, solve
-from superneuron.scheduler.policy import apply_policy
+from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
 from superneuron.spec import load_spec
 
@@ -45,7 +46,7 @@ def planned(graph, policy, budget, memo=None, seconds=5.0, model=CPU):
 def budgets(graph):
     """Budgets from liveness's arena down to the smallest any heuristic fits."""
     live = planned(graph, "liveness", None)[1].arena_bytes
-    low = smallest_budget(lower(graph), Context(model=CPU))
+    low = smallest_budget(lower(graph), Context(model=CPU), passes_of)
     return sorted({b for b in (live * 2 // 3, live // 2, (live + low) // 2, low) if b >= low}, reverse=True), low
 
 
@@ -230,7 +231,7 @@ def test_auto_picks_liveness_where_it_fits():
 def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_that_does(capsys):
     from superneuron.cli.plan import main
     graph = tiny()
-    low = smallest_budget(lower(graph), Context(model=CostModel("cpu")))
+    low = smallest_budget(lower(graph), Context(model=CostModel("cpu")), passes_of)
     assert main(["tests/nets/tiny.yaml", "--policy", "optimal", "--memory", "1KiB", "--solver-time", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the smallest that fits is" in err and "Traceback" not in err
@@ -243,7 +244,7 @@ def test_where_the_dynamic_allocators_holes_do_not_fit_optimal_places_at_planned
     do not), and the Runtime runs it at those offsets with the plan's bytes and baseline's
     results."""
     graph = tiny()
-    low = smallest_budget(lower(graph), Context(model=CostModel("cpu")))
+    low = smallest_budget(lower(graph), Context(model=CostModel("cpu")), passes_of)
     budget = low - max(1, low // 1000)
     memo = {}
     schedule, plan = planned(graph, "optimal", budget, memo)
@@ -324,7 +325,7 @@ def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_d
     monkeypatch.setattr(opt, "solve", solve)
     monkeypatch.setattr(opt, "realise", lambda schedule, context, recompute, *args: recompute)
     monkeypatch.setattr(opt, "_placed", placed)
-    context = Context(budget=budget)
+    context = Context(PlanOptions(budget=budget))
     model = types.SimpleNamespace(resident=0)
     phases = []
     found = opt._rounds(None, context, model, True, (), time.perf_counter() + 60, phases, False)

@@ -15,6 +15,7 @@ import dataclasses
 from superneuron.backend import planning_kernels
 from superneuron.graph import Graph
 from superneuron.optim import make_optimizer
+from superneuron.options import PlanOptions
 from superneuron.planning import lowered, plan
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import STALL, CostModel
@@ -35,7 +36,7 @@ def test_the_realised_plan_takes_the_time_the_program_counts():
     m = dataclasses.replace(build(base, model, joins=False), units=[])
     solution = solve(m, budget - m.resident, 30)
     assert solution.offload and solution.swap  # the premise: both kinds of copy
-    found = realise(base.replace(policy="optimal"), Context(model=model, budget=budget),
+    found = realise(base.replace(policy="optimal"), Context(PlanOptions(budget=budget), model),
                     solution.recompute, solution.offload, solution.swap)
     assert abs(found.seconds / solution.objective - 1) < 0.01, (found.seconds, solution.objective)
     steps = found.schedule.steps
@@ -61,7 +62,7 @@ def test_googlenets_plan_at_a_third_fits_its_placement_at_the_programs_time():
     base = lowered(Graph(spec, kernels=planning_kernels("gpu")),
                    optimizer=make_optimizer(SolverConfig(momentum=0.9)), device="gpu")
     budget = round(plan(base, "liveness", cost=model)[1].arena_bytes / 3)
-    context = Context(model=model, budget=budget)
+    context = Context(PlanOptions(budget=budget), model)
     schedule = update_in_backward(base, context)
     m = build(schedule, model, joins=True)
     solution = solve(m, budget - m.resident, 60)

@@ -17,6 +17,7 @@ from test_optimal import CPU, planned, same_algorithms
 
 from superneuron.net import Net
 from superneuron.optim import make_optimizer
+from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal import HEURISTICS, smallest_budget
@@ -51,9 +52,8 @@ def test_optimal_params_fits_and_beats_every_params_heuristic_that_fits(fraction
 
 def test_optimal_params_goes_below_what_optimal_reaches():
     base = lower(graph_of(CHAIN))
-    context = Context(model=CPU)
-    on_device = smallest_budget(base.replace(policy="optimal"), context)
-    on_host = smallest_budget(base.replace(policy="optimal+params"), context)
+    on_device = smallest_budget(base, Context(PlanOptions("optimal"), CPU), passes_of)
+    on_host = smallest_budget(base, Context(PlanOptions("optimal", offload_params=True), CPU), passes_of)
     assert on_host < on_device
     schedule, plan = planned(graph_of(CHAIN), "optimal+params", on_host)
     assert plan.arena_bytes <= on_host
@@ -80,7 +80,7 @@ def test_training_under_optimal_params_gives_baselines_weights():
 
 def test_sn_plan_takes_optimal_params_and_auto_params(capsys):
     from superneuron.cli.plan import main
-    assert passes_of("optimal+params") and passes_of("auto+params")
+    assert passes_of("optimal", True) and passes_of("auto", True)
     assert main(["tests/nets/tiny.yaml", "--policy", "optimal", "--offload-params", "--memory", "60KiB",
                  "--solver-time", "2", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)

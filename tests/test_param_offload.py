@@ -16,6 +16,7 @@ from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.net import Net
 from superneuron.optim import make_optimizer
+from superneuron.options import PlanOptions
 from superneuron.scheduler.liveness import liveness
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.params import APPLY_LAG, offload_params
@@ -127,11 +128,13 @@ def test_parameter_offload_shrinks_the_resident_region_and_plan_equals_run():
 
 
 def test_policy_names_with_params():
-    assert len(passes_of("superneurons+params")) == len(passes_of("superneurons")) + 1
+    options = PlanOptions.of("superneurons+params")  # the suffix is read once, into the options
+    assert (options.policy, options.offload_params, options.name) == ("superneurons", True, "superneurons+params")
+    assert len(passes_of("superneurons", True)) == len(passes_of("superneurons")) + 1
     with raises_one_line(SNError, match="baseline"):
-        passes_of("baseline+params")
+        PlanOptions.of("baseline+params")
     with raises_one_line(SNError, match="unknown policy"):
-        passes_of("lifeness+params")
+        PlanOptions.of("lifeness+params")
     g = Graph(load_spec(TINY))
     s = apply_policy(lower(g, optimizer=make_optimizer(SolverConfig())), "offload+params")
     assert simulate(s).host_bytes > 0 and s.host_resident

@@ -16,6 +16,7 @@ from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.graph import storage_root as root
 from superneuron.layers.base import fill
+from superneuron.options import PlanOptions
 from superneuron.runtime.executor import Runtime
 from superneuron.scheduler.inplace import inplace
 from superneuron.scheduler.liveness import Roots, liveness, step_roots
@@ -253,8 +254,8 @@ def test_planned_placement_under_a_budget_gives_the_workspaces_the_room_the_tens
             low = simulate(apply_policy(lower(g), name, budget=1)).peak_bytes
             high = simulate(apply_policy(lower(g), name)).peak_bytes
             for budget in (low + (high - low) // 4, (low + high) // 2):
-                planned = simulate(apply_policy(lower(g), name, "planned", budget=budget))
-                dynamic = simulate(apply_policy(lower(g), name, "dynamic", budget=budget))
+                planned = simulate(apply_policy(lower(g), name, placement="planned", budget=budget))
+                dynamic = simulate(apply_policy(lower(g), name, placement="dynamic", budget=budget))
                 assert planned.arena_bytes <= max(budget, dynamic.arena_bytes), (path, name)
                 planned_only += planned.fits(budget) and not dynamic.fits(budget)
                 dynamic_only += dynamic.fits(budget) and not planned.fits(budget)
@@ -305,7 +306,7 @@ def test_planned_arena_hands_out_the_planned_offsets():
 
 
 def test_planned_offsets_survive_dropping_compute_steps_but_not_memory_steps():
-    s = apply_policy(lower(Graph(load_spec("tests/nets/tiny.yaml"))), "liveness", "planned")
+    s = apply_policy(lower(Graph(load_spec("tests/nets/tiny.yaml"))), "liveness", placement="planned")
     forward_only = s.replace([st for st in s.steps if st.kind != "backward"])
     assert forward_only.offsets is s.offsets  # a forward-only run keeps the plan's places
     assert s.replace(s.steps[1:]).offsets is None and s.replace(policy="x").offsets is s.offsets
@@ -338,7 +339,7 @@ def _graph(path):
 def _execute(graph, params, policy, placement, classes=10):
     """One forward and backward under a policy, from ``params``: the plan, the runtime's peak
     and high-water mark, the loss and every parameter gradient."""
-    schedule = apply_policy(lower(graph), policy, placement)
+    schedule = apply_policy(lower(graph), policy, placement=placement)
     plan = simulate(schedule)
     runtime = Runtime([schedule], Backend(), capacity=plan.arena_bytes)
     for name, value in params.items():
@@ -461,7 +462,7 @@ def test_a_convolutions_bottom_gradient_takes_its_bottoms_memory_where_its_backw
     # still a stash that may be kept in half precision until that backward reads it
     from superneuron.scheduler.context import Context
     from superneuron.scheduler.encode import encode
-    coded = encode(s, Context(lossy=("fp16",)))
+    coded = encode(s, Context(PlanOptions(lossy=("fp16",))))
     assert any(st.kind == "decode" and st.source == "norm" for st in coded.steps)
     assert root(coded.tensors, conv2.bottom_grads[0]) == root(coded.tensors, "norm")
 

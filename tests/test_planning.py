@@ -27,8 +27,8 @@ LENET = os.path.join(ROOT, "nets", "lenet.yaml")
 def test_min_memory_fits_there_and_not_one_byte_less(policy):
     spec = load_spec(TINY)
     smallest = min_memory(spec, policy)
-    at = plan(spec, policy, smallest)[1]
-    under = plan(spec, policy, smallest - 1)[1]
+    at = plan(spec, policy, budget=smallest)[1]
+    under = plan(spec, policy, budget=smallest - 1)[1]
     assert fits(at, smallest) and at.arena_bytes <= smallest
     assert not fits(under, smallest - 1)
     # and it is below what the plan without a budget takes (workspaces shrink to fit)

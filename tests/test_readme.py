@@ -1,15 +1,31 @@
 """The README's Python API example runs as written, its test command is the one CI runs, and its
 first command trains with the base install alone (tests/test_install.py checks that it can)."""
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def test_python_api_example_runs(monkeypatch):
+def python_example():
+    """The README's Python example: the first ```python block of its "Python API" section."""
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Python API\n\n```python\n(.*?)```", text, re.S).group(1)
+    return re.search(r"## Python API\n.*?```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_python_api_example_runs_as_written_in_a_fresh_interpreter():
+    # as a user runs it: nothing imported before (`superneuron.optim` must be reachable after
+    # `import superneuron` alone), from the repository's folder
+    done = subprocess.run([sys.executable, "-c", python_example()], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_python_api_example_runs(monkeypatch):
+    block = python_example()
     monkeypatch.chdir(ROOT)
     scope = {}
     exec(compile(block, "README.md", "exec"), scope)

@@ -53,7 +53,7 @@ WITHOUT_JOINS = (recompute, offload_params) + policy.LIVENESS + (policy.offload,
 
 
 def without_joins(monkeypatch):
-    monkeypatch.setitem(policy.WITH_PARAMS, POLICY, WITHOUT_JOINS)
+    monkeypatch.setitem(policy.WITH_PARAMS, "superneurons", WITHOUT_JOINS)
 
 
 def recomputed(schedule, layer_type="Eltwise"):

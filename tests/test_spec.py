@@ -13,6 +13,7 @@ import pytest
 from one_line import raises_one_line
 
 import superneuron.layers as layers_module
+import superneuron.layers.registry as registry_module
 from superneuron.errors import SpecError
 from superneuron.expr import ExprError, evaluate, interpolate, substitute
 from superneuron.layers.base import Key, Layer
@@ -42,7 +43,7 @@ FAKES = {cls.type: cls for cls in [
 @pytest.fixture
 def fake(monkeypatch):
     """Use only the stand-in layers for this test."""
-    monkeypatch.setattr(layers_module, "REGISTRY", dict(FAKES))
+    monkeypatch.setattr(registry_module, "REGISTRY", dict(FAKES))  # where layer_class looks
 
 
 def write(tmp_path, text, name="net.yaml"):

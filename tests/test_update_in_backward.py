@@ -20,6 +20,7 @@ from superneuron.allocator import aligned
 from superneuron.errors import SNError
 from superneuron.net import Net
 from superneuron.optim import make_optimizer
+from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
@@ -153,7 +154,7 @@ def test_net_grad_says_the_gradient_is_not_kept():
 def test_context_with_ranks_keeps_the_gradients():
     g = graph_of(CHAIN)
     schedule = lower(g, optimizer=make_optimizer(SolverConfig()))
-    assert update_in_backward(schedule, Context(ranks=2)) is schedule
+    assert update_in_backward(schedule, Context(PlanOptions(ranks=2))) is schedule
 
 
 def test_the_optimal_program_counts_each_updates_scratch():

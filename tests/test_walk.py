@@ -12,14 +12,10 @@ from superneuron.graph import TensorInfo
 from superneuron.net import Net
 from superneuron.optim import make_optimizer
 from superneuron.runtime.executor import Execution
+from superneuron.scheduler.barrier import barrier_before_update
 from superneuron.scheduler.cost import Clock, CostModel, Link
 from superneuron.scheduler.encode import _Summary
 from superneuron.scheduler.simulate import Replayer, simulate
-from superneuron.scheduler.workspace import _LiveAtSteps
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import loads_spec
-from superneuron.scheduler.barrier import barrier_before_update
-from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
 from superneuron.scheduler.steps import (
     BARRIER,
     KINDS,
@@ -34,6 +30,10 @@ from superneuron.scheduler.steps import (
     Step,
     Wait,
 )
+from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
+from superneuron.scheduler.workspace import _LiveAtSteps
+from superneuron.solver_config import SolverConfig
+from superneuron.spec import loads_spec
 
 
 class Recording(Allocator):

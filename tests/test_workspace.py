@@ -148,7 +148,7 @@ def _train(net_file, **kw):
 def test_same_results_as_baseline_and_plan_equals_run_under_a_budget(net_file, policy, placement):
     _, base_loss, base_grads = _train(net_file)
     g = Graph(load_spec(net_file))
-    free = simulate(apply_policy(lower(g), policy, placement))
+    free = simulate(apply_policy(lower(g), policy, placement=placement))
     budget = free.arena_bytes - 1
     net, loss, grads = _train(net_file, memory=budget, policy=policy, placement=placement)
     if policy not in SOLVED:  # optimal and auto may recompute instead, if that is faster

@@ -161,7 +161,7 @@ def plan_fits(name, batch, policy, budget, kernels, overrides=None):
     path, base, _ = NETS[name]
     graph = Graph(load_spec(path, overrides=dict(overrides or base, size=224), batch=batch),
                   kernels=kernels)
-    return plan(graph, policy, budget, device="gpu", optimizer=solver())[1].arena_bytes <= budget
+    return plan(graph, policy, budget=budget, device="gpu", optimizer=solver())[1].arena_bytes <= budget
 
 
 def max_batch(policies, budget, kernels):

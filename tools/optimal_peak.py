@@ -22,6 +22,7 @@ from superneuron.report import human_bytes  # noqa: E402
 from superneuron.scheduler.context import Context  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 from superneuron.scheduler.optimal import smallest_budget  # noqa: E402
+from superneuron.scheduler.policy import passes_of  # noqa: E402
 from superneuron.scheduler.steps import LAYER_STEPS  # noqa: E402
 from superneuron.scheduler.walk import live_after  # noqa: E402
 
@@ -40,10 +41,12 @@ def main():
         budget, label = round(live.arena_bytes * args.fraction), f"{args.fraction:.3f} of liveness"
         memo = {}
         try:
-            schedule, found = plan(base, "optimal", budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+            schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time,
+                                   memo=memo)
         except SNError:
-            budget, label = smallest_budget(base, Context(model=model)), "the smallest that fits"
-            schedule, found = plan(base, "optimal", budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+            budget, label = smallest_budget(base, Context(model=model), passes_of), "the smallest that fits"
+            schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time,
+                                   memo=memo)
         info, solver = memo["optimal"], memo["optimal"].get("solver") or {}
         index = found.peak_step
         step = schedule.steps[index]

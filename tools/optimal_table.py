@@ -32,6 +32,7 @@ from superneuron.report import human_bytes, table  # noqa: E402
 from superneuron.scheduler.context import Context  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 from superneuron.scheduler.optimal import smallest_budget  # noqa: E402
+from superneuron.scheduler.policy import passes_of  # noqa: E402
 from superneuron.solver_config import SolverConfig  # noqa: E402
 from superneuron.spec import load_spec  # noqa: E402
 
@@ -82,14 +83,15 @@ def main():
     for name in args.nets.split(","):
         base, live, live_seconds, model = lowered_net(name, args.batch, CostModel("gpu"), args.measured)
         budgets = [(f, round(live.arena_bytes * x)) for f, x in FRACTIONS]
-        budgets.append(("smallest", smallest_budget(base, Context(model=model))))
+        budgets.append(("smallest", smallest_budget(base, Context(model=model), passes_of)))
         rows = []
         for label, budget in budgets:
             cells, record = [label, human_bytes(budget)], {"net": name, "budget": label, "bytes": budget}
             for policy in (heuristic, solved):
                 memo, start = {}, time.perf_counter()
                 try:
-                    schedule, p_ = plan(base, policy, budget, cost=model, solver_seconds=args.solver_time, memo=memo)
+                    schedule, p_ = plan(base, policy, budget=budget, cost=model, solver_seconds=args.solver_time,
+                                        memo=memo)
                 except SNError:
                     cells += ["-", ""] if policy == solved else ["-"]
                     continue

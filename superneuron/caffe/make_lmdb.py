@@ -12,8 +12,10 @@ import shutil
 
 import numpy as np
 
+from ..array_files import read_npz
 from ..errors import SNError
 from . import caffe_pb2
+from .lmdb_data import decode
 
 
 def datum_bytes(pixels, label):
@@ -49,7 +51,6 @@ def write_lmdb(dest, records):
 
 def npz_records(path, split):
     """Raw records of an .npz: ``x``/``y`` (``split`` train) or ``x_test``/``y_test`` (test)."""
-    from ..array_files import read_npz  # the checked reader of .npz sources: path, headers, labels
     keys = ("x", "y") if split == "train" else ("x_test", "y_test")
     x, y = read_npz(path)[:2] if split == "train" else read_npz(path)[2:]
     if x is None:
@@ -75,6 +76,5 @@ def folder_records(root, encoded):
             if encoded:
                 yield f"{cls}/{name}", caffe_pb2.Datum(data=raw, label=label, encoded=True).SerializeToString()
                 continue
-            from .lmdb_data import decode
             pixels, _ = decode(caffe_pb2.Datum(data=raw, encoded=True).SerializeToString(), path)
             yield f"{cls}/{name}", datum_bytes(pixels, label)

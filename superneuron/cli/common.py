@@ -5,6 +5,9 @@ import sys
 
 from ..errors import SNError
 from ..limits import MAX_BATCH, over
+from ..options import LISTED, PLACEMENTS, PlanOptions
+from ..solver_config import SolverConfig, load_solver, load_solver_prototxt, solver_from_mapping
+from ..spec import load_spec, parse_overrides
 
 
 def net_arguments(parser):
@@ -19,10 +22,8 @@ def net_arguments(parser):
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to run (default cpu)")
     parser.add_argument("--memory", metavar="SIZE",
                         help="device memory budget for the arena, e.g. 12GiB or 500MB (default: the plan's peak)")
-    from ..scheduler.placement import PLACEMENTS
-    from ..scheduler.policy import POLICIES
     parser.add_argument("--policy", metavar="P",
-                        help=f"memory policy: {', '.join(POLICIES)} (default baseline; sn-train with "
+                        help=f"memory policy: {', '.join(LISTED)} (default baseline; sn-train with "
                              f"--memory: auto)")
     parser.add_argument("--offload-params", action="store_true",
                         help="keep parameters, gradients and optimiser state in host memory and update "
@@ -43,25 +44,26 @@ def net_arguments(parser):
                         help="time limit of the optimal and auto policies' solver (default 20)")
 
 
-def policy_from_args(args):
-    """The policy name: --policy (default ``baseline``), with ``+params`` for --offload-params."""
-    from ..scheduler.policy import PARAMS
-    policy = args.policy or "baseline"
-    if getattr(args, "offload_params", False) and not policy.endswith(PARAMS):
-        policy += PARAMS
-    return policy
-
-
-def sizes_from_args(args):
-    """``(memory, host_memory, workspace_limit)`` in bytes from ``args`` (None where not given)."""
-    from ..sizes import parse_size
-    return tuple(parse_size(v) if v else None
-                 for v in (args.memory, getattr(args, "host_memory", None), args.workspace_limit))
+def options_from_args(args, policy=None, **changes):
+    """The options.PlanOptions of ``args``: --policy (not given: ``policy``, and where that is
+    None, ``auto`` under --memory, else ``baseline``) with --offload-params, --memory,
+    --host-memory, --workspace-limit, --placement, --device, --lossy, --solver-time, and where
+    the tool has them --bucket-size and --sync-bn; ``changes``: fields set besides (``ranks``).
+    Checked once there: SNError, one line, for a bad size or name."""
+    settings = {"policy": args.policy or policy, "budget": args.memory or None,
+                "host_memory": getattr(args, "host_memory", None) or None,
+                "workspace_limit": args.workspace_limit or None, "placement": args.placement,
+                "device": args.device, "lossy": tuple(args.lossy), "solver_seconds": args.solver_time,
+                "offload_params": getattr(args, "offload_params", False),
+                "sync_bn": getattr(args, "sync_bn", False)}
+    if getattr(args, "bucket_size", None):
+        settings["bucket_bytes"] = args.bucket_size
+    settings.update(changes)
+    return PlanOptions.of(**settings)
 
 
 def load_spec_from_args(args):
     """The NetSpec named by ``args`` (with --set and --batch applied)."""
-    from ..spec import load_spec, parse_overrides
     if args.net is None:
         args.net = _solver_net(args)
     check_batch(args.batch)
@@ -86,7 +88,6 @@ def _solver_net(args):
     """The net a Caffe solver.prototxt names (``--solver`` without NET), as ``caffe train`` does."""
     solver = getattr(args, "solver", None)
     if solver and str(solver).lower().endswith(".prototxt"):
-        from ..solver_config import load_solver_prototxt
         net = load_solver_prototxt(solver)[1]
         if net is not None:
             return net
@@ -97,7 +98,6 @@ def _solver_net(args):
 def solver_from_args(args, spec):
     """The SolverConfig: --solver FILE, else the net file's ``solver:`` section, else defaults;
     then the command-line flags."""
-    from ..solver_config import SolverConfig, load_solver, solver_from_mapping
     if getattr(args, "solver", None):
         solver = load_solver(args.solver)
     elif getattr(spec, "solver", None):

@@ -13,7 +13,17 @@ import argparse
 import os
 import sys
 
+from .. import snapshot as snap
+from ..caffe.prototxt import add_loss, is_prototxt, prototxt_tree
+from ..caffe.solver import solver_mapping
+from ..caffe.textproto import read_text
+from ..caffe.weights import write_caffemodel
+from ..caffe.yaml_out import tree_to_yaml
 from ..errors import SNError
+from ..net import Net
+from ..optim import make_optimizer
+from ..solver_config import SolverConfig, solver_from_mapping
+from ..spec import load_spec, spec_from_tree
 from .common import run_cli
 
 
@@ -36,10 +46,6 @@ def main(argv=None):
 
 
 def run(args):
-    from ..caffe.prototxt import add_loss, is_prototxt, prototxt_tree
-    from ..caffe.textproto import read_text
-    from ..caffe.yaml_out import tree_to_yaml
-    from ..spec import spec_from_tree
     if str(args.net).lower().endswith(".npz"):
         return _snapshot_to_caffemodel(args)
     if args.from_net:
@@ -68,12 +74,6 @@ def run(args):
 
 def _snapshot_to_caffemodel(args):
     """A snapshot of ours, checked whole, written as the .caffemodel of its net's weights."""
-    from .. import snapshot as snap
-    from ..caffe.weights import write_caffemodel
-    from ..net import Net
-    from ..optim import make_optimizer
-    from ..solver_config import SolverConfig
-    from ..spec import load_spec
     if not args.from_net or not args.output:
         raise SNError("a snapshot converts with --net NET (the net it was trained from) and -o MODEL.caffemodel")
     spec = load_spec(args.from_net)
@@ -101,8 +101,6 @@ def _solver_yaml(path):
     """A Caffe solver.prototxt (its file name says solver) as our solver YAML."""
     import yaml
 
-    from ..caffe.solver import solver_mapping
-    from ..solver_config import solver_from_mapping
     mapping, lines, net = solver_mapping(path)
     solver_from_mapping(mapping, str(path), lines)  # checked before anything is written
     head = f"# converted from {os.path.basename(str(path))} by sn-convert\n"

@@ -22,14 +22,18 @@ import os
 import sys
 import time
 
+from ..depth import MAX_DEPTH, Planner, deepest, verify
 from ..errors import SNError
 from ..limits import MAX_DATA_SIDE, MAX_SEARCH_DEPTH, over
+from ..options import PlanOptions
+from ..report import table
+from ..scheduler.policy import POLICIES, SOLVED
+from ..sizes import human_bytes, parse_size
+from ..spec import parse_overrides
 from .common import check_batch, run_cli
 
 
 def build_parser():
-    from ..depth import MAX_DEPTH
-    from ..scheduler.policy import POLICIES, SOLVED
     p = argparse.ArgumentParser(
         prog="sn-depth", description="Find the deepest ResNet that trains in a memory budget, per policy.",
         epilog="Exit status: 0 found, 3 not even depth 50 fits, 1 --verify mismatch, 2 bad input.")
@@ -65,14 +69,13 @@ def main(argv=None):
 def policies_from(text):
     """``'baseline,liveness'`` → the list (None: every policy); any preset or preset + ``'+params'``
     (``liveness+params``); SNError for an unknown one."""
-    from ..scheduler.policy import POLICIES, SOLVED, passes_of
     if text is None:
         return [p for p in POLICIES if p not in SOLVED]
     names = [p.strip() for p in text.split(",") if p.strip()]
     if not names:
         raise SNError(f"unknown policy '{text}'; known: {', '.join(POLICIES)}")
     for name in names:
-        passes_of(name)  # SNError naming it when it is not a policy
+        PlanOptions.of(name)  # SNError naming it when it is not a policy
     return list(dict.fromkeys(names))
 
 
@@ -90,9 +93,6 @@ def default_net():
 def planner_from_args(args):
     """The depth.Planner for the net, budget, host memory, batch, size, overrides and device
     of ``args`` (``args.net`` is filled in when not given)."""
-    from ..depth import Planner
-    from ..sizes import parse_size
-    from ..spec import parse_overrides
     budget = parse_size(args.memory)
     if budget <= 0:
         raise SNError(f"--memory must be positive, got '{args.memory}'")
@@ -116,7 +116,6 @@ def planner_from_args(args):
 
 
 def run(args):
-    from ..depth import deepest, verify
     policies = policies_from(args.policies)
     planner = planner_from_args(args)
     start = time.perf_counter()
@@ -150,7 +149,6 @@ def run(args):
 
 
 def _progress(probe):
-    from ..sizes import human_bytes
     verdict = "fits" if probe.fits else "over"
     print(f"  {probe.policy:<20} depth {probe.depth:>6}  arena {human_bytes(probe.arena_bytes):>10}  "
           f"{verdict}  ({probe.seconds:.2f} s)", file=sys.stderr)
@@ -162,7 +160,6 @@ def _seconds(t):
 
 def _over_by(planner, probe):
     """What a plan that does not fit is over by: the budget, else the host memory."""
-    from ..sizes import human_bytes
     if probe.arena_bytes > planner.budget:
         return f"+{human_bytes(probe.arena_bytes - planner.budget)}"
     return f"host +{human_bytes(probe.host_bytes - planner.host_memory)}"
@@ -170,7 +167,6 @@ def _over_by(planner, probe):
 
 def _report(args, planner, results, checks):
     """The table (and the notes under it) that sn-depth prints."""
-    from ..report import human_bytes, table
     rows = []
     for r in results:
         b = r.best

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from ..caffe.make_lmdb import folder_records, npz_records, write_lmdb
 from .common import run_cli
 
 
@@ -26,7 +27,6 @@ def main(argv=None):
 
 
 def run(args):
-    from ..caffe.make_lmdb import folder_records, npz_records, write_lmdb
     if os.path.isdir(args.source):
         records = folder_records(args.source, args.encoded)
     else:

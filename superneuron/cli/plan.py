@@ -17,14 +17,29 @@ does not, 2 for a bad network file or option.
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 
+from .. import report
+from ..allocator import aligned
+from ..backend import get_backend, gpu_available, planning_kernels
 from ..errors import SNError
+from ..files import check_output_path
+from ..graph import Graph
 from ..optim import make_optimizer
+from ..planning import lowered, min_memory, plan
+from ..runtime.profile import load_or_measure
+from ..scheduler.allreduce import sync_bn_sums
+from ..scheduler.cost import LINKS, CostModel
+from ..scheduler.encode import summary
+from ..scheduler.placement import PLACEMENTS, arena_bytes
+from ..scheduler.simulate import compute_step, overflow_at
+from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
 from ..sizes import parse_size
-from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
+from ..tradeoff import tradeoff
+from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 
 
 def build_parser():
@@ -77,22 +92,19 @@ def plan_from_args(args, keep=None):
     """``(schedule, plan, figures, cost model)`` for the network, policy, placement, budget and
     workspace limit in ``args``; with ``args.profile``, algorithms are ranked and timed by
     measurement (the cost model is then the measured one, else the estimates of --device).
-    ``keep`` (a dict) gets ``'base'``: the baseline schedule planned."""
-    from ..graph import Graph
-    from ..planning import lowered, min_memory, plan
-    from ..scheduler.cost import CostModel
-    budget, host_memory, limit = sizes_from_args(args)
+    ``keep`` (a dict) gets ``'base'``: the baseline schedule planned, and ``'options'``: the
+    options.PlanOptions planned under."""
+    ranks, link = ranks_from_args(args)
+    options = options_from_args(args, policy="baseline", ranks=ranks)  # sn-plan's default: baseline
+    budget, host_memory = options.budget, options.host_memory
     if getattr(args, "data", None) and not str(args.net).lower().endswith(".prototxt"):
         raise SNError("--data applies to Caffe .prototxt nets (a YAML net plans with its own Data layers)")
     spec = load_spec_from_args(args)
     optimizer = make_optimizer(solver_from_args(args, spec))  # the same resident state as sn-train
-    from ..backend import get_backend, gpu_available, planning_kernels
     # on a GPU with cuDNN the convolutions offer cuDNN's plans, as in sn-train's run
     graph = Graph(spec, kernels=planning_kernels(args.device))
-    ranks, link = ranks_from_args(args)
     model, profile = CostModel(args.device, link=link), None
     if getattr(args, "profile", False):
-        from ..runtime.profile import load_or_measure
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
         table, path, measured = load_or_measure(graph, backend)
@@ -100,19 +112,16 @@ def plan_from_args(args, keep=None):
         profile = {"cache": path, "measured": measured, "entries": len(table)}
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
-        keep["base"] = base
-    policy = policy_from_args(args)
+        keep["base"], keep["options"] = base, options
     memo = {}
-    bucket_bytes = parse_size(getattr(args, "bucket_size", None) or "25MiB")
-    schedule, the_plan = plan(base, policy, budget, host_memory, cost=model, placement=args.placement,
-                              workspace_limit=limit, lossy=tuple(args.lossy), solver_seconds=args.solver_time,
-                              memo=memo, ranks=ranks, bucket_bytes=bucket_bytes)
+    schedule, the_plan = plan(base, options, cost=model, memo=memo)
     info = figures(schedule, the_plan, budget)
     info["optimal"] = memo.get("optimal")
     timeline = model.timeline(schedule)
-    live = schedule if policy == "liveness" else plan(base, "liveness", cost=model, placement=args.placement,
-                                                      workspace_limit=limit)[0]
-    reference = timeline if policy == "liveness" else model.timeline(live)
+    liveness = options.name == "liveness"
+    live = schedule if liveness else plan(base, "liveness", cost=model, placement=options.placement,
+                                          workspace_limit=options.workspace_limit)[0]
+    reference = timeline if liveness else model.timeline(live)
     info["encoded"] = encoded_figures(schedule, live)
     info.update(est_seconds=timeline.seconds, est_stall_seconds=timeline.stall,
                 est_recompute_seconds=timeline.recompute, copied_bytes=timeline.copied,
@@ -122,9 +131,7 @@ def plan_from_args(args, keep=None):
     if ranks > 1:
         info["data_parallel"] = data_parallel(schedule, timeline, model, ranks, getattr(args, "sync_bn", False))
     if getattr(args, "min_memory", False):
-        info["min_memory_bytes"] = min_memory(base, policy, host_memory, cost=model,
-                                              placement=args.placement, workspace_limit=limit,
-                                              lossy=tuple(args.lossy))
+        info["min_memory_bytes"] = min_memory(base, options, cost=model, budget=None)
     info["profile"] = profile
     return schedule, the_plan, info, model
 
@@ -133,7 +140,6 @@ def encoded_figures(schedule, live):
     """What ``schedule`` keeps encoded (scheduler/encode.py's summary) and the bytes stashed
     across the forward/backward turn beside those of ``live``, the liveness schedule; None
     where nothing is encoded."""
-    from ..scheduler.encode import summary
     found = summary(schedule)
     if not found["tensors"]:
         return None
@@ -143,9 +149,6 @@ def encoded_figures(schedule, live):
 
 def ranks_from_args(args):
     """``(ranks, cost.Link)`` from --ranks and --link (bandwidth, and optionally latency)."""
-    import dataclasses
-
-    from ..scheduler.cost import LINKS
     ranks = getattr(args, "ranks", 1) or 1
     if ranks < 1:
         raise SNError(f"--ranks must be at least 1, got {ranks}")
@@ -183,8 +186,6 @@ def data_parallel(schedule, timeline, model, ranks, sync_bn=False):
     efficiency: one rank's iteration (the same steps without the all-reduces) over this one.
     ``sync_bn``: synchronised BatchNorm's all-reduces too (``sync_bn``: their number, bytes and
     seconds), counted as communication and all exposed."""
-    from ..scheduler.allreduce import sync_bn_sums
-    from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
     steps = schedule.steps
     exposed = {}
     for i, _stream, start, end in timeline.spans:
@@ -215,9 +216,6 @@ def data_parallel(schedule, timeline, model, ranks, sync_bn=False):
 
 def figures(schedule, plan, budget):
     """The plan's figures as a JSON-ready dict (both allocators' arenas, the fit)."""
-    from ..allocator import aligned
-    from ..scheduler.placement import PLACEMENTS, arena_bytes
-    from ..scheduler.simulate import compute_step, overflow_at
     graph = schedule.graph
     placement = "dynamic" if schedule.offsets is None else "planned"
     arenas = {k: plan.arena_bytes if k == placement else arena_bytes(schedule, k) for k in PLACEMENTS}
@@ -255,8 +253,6 @@ def figures(schedule, plan, budget):
 
 
 def run(args):
-    from .. import report
-    from ..files import check_output_path
     if args.timeline:  # before planning: a typo in a path should cost nothing
         report.timeline_format(args.timeline)
         check_output_path(args.timeline, "timeline")
@@ -268,10 +264,9 @@ def run(args):
     keep = {}  # the baseline schedule, for --tradeoff to plan again
     schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
     if args.tradeoff:
-        from ..tradeoff import tradeoff
-        info["tradeoff"] = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
-                                    host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
-                                    solver_seconds=args.solver_time)
+        # each policy as the table names it: no lossy encodings, one rank, parameters resident
+        weighed = dataclasses.replace(keep["options"], budget=None, lossy=(), ranks=1, offload_params=False)
+        info["tradeoff"] = tradeoff(keep["base"], weighed, model, info["est_liveness_seconds"])
     if args.json:
         print(json.dumps(info, indent=1))
     else:

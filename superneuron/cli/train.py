@@ -10,6 +10,7 @@ and only rank 0 prints, logs, tests and writes snapshots.
 """
 
 import argparse
+import dataclasses
 import math
 import os
 import signal
@@ -17,11 +18,21 @@ import sys
 import time
 
 from .. import __version__
+from ..backend import free_device_bytes
 from ..errors import SNError
+from ..feed import data_config, fixed_side, loaders, open_data
+from ..layers import parallel
 from ..limits import MAX_SEED
+from ..net import Net
+from ..optim import make_optimizer
+from ..runtime.collective import DEFAULT_TIMEOUT, launched_ranks, world
+from ..scheduler.allreduce import collective_order
+from ..scheduler.steps import ALLREDUCE
 from ..sizes import human_bytes
-from .common import load_spec_from_args, net_arguments, policy_from_args, run_cli, sizes_from_args, solver_from_args
+from ..train import Trainer
+from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 from .progress import Progress, plan_lines
+from .ranks import main as main_of_a_rank
 
 
 def build_parser():
@@ -60,7 +71,6 @@ def build_parser():
     p.add_argument("--snapshot-format", choices=("npz", "caffemodel"), default="npz",
                    help="caffemodel: beside each snapshot, also the weights as a .caffemodel Caffe reads")
     p.add_argument("--log", metavar="FILE.jsonl", help="write one JSON object per display and test interval")
-    from ..runtime.collective import DEFAULT_TIMEOUT
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"under mpiexec: seconds a rank waits for the others in a collective before it "
                         f"stops every rank (default {DEFAULT_TIMEOUT:g}; more than a test pass takes)")
@@ -77,9 +87,7 @@ def build_parser():
 
 
 def main(argv=None):
-    from ..runtime.collective import launched_ranks
     if launched_ranks() > 1:  # one of several ranks: they end together and say a failure once
-        from .ranks import main as main_of_a_rank
         return main_of_a_rank(build_parser(), run, argv)
     return run_cli(build_parser(), run, argv)
 
@@ -92,9 +100,7 @@ def run(args):
     if args.threads is not None:
         if not 1 <= args.threads <= 4096:
             raise SNError(f"--threads must be in 1 .. 4096, got {args.threads}")
-        from ..layers import parallel
         parallel.set_threads(args.threads)
-    from ..runtime.collective import world
     group = world(args.device, args.timeout)
     if group is not None and group.rank != 0:  # only rank 0 prints (cli/ranks.py)
         sys.stdout = open(os.devnull, "w")
@@ -102,28 +108,18 @@ def run(args):
 
 
 def _train(args, group):
-    from ..feed import data_config, loaders, open_data
-    from ..net import Net
-    from ..optim import make_optimizer
-    from ..sizes import parse_size
-    from ..train import Trainer
 
     ranks, rank = (1, 0) if group is None else (group.size, group.rank)
     spec = _fit_size_to_data(load_spec_from_args(args), args)
     solver = solver_from_args(args, spec)
     data_cfg = data_config(spec, args.data)
     optimizer = make_optimizer(solver)
-    memory, host_memory, limit = sizes_from_args(args)
-    if args.policy is None and memory is not None:
-        args.policy = "auto"  # a budget and no policy named: the fastest schedule that fits it
-    if args.policy == "auto" and memory is None:
-        from ..backend import free_device_bytes
-        memory = free_device_bytes(args.device)  # on a GPU, what is free; on the CPU, none (liveness)
-    net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
-              policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
-              host_memory=host_memory, lossy=tuple(args.lossy),
-              costs="measure" if args.profile else None, solver_seconds=args.solver_time,
-              group=group, bucket_bytes=parse_size(args.bucket_size), sync_bn=args.sync_bn)
+    options = options_from_args(args)  # a budget and no policy named: auto, the fastest that fits it
+    if options.policy == "auto" and options.budget is None:
+        # on a GPU, what is free; on the CPU, none (liveness)
+        options = dataclasses.replace(options, budget=free_device_bytes(args.device))
+    net = Net(spec, options, optimizer=optimizer, costs="measure" if args.profile else None, group=group,
+              seed=args.seed)
     if group is not None:
         _check_same_collectives(net, group, args.sync_bn)
     data_cfg, train_set, test_set = open_data(net, data_cfg)
@@ -149,7 +145,6 @@ def _train(args, group):
           f"{n_params:,} parameters | batch {batch}{per_rank}"
           + (f" x iter_size {net.iter_size}" if net.iter_size > 1 else "") + f" | device {net.backend.name}")
     if group is not None:
-        from ..scheduler.steps import ALLREDUCE
         buckets = sum(1 for s in net.schedules["train"].steps if s.kind == ALLREDUCE)
         print(f"ranks: {group.describe()}; gradients averaged in {buckets} "
               f"bucket{'s' if buckets != 1 else ''} of up to "
@@ -208,7 +203,6 @@ def _check_same_collectives(net, group, sync_bn):
     time limit (optimal, auto) can make their plans differ."""
     import zlib
 
-    from ..scheduler.allreduce import collective_order
     order = collective_order(net.schedules["train"], sync_bn)
     if not group.agree(zlib.crc32(repr(order).encode()), "the comparison of the ranks' plans"):
         raise SNError("the ranks' plans make their collectives in different orders (each rank plans alone, "
@@ -264,6 +258,7 @@ def _with_fault(on_event, rank, fault):
 
 def _load_weights(net, path):
     """Copy a .caffemodel into ``net`` by layer name and say what happened to each layer."""
+    # here, not at the top: Caffe's formats load protobuf, which costs start-up time
     from ..caffe.weights import load_weights
     report = load_weights(net, path)
     print(f"weights: {path}: copied {len(report['copied'])} layers, skipped {len(report['skipped'])} "
@@ -276,6 +271,7 @@ def _load_weights(net, path):
 
 def _with_caffemodels(net, printer):
     """``printer`` that also writes the weights as NAME_iter_N.caffemodel beside each snapshot."""
+    # here, not at the top: Caffe's formats load protobuf, which costs start-up time
     from ..caffe.weights import write_caffemodel
 
     def on_event(event):
@@ -296,7 +292,6 @@ def _say_skipped(event):
 def _fit_size_to_data(spec, args):
     """``spec`` again with its ``size`` parameter set to the side of ``--data``'s samples where
     feed.fixed_side says so (``--set size=N`` given: never), and the change said."""
-    from ..feed import fixed_side
     size_given = any(str(item).partition("=")[0].strip() == "size" for item in args.set)
     side = fixed_side(spec, args.data, size_given)
     if side is None:

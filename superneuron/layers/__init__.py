@@ -1,27 +1,24 @@
-"""The layer registry: Caffe type names → layer classes, filled by ``@register`` beside each class."""
+"""The layers, one module per family; importing the package registers every layer class under
+its Caffe type name (registry.py)."""
 
-import difflib
-
-REGISTRY = {}
-
-
-def register(cls):
-    """Class decorator: make ``cls`` available under its class name as a YAML ``type``."""
-    cls.type = cls.__name__
-    REGISTRY[cls.type] = cls
-    return cls
-
-
-def layer_class(type_name):
-    """The class registered as ``type_name``; KeyError with a suggestion when it is unknown."""
-    try:
-        return REGISTRY[type_name]
-    except KeyError:
-        known = sorted(t for t in REGISTRY if not REGISTRY[t].__dict__.get("INTERNAL", False))
-        close = difflib.get_close_matches(str(type_name), known, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else f"; known types: {', '.join(known)}"
-        raise KeyError(f"unknown layer type '{type_name}'{hint}") from None
-
-
-from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, python_layer, recurrent, shape  # noqa: E402,F401
-from . import attention, embed, layernorm, matmul  # noqa: E402,F401  (transformers)
+from . import (  # noqa: F401  (registers each)  # noqa: F401  (registers each)  # noqa: F401  (registers each: transformers)
+    activation,
+    attention,
+    conv,
+    deconv,
+    embed,
+    inner_product,
+    input,
+    join,
+    layernorm,
+    loss,
+    lrn,
+    matmul,
+    neuron,
+    norm,
+    pool,
+    python_layer,
+    recurrent,
+    shape,
+)
+from .registry import REGISTRY, layer_class, register  # noqa: F401  (the package's names)

@@ -13,10 +13,11 @@ them), so its step holds the gradient and 1/32 of the map, never the map.
 
 import numpy as np
 
-from . import codecs, parallel, register
+from . import codecs, parallel
 from . import cuda_kernels as cuda
 from .base import Algo, Key, Layer, workspace_bytes
 from .codecs import Encoding, packed_bytes
+from .registry import register
 
 
 @register

@@ -31,9 +31,10 @@ import math
 
 import numpy as np
 
-from . import parallel, register
+from . import parallel
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
+from .registry import register
 
 
 @register

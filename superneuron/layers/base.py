@@ -26,12 +26,14 @@ step's workspace), never from a hidden allocation proportional to the tensors.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import LayerError
 from ..limits import MAX_SPEC_INT, over
+from .codecs import tensor_encoding
+from .scratch import workspace_bytes  # noqa: F401  (the layers take it from here)
 
 REQUIRED = object()
 
@@ -215,22 +217,29 @@ class Cost:
     bwd_bytes: float = 0.0
 
 
+@dataclass(eq=False)
 class Context:
     """What a kernel may use besides its operands: the array module, the phase, scratch memory
     from the step's workspace, the random stream, and (for Input/Data) the batch being fed."""
 
-    def __init__(self, xp=np, train=True, recompute=False, workspace=None, algo=None,
-                 seed=0, feed=None, backend=None, encoded=None, ranks=None, relu=False):
-        self.ranks = ranks  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
-        self.relu = relu  # a forward ends with max(top, 0) in the same pass (Layer.fuses_relu)
-        self.xp, self.train, self.recompute = xp, train, recompute
-        # the layer's direct encoded form (Layer.encodings), if any: a backward reads it, a
-        # forward writes it too
-        self.encoded = encoded
-        self.workspace, self.algo, self.seed = workspace, algo, seed
-        self.feed = feed if feed is not None else {}
-        self.backend = backend
-        self._used = 0
+    xp: object = np
+    train: bool = True
+    recompute: bool = False
+    workspace: object = None  # the step's workspace, carved by scratch()
+    algo: str = None
+    seed: int = 0
+    feed: dict = None  # Input/Data: the batch being fed (None: {})
+    backend: object = None
+    # the layer's direct encoded form (Layer.encodings), if any: a backward reads it, a forward
+    # writes it too
+    encoded: object = None
+    ranks: object = None  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
+    relu: bool = False  # a forward ends with max(top, 0) in the same pass (Layer.fuses_relu)
+    _used: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self):
+        if self.feed is None:
+            self.feed = {}
 
     def sum_ranks(self, array):
         """``array`` summed over the ranks of synchronised BatchNorm (``ranks.size``); a new
@@ -261,14 +270,6 @@ class Context:
             return self.backend.uniform(self.seed + salt, out)
         np.random.default_rng(self.seed + salt).random(out=out, dtype=out.dtype)
         return out
-
-
-def workspace_bytes(*arrays):
-    """Bytes of workspace for scratch arrays given as ``(shape, dtype)``, with ``scratch``'s padding."""
-    total = 0
-    for shape, dtype in arrays:
-        total = -(-total // 16) * 16 + math.prod(map(int, shape)) * np.dtype(dtype).itemsize
-    return total
 
 
 class Layer:
@@ -382,7 +383,6 @@ class Layer:
         of ``shape`` and ``dtype`` that this layer's backward reads: the bytes its encoded form
         takes and the scratch of its Encode and Decode (layers/codecs.py; the same for every
         layer, asked of the layer so that the scheduler learns bytes, never kernels)."""
-        from .codecs import tensor_encoding
         return tensor_encoding(codec, shape, dtype)
 
     def encode(self, ctx, codec, bottoms, tops, out):

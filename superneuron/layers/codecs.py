@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .scratch import workspace_bytes
+
 LOSSLESS = ("sign", "sparse", "argmax")
 LOSSY = ("fp16",)
 CODECS = LOSSLESS + LOSSY
@@ -88,7 +90,6 @@ def _sparse_values_at(n, dtype):
 
 def workspace_of(codec, shape, dtype, decode=False):
     """Bytes of scratch the Encode (or, with ``decode``, the Decode) of ``codec`` needs."""
-    from .base import workspace_bytes
     n = math.prod(map(int, shape))
     if codec in ("sign", "sparse"):  # one byte per value: the flags, or one bit plane
         return workspace_bytes(((n,), np.bool_), ((packed_bytes(n),), np.uint8))

@@ -195,7 +195,9 @@ class Cudnn:
     def conv_forward(self, key, algo, x, weight, y, workspace):
         self.op("fprop", key).run(self, algo, (x, weight, y), workspace)
 
-    def conv_backward(self, key, algo, x, weight, dy, dx, dw, workspace):
+    def conv_backward(self, key, algo, x, weight, dy, grads, workspace):
+        """dw, and dx unless it is None, of ``grads = (dx, dw)``."""
+        dx, dw = grads
         self.op("wgrad", key).run(self, algo, (x, dy, dw), workspace)
         if dx is not None:
             self.op("dgrad", key).run(self, algo, (dy, weight, dx), workspace)

@@ -12,8 +12,8 @@ workspace of exactly those products.
 No cuDNN path: on a GPU the same kernels run through CuPy (``self.kernels`` is ignored).
 """
 
-from . import register
 from .conv import Convolution
+from .registry import register
 
 
 @register

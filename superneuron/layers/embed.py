@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
+from .registry import register
 
 
 @register

@@ -21,7 +21,7 @@ GEMM as the forward, where Caffe's col2im adds nine shifted copies into dx one b
 weight gradient comes from the same columns of dy (x times them, read back flipped), so the
 backward makes one gather, not two. With a stride, or where that convolution would cost more
 than the scatter (see :func:`_spans`), the columns' gradient is added back tap by tap
-(:func:`~.conv.scatter_add`).
+(:func:`~.windows.scatter_add`).
 
 On the CPU the batch goes through in chunks of samples (:func:`chunking`): a chunk's columns
 (about :data:`CHUNK_COLUMNS` GEMM columns, a few MB), laid out in rows from a padded
@@ -44,12 +44,14 @@ then, with the whole batch at once, dw read back flipped). The padded copy costs
 its own.
 """
 
+import collections
 import math
 
 import numpy
 
 from . import im2col_rows as rows
 from . import parallel
+from .windows import scatter_add, window_taps
 
 # Relative costs that decide how dx is taken (measured on the 2-core development machine, one
 # thread): copying one element into columns costs about as long as 30 flops of a GEMM, and
@@ -137,7 +139,6 @@ def columns(xp, cols, src, pad_buf, kernel, stride, pad, dilation):
     (sy, sx), (dy, dx) = stride, dilation
     hp, wp = h + 2 * ph, w + 2 * pw
     if (ph or pw) and c * n * hp * wp > pad_buf.size:  # no room for a padded copy
-        from .conv import window_taps
         srct = src.transpose(1, 0, 2, 3)
         cols.fill(0)
         for i, j, out_index, in_index in window_taps((kh, kw), stride, pad, dilation, (h, w), (ho, wo)):
@@ -224,9 +225,10 @@ def _run_chunks(layer, plan, areas, kernel):
     parallel.run(run_slots, slots, parallel.MIN_CHUNK)
 
 
-def _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, back):
+def _in_rows(layer, room, plan, operands, back):
     """Any of y, dw, dx, chunk by chunk, with the columns in rows (layers/im2col_rows.py);
     ``back``: the pads of dx's convolution of dy, or None to scatter dx."""
+    weight, x, dy, y, dw, dx = operands
     areas, wroom = _chunk_areas(layer, room, plan, dw is not None)
     by_dy = back is not None
     if by_dy:
@@ -256,17 +258,20 @@ def im2col(layer, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
     plan = chunking(layer, declared, ctx.xp)
     back = _spans(layer)[1] if dx is not None else None  # dx by a convolution of dy, or scattered
     by_dy = back is not None
+    operands = Operands(weight, x, dy, y, dw, dx)
     if plan is not None:
-        _in_rows(layer, room, plan, weight, x, dy, y, dw, dx, back)
+        _in_rows(layer, room, plan, operands, back)
     else:
-        (_gradients_from_dy_columns if by_dy else _from_x_columns)(layer, ctx.xp, room, weight,
-                                                                   x, dy, y, dw, dx)
+        (_gradients_from_dy_columns if by_dy else _from_x_columns)(layer, ctx.xp, room, operands)
 
 
-def _from_x_columns(layer, xp, room, weight, x, dy, y, dw, dx):
+Operands = collections.namedtuple("Operands", "weight x dy y dw dx")  # of one call, None: not wanted
+
+
+def _from_x_columns(layer, xp, room, operands):
     """y, dw and a scattered dx of the whole batch through the columns of x (dx: of dy's
     product with the weight), each copy and GEMM split over the threads."""
-    from .conv import scatter_add
+    weight, x, dy, y, dw, dx = operands
     n, c, h, w, k, g, ho, wo = layer.geometry
     (kh, kw), p = layer.kernel, ho * wo
     kg, ckk = k // g, c // g * kh * kw
@@ -291,11 +296,12 @@ def _from_x_columns(layer, xp, room, weight, x, dy, y, dw, dx):
             scatter_add(xp, dxt, cols[:, i, j], out_index, in_index)
 
 
-def _gradients_from_dy_columns(layer, xp, room, weight, x, dy, y, dw, dx):
+def _gradients_from_dy_columns(layer, xp, room, operands):
     """dx and dw of a stride-1 convolution from one gather of the whole batch, dy's columns
     (padded by d(k-1) - p): dx is their product with the flipped kernel (C and K swapped), and
     dw the product of x with them, read back flipped; each copy and GEMM split over the
     threads."""
+    weight, x, dy, _, dw, dx = operands
     (n, c, h, w, k, g, ho, wo), back = _spans(layer)
     (kh, kw), hw = layer.kernel, h * w
     cg, kkk = c // g, k // g * kh * kw

@@ -8,8 +8,9 @@ so no algorithm needs workspace.
 
 import numpy as np
 
-from . import parallel, register
+from . import parallel
 from .base import Cost, Key, Layer, ParamSpec, parse_filler
+from .registry import register
 
 
 @register

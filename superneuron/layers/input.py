@@ -10,8 +10,8 @@ import numpy as np
 
 from .. import data
 from ..errors import SNError
-from . import register
 from .base import Cost, Key, Layer
+from .registry import register
 
 
 @register

@@ -8,8 +8,9 @@ backward is the one place where the gradients of the readers are summed.
 import numpy as np
 
 from . import cuda_kernels as cuda
-from . import parallel, register
+from . import parallel
 from .base import Algo, Cost, Key, Layer, workspace_bytes
+from .registry import register
 
 
 def _add_relu(a, b, out):

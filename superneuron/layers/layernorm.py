@@ -15,10 +15,10 @@ import math
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
 from .neuron import _Neuron
+from .registry import register
 
 
 @register

@@ -8,10 +8,10 @@ Both write a 0-d top. The kernels view scores as ``(N, C, L)``, the spatial dims
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .join import shape_str
 from .norm import _ncl, axis_setup
+from .registry import register
 
 
 def _softmax(xp, x, y, room):

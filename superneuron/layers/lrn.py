@@ -19,10 +19,10 @@ all: GoogLeNet's ``conv2_norm2`` (73 MiB at batch 32).
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .join import shape_str
 from .norm import _ncl
+from .registry import register
 
 
 def _box_sum(xp, src, dst, half, axis):

@@ -12,9 +12,9 @@ would not be contiguous), and the backward copies the gradient back the other wa
 
 import math
 
-from . import register
 from .base import Cost, Key, Layer
 from .join import shape_str
+from .registry import register
 
 
 @register

@@ -15,9 +15,9 @@ import math
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, workspace_bytes
 from .norm import _ncl
+from .registry import register
 
 
 class _Neuron(Layer):

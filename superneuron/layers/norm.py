@@ -14,9 +14,10 @@ three times as fast as NumPy's ``sum(axis=(0, 2))`` (see :func:`_channel_sum`).
 import numpy as np
 
 from . import cuda_kernels as cuda
-from . import parallel, register
+from . import parallel
 from .base import Algo, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
+from .registry import register
 
 
 def _ncl(shape, axis=1):

@@ -6,7 +6,7 @@ for ``stride`` and ``pad``). The output size rounds up, as Caffe's does:
 ``H + p`` (it would see only padding); ``ceil_mode: false`` (an extension found in some Caffe
 forks) rounds down as convolution does. Both kinds loop over the kernel taps (i, j) like the
 convolution's direct algorithm, each tap one strided view of the input against the outputs
-whose window sees the image there (see :func:`~superneuron.layers.conv.window_taps`):
+whose window sees the image there (see :func:`~superneuron.layers.windows.window_taps`):
 
 - MAX ignores padding; its backward sends each output's gradient to the first maximum of its
   window in scan order (as PyTorch does with ties), finding it again from the bottom and top.
@@ -35,10 +35,12 @@ import functools
 import numpy as np
 
 from . import cuda_kernels as cuda
-from . import parallel, register
+from . import parallel
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .codecs import Encoding
-from .conv import scatter_add, window_keys, window_settings, window_taps
+from .conv import window_keys, window_settings
+from .registry import register
+from .windows import scatter_add, window_taps
 
 NO_MAXIMUM = 255  # the argmax form's byte for a window with no maximum (all NaN)
 # A max pooling's backward makes about this many passes over its top per tap (the first-max

@@ -24,8 +24,9 @@ import sys
 import numpy as np
 
 from ..errors import LayerError
-from . import pycaffe, register
+from . import pycaffe
 from .base import Key, Layer
+from .registry import register
 
 
 def _import_user_module(module, folders):

@@ -22,8 +22,8 @@ bits. The markers are never differentiated (Caffe cannot backpropagate to them e
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .registry import register
 
 
 def _sigmoid(xp, x, out):
@@ -99,10 +99,15 @@ class _Recurrent(Layer):
     def backward_reads(self):
         return tuple(range(len(self.bottoms))), (0,)
 
-    def _products(self, xp, grads, x, held, params, param_grads, bottom_grads, bottoms, step_sum, names):
+    def _products(self, xp, grads, scratch, bottoms, params, gradients, names):
         """The parameter and input gradients from every step's pre-activation gradients
-        (``grads``, (T·N, rows)) at once: one product each, written over what they replace."""
+        (``grads``, (T·N, rows)) at once: one product each, written over what they replace.
+        ``scratch``: (every step's recurrent input cont_t h_{t-1}, a (N, rows) buffer);
+        ``gradients``: (param_grads, bottom_grads)."""
         w, b, w_h, w_s = names
+        held, step_sum = scratch
+        param_grads, bottom_grads = gradients
+        x = self._inputs(bottoms)[0]
         tn = self.steps * self.streams
         xp.matmul(grads.T, x.reshape(tn, self.features), out=param_grads[w])
         xp.sum(grads, axis=0, out=param_grads[b])
@@ -229,7 +234,7 @@ class LSTM(_Recurrent):
             else:
                 cells[0].fill(0)
         grads = gates_all.reshape(steps * n, 4 * h)
-        self._products(xp, grads, x, cells, params, param_grads, bottom_grads, bottoms, d_pre,
+        self._products(xp, grads, (cells, d_pre), bottoms, params, (param_grads, bottom_grads),
                        ("W_xc", "b_c", "W_hc", "W_xc_static"))
 
 
@@ -311,5 +316,5 @@ class RNN(_Recurrent):
                 dh *= cont[t][:, None]
             else:
                 hidden[0].fill(0)
-        self._products(xp, grads.reshape(tn, h), x, hidden, params, param_grads, bottom_grads, bottoms,
-                       step_sum, ("W_xh", "b_h", "W_hh", "W_xh_static"))
+        self._products(xp, grads.reshape(tn, h), (hidden, step_sum), bottoms, params, (param_grads, bottom_grads),
+                       ("W_xh", "b_h", "W_hh", "W_xh_static"))

@@ -13,10 +13,10 @@ import math
 
 import numpy as np
 
-from . import register
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .join import shape_str
 from .norm import _ncl
+from .registry import register
 
 
 def _axis(layer, shape, axis, key="axis"):

@@ -27,9 +27,12 @@ from ..layers import codecs, parallel
 from ..layers.base import Context
 from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.lower import ACCUM
+from ..scheduler.simulate import replay
 from ..scheduler.steps import OFFLOAD, UPDATE
 from ..scheduler.walk import OFFLOADING, Copies, Walker
+from .arena import Arena
 from .copies import copies_for
+from .host_update import HostUpdater
 
 
 def rank_seed(seed, rank):
@@ -64,10 +67,8 @@ class Runtime:
         for s in schedules[1:]:
             assert s.resident == first.resident, "schedules of one runtime share resident tensors"
             self.tensors.update(s.tensors)
-        from .arena import Arena
         self.arena = Arena(capacity, backend)
         if host_capacity is None:
-            from ..scheduler.simulate import replay
             host_capacity = max(replay(s).host.high_water for s in schedules)
         self.host = Arena(host_capacity, backend, host=True)
         # parameter offload: the masters live on the host (the update's workspace too, which
@@ -145,14 +146,13 @@ class Runtime:
         update = next((s for s in schedule.steps if s.kind == UPDATE), None) if last else None
         if self.host_update and update is not None:
             if self.updater is None:
-                from .host_update import HostUpdater
                 self.updater = HostUpdater()
             self.update_entries(optimizer)
             ws = self.view(update.workspace) if update.workspace else None
             # the last round of several: each gradient's sum is finished where it lands
             accums = self._accums() if schedule.rounds > 1 else None
             self.updater.begin(optimizer, iteration, self._entries_by_grad, ws, accums)
-        self.memory = execution = Execution(self, schedule, feed, iteration, optimizer, watch, round_, finite)
+        self.memory = execution = Execution(self, schedule, feed, (iteration, round_), optimizer, watch, finite)
         execution.run(schedule)
         assert not execution.pending, f"copies never waited for: {sorted(execution.pending)}"
         assert not execution.reducing, f"all-reduces never waited for: {sorted(execution.reducing)}"
@@ -228,7 +228,8 @@ class Execution(Walker):
     stall. ``outputs``: the scalar outputs by layer name; ``reducing``: bucket → the handle of
     its all-reduce under way."""
 
-    def __init__(self, runtime, schedule, feed, iteration, optimizer, watch, round_, finite):
+    def __init__(self, runtime, schedule, feed, when, optimizer, watch, finite):
+        iteration, round_ = when  # the iteration, and the round of it (iter_size)
         self.runtime, self.graph, self.schedule, self.feed = runtime, runtime.graph, schedule, feed
         self.view, self.iteration, self.optimizer, self.watch = runtime.view, iteration, optimizer, watch
         self.round, self.last, self.finite = round_, round_ == schedule.rounds - 1, finite

@@ -19,9 +19,8 @@ holds at most two buckets' gradients at once, and the host optimiser still overl
 """
 
 from ..graph import TensorInfo
+from ..options import DEFAULT_BUCKET_BYTES
 from .steps import BACKWARD, COMMUNICATION, FREE, LAYER_STEPS, RESIDENT_ONLY, Alloc, AllReduce, Free, WaitReduce
-
-DEFAULT_BUCKET_BYTES = 25 << 20  # PyTorch DDP's bucket_cap_mb default, 25 MiB
 
 
 def buckets_of(schedule, bucket_bytes=DEFAULT_BUCKET_BYTES):
@@ -58,7 +57,7 @@ def allreduce(schedule, context):
     found = buckets_of(schedule, context.bucket_bytes)
     if not found:
         return schedule
-    eager = schedule.policy.endswith("+params")  # see the module's docstring
+    eager = context.offload_params  # see the module's docstring
     tensors = dict(schedule.tensors)
     dtype = schedule.graph.dtype
     issue = {}  # backward step index → the buckets it completes

@@ -1,36 +1,42 @@
 """The Context of a plan: what a pass may need besides the schedule.
 
 Every pass has one shape, ``(schedule, Context) → schedule`` (policy.py lists them in order).
-The Context carries the budget and host memory, the cost model (which also keeps the memo of
-each layer's algorithms), the largest workspace of any choice, the placement, and ``memo``,
-where a pass leaves what a later step of the same plan may reuse. Nothing of a plan is kept
-in a module: it goes when the Context goes.
+The Context is the user's options (options.PlanOptions: budget, host memory, workspace limit,
+placement, lossy encodings, solver time, ranks, ...), the cost model (which also keeps the
+memo of each layer's algorithms) and ``memo``, where a pass leaves what a later step of the
+same plan may reuse. Nothing of a plan is kept in a module: it goes when the Context goes.
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from .allreduce import DEFAULT_BUCKET_BYTES
+from ..options import PlanOptions
 from .cost import CostModel
 
 
 @dataclass(frozen=True)
 class Context:
-    """``budget`` and ``host_memory``: bytes (None: unbounded); ``model``: a cost.CostModel
-    (default: the GPU estimates); ``workspace_limit``: bytes, the largest workspace where a
-    layer has a choice (None: no limit); ``placement``: ``'dynamic'`` or ``'planned'``;
-    ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit;
-    ``'optimal'``: what the optimal pass chose and why, optimal.py); ``lossy``: the lossy
-    encodings the encode pass may use (``('fp16',)``: ``--lossy fp16``); ``solver_seconds``:
-    the time limit of the optimal policy's solver; ``ranks``: data-parallel
-    ranks, whose gradients are all-reduced in buckets of ``bucket_bytes`` (allreduce.py)."""
+    """``options``: the plan's options.PlanOptions, whose fields a pass reads as the
+    Context's own (``context.budget``, ``context.placement``, ...); ``model``: a
+    cost.CostModel (default: the GPU estimates); ``memo``: what passes leave for later ones
+    (``'replayed'``: see workspace.fit; ``'optimal'``: what the optimal pass chose and why,
+    optimal.py)."""
 
-    budget: int = None
-    host_memory: int = None
+    options: PlanOptions = field(default_factory=PlanOptions)
     model: CostModel = field(default_factory=CostModel)
-    workspace_limit: int = None
-    placement: str = "dynamic"
     memo: dict = field(default_factory=dict, compare=False)
-    lossy: tuple = ()
-    solver_seconds: float = 20.0
-    ranks: int = 1
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    def with_options(self, **changes):
+        """This Context (its model and memo) with the options' fields ``changes`` changed."""
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
+
+    # The options a pass reads, by their names (bytes; None: unbounded).
+    budget = property(lambda self: self.options.budget)
+    host_memory = property(lambda self: self.options.host_memory)
+    workspace_limit = property(lambda self: self.options.workspace_limit)
+    placement = property(lambda self: self.options.placement)
+    lossy = property(lambda self: self.options.lossy)
+    solver_seconds = property(lambda self: self.options.solver_seconds)
+    ranks = property(lambda self: self.options.ranks)
+    bucket_bytes = property(lambda self: self.options.bucket_bytes)
+    offload_params = property(lambda self: self.options.offload_params)

@@ -33,8 +33,10 @@ import copy
 import math
 
 from .liveness import Roots, allocate_live, intervals
+from .simulate import replay, resident_arenas
 from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, PREFETCH, Alloc, Free, Offload, Prefetch, Wait
 from .walk import NO_MEMORY, Walker
+from .workspace import smallest_workspaces
 
 # How many steps a copy may run ahead of the compute: an offloaded tensor's device memory is
 # freed at most this many steps after its offload started, a prefetch is issued at most this
@@ -290,7 +292,6 @@ class _Variants:
     def host_within(self, k, host_memory, residents):
         """Whether the host copies of the first ``k`` gaps fit ``host_memory`` (bytes, with
         the host-resident tensors of ``residents``, a simulate.resident_arenas pair)."""
-        from .simulate import replay
         steps = self.host_steps(k)
         if steps is None:  # copies of other tensors too: replay the whole schedule
             over = replay(self.with_copies(k), stop=lambda a: a.host.high_water > host_memory,
@@ -355,8 +356,6 @@ def offload(schedule, context):
     the host and prefetched back, timed by the Context's cost model; under its ``budget``
     (bytes, resident included) only as much as makes the peak fit; at most its
     ``host_memory`` (bytes) on the host at once."""
-    from .simulate import replay, resident_arenas
-    from .workspace import smallest_workspaces
     model, budget, host_memory = context.model, context.budget, context.host_memory
     if not schedule.train:
         return schedule

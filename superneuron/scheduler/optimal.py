@@ -31,17 +31,23 @@ of one layer live at a time instead of all of them resident.
 where it fits at full speed, without solving anything; the best heuristic that fits when
 the solver runs out of time).
 
-``optimal+params`` and ``auto+params`` (the schedule's policy name ends so): every plan has
-its parameters, their gradients and the optimiser state on the host (params.py): the
-heuristics are their ``+params`` presets, the program is built from the schedule with its
-parameter copies in place (so its resident bytes are those left on the device), and the
-solver's plan gets them right after its recomputations, as ``superneurons+params`` does.
+With parameter offload (the Context's ``offload_params``: ``optimal+params``,
+``auto+params``): every plan has its parameters, their gradients and the optimiser state on
+the host (params.py): the heuristics are their presets with parameter offload, the program is
+built from the schedule with its parameter copies in place (so its resident bytes are those
+left on the device), and the solver's plan gets them right after its recomputations, as
+``superneurons+params`` does.
+
+The planner (policy.py) hands both passes ``presets``, a function ``(name, offload_params) →
+passes`` that gives each heuristic's passes: this module plans with them and imports no list
+of policies.
 """
 
 import dataclasses
 import time
 
 from ..errors import SNError
+from ..options import PARAMS
 from ..sizes import human_bytes
 from .encode import encode
 from .fuse import fuse_relus
@@ -51,6 +57,7 @@ from .offload import LOOKAHEAD, offload_roots
 from .optimal_model import build, solve
 from .params import offload_params
 from .recompute import with_recomputes
+from .simulate import simulate
 from .update import update_in_backward
 from .workspace import fit
 
@@ -93,38 +100,38 @@ class Candidate:
     recomputed: set = dataclasses.field(default_factory=set)
 
 
-def optimal(schedule, context):
-    """The pass ``optimal``: see the module's docstring. It takes the baseline schedule and
+def optimal(schedule, context, presets):
+    """The pass ``optimal``: see the module's docstring (``presets``: ``(name,
+    offload_params) → passes``, the heuristics' passes). It takes the baseline schedule and
     ends placed, as every policy does. SNError when no plan fits the budget, naming the
     smallest budget that does."""
-    return _fastest(schedule, context, solve_always=True)
+    return _fastest(schedule, context, presets, solve_always=True)
 
 
-def auto(schedule, context):
+def auto(schedule, context, presets):
     """The pass ``auto``: liveness without a budget, else :func:`optimal`'s choice."""
-    return _fastest(schedule, context, solve_always=False)
+    return _fastest(schedule, context, presets, solve_always=False)
 
 
-def _params(schedule):
-    """``'+params'`` where ``schedule``'s policy keeps the parameters on the host, else ``''``:
-    the suffix of the heuristics' names (policy.py)."""
-    from .policy import PARAMS
-    return PARAMS if schedule.policy.endswith(PARAMS) else ""
+def _heuristic(name, schedule, context, presets):
+    """The Candidate of heuristic ``name`` (a preset), with parameter offload where the
+    Context has it (its name then shown with ``+params``)."""
+    shown = name + (PARAMS if context.offload_params else "")
+    return _candidate(shown, schedule, context, presets(name, context.offload_params))
 
 
-def _fastest(schedule, context, solve_always):
+def _fastest(schedule, context, presets, solve_always):
     lowered = schedule
-    if not _params(schedule):  # parameter offload updates on the host, as each gradient lands
+    if not context.offload_params:  # parameter offload updates on the host, as each gradient lands
         schedule = update_in_backward(schedule, context)
     info = {"winner": None, "candidates": {}, "solver": None,
             "update_in_backward": schedule is not lowered and schedule.train}
     context.memo["optimal"] = info
-    liveness_ = "liveness" + _params(schedule)
-    live = _candidate(liveness_, schedule, context)
-    info["candidates"][liveness_] = live.seconds if _ok(live, context) else None
+    live = _heuristic("liveness", schedule, context, presets)
+    info["candidates"][live.name] = live.seconds if _ok(live, context) else None
     if context.budget is None or not schedule.train:
         return _win(live, info, context, "no budget: liveness at full speed is the fastest")
-    unbounded = _candidate(liveness_, schedule, dataclasses.replace(context, budget=None))
+    unbounded = _heuristic("liveness", schedule, context.with_options(budget=None), presets)
     if _ok(live, context) and live.seconds <= unbounded.seconds:
         return _win(live, info, context, "liveness at full speed fits: nothing is faster")
     if _ok(live, context) and not solve_always:
@@ -132,9 +139,8 @@ def _fastest(schedule, context, solve_always):
     best = [live] if _ok(live, context) else []
     for name in HEURISTICS:
         if name != "liveness":
-            name += _params(schedule)
-            found = _placed(_candidate(name, schedule, context), context)
-            info["candidates"][name] = found.seconds if _ok(found, context) else None
+            found = _placed(_heuristic(name, schedule, context, presets), context)
+            info["candidates"][found.name] = found.seconds if _ok(found, context) else None
             best += [found] if _ok(found, context) else []
     found = _solved(schedule, context, info)
     if found is not None:
@@ -142,7 +148,8 @@ def _fastest(schedule, context, solve_always):
         best += [found] if _ok(found, context) else []
     if not best:
         raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)}: the smallest that "
-                      f"fits is {human_bytes(smallest_budget(schedule, context))} (policy {schedule.policy})")
+                      f"fits is {human_bytes(smallest_budget(schedule, context, presets))} "
+                      f"(policy {schedule.policy})")
     return _win(min(best, key=lambda c: (c.seconds, c.plan.arena_bytes)), info, context, None)
 
 
@@ -161,13 +168,11 @@ def _win(candidate, info, context, proven):
     return candidate.schedule
 
 
-def _candidate(name, schedule, context, passes=None):
-    """Plan ``schedule`` with ``passes`` (default: the heuristic ``name``'s, a policy name)
-    under a Context like ``context`` (its own memo) and weigh it."""
-    from .policy import passes_of  # policy.py lists this module's passes: import it when planning
-    from .simulate import simulate
+def _candidate(name, schedule, context, passes):
+    """Plan ``schedule`` with ``passes`` under a Context like ``context`` (its own memo) and
+    weigh it; ``name``: what the Candidate is called."""
     context = dataclasses.replace(context, memo={})
-    for apply in passes or passes_of(name):
+    for apply in passes:
         schedule = apply(schedule, context)
     placed, replayed = context.memo.get("replayed", (None, None))
     plan = simulate(schedule, replayed if placed is schedule else None)
@@ -183,8 +188,7 @@ def _placed(candidate, context):
     if (candidate.fits or context.placement != "dynamic" or context.budget is None
             or candidate.plan.peak_bytes > context.budget):
         return candidate
-    from .simulate import simulate
-    planned = dataclasses.replace(candidate.context, placement="planned", memo={})
+    planned = dataclasses.replace(candidate.context.with_options(placement="planned"), memo={})
     placed = fit(candidate.schedule, planned, together=False)  # what fits so: many plans ask
     plan = simulate(placed)
     if plan.arena_bytes >= candidate.plan.arena_bytes:
@@ -198,8 +202,8 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
     offloaded with the offload pass's lookahead and ``swap_roots`` with copies that run as far
     ahead as they need (root names of the schedule before in-place reuse), the encodings of
     ``encoded`` (``(layers, roots)``, encode.py's ``only``; None: none) kept, by the other
-    passes' machinery (parameter offload after the recomputations where the policy of
-    ``schedule`` ends in ``+params``), then fitted and placed under ``context``."""
+    passes' machinery (parameter offload after the recomputations where ``context`` has
+    ``offload_params``), then fitted and placed under ``context``."""
     def offloaded(s, ctx):
         roots = Roots.of(s)
         ahead = {roots(r): len(s.steps) for r in swap_roots}
@@ -214,7 +218,7 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
         names = Roots.of(s)  # the roots after in-place reuse
         return encode(s, ctx, only=(layers, {names(r) for r in roots}))
 
-    passes = ((recomputed,) + ((offload_params,) if _params(schedule) else ()) + (inplace, liveness)
+    passes = ((recomputed,) + ((offload_params,) if context.offload_params else ()) + (inplace, liveness)
               + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fuse_relus, fit))
     return _candidate("solver", schedule, context, passes)
 
@@ -233,7 +237,7 @@ def _solved(schedule, context, info):
     models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
-    modelled = offload_params(schedule) if _params(schedule) else schedule  # parameter copies in place
+    modelled = offload_params(schedule) if context.offload_params else schedule  # parameter copies in place
     for joins, swaps, encodings, fixed, share in PHASES:
         if joins not in models:
             models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
@@ -323,19 +327,18 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
     return best[0] if best else found
 
 
-def smallest_budget(schedule, context):
+def smallest_budget(schedule, context, presets):
     """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
     between the resident bytes and liveness's arena; each probe plans superneurons and
-    offload, the policies that go lowest; their ``+params`` presets where ``schedule``'s policy
-    ends so), to within 1/4096 of it: a budget that fits, and no more than that above the
-    smallest (deep nets plan for seconds: each probe counts)."""
-    params = _params(schedule)
-    unbounded = _candidate("liveness" + params, schedule, dataclasses.replace(context, budget=None))
+    offload, the policies that go lowest; with parameter offload where ``context`` has it;
+    ``presets``: as for :func:`optimal`), to within 1/4096 of it: a budget that fits, and no
+    more than that above the smallest (deep nets plan for seconds: each probe counts)."""
+    unbounded = _heuristic("liveness", schedule, context.with_options(budget=None), presets)
     lo, hi = unbounded.schedule.resident_bytes, unbounded.plan.arena_bytes
 
     def fits(budget):
-        ctx = dataclasses.replace(context, budget=budget)
-        return any(_ok(_candidate(name + params, schedule, ctx), ctx) for name in ("superneurons", "offload"))
+        ctx = context.with_options(budget=budget)
+        return any(_ok(_heuristic(name, schedule, ctx, presets), ctx) for name in ("superneurons", "offload"))
 
     while hi - lo > hi >> 12:
         mid = (lo + hi) // 2

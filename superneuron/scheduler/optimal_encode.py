@@ -25,6 +25,7 @@ what the unit frees begins.
 
 from dataclasses import dataclass
 
+from ..options import PlanOptions
 from .context import Context
 from .encode import encode, units
 from .liveness import Roots, intervals
@@ -51,7 +52,7 @@ def units_of(schedule, steps, roots, model, lossy=()):
     """The :class:`Unit` of every encoding the encode pass would choose in ``schedule`` (a
     liveness schedule, with ``steps`` its compute steps and ``roots`` its Roots) under cost
     model ``model``, lossy forms ``lossy``."""
-    context = Context(model=model, lossy=tuple(lossy))
+    context = Context(PlanOptions(lossy=tuple(lossy)), model)
     found = units(schedule, context)
     if not found:
         return []

@@ -26,10 +26,10 @@ import functools
 
 from ..allocator import ALIGN, aligned
 from ..errors import SNError
+from ..options import PLACEMENTS
 from .packing import FLOOR_SPANS, OffsetTree, best_fit, pack_from_floor
+from .simulate import replay
 from .steps import ALLOC, FREE, MEMORY
-
-PLACEMENTS = ("dynamic", "planned")
 
 
 def lifetimes(schedule):
@@ -279,7 +279,6 @@ def with_placement(schedule, placement="dynamic"):
 
 def arena_bytes(schedule, placement):
     """The arena (resident + scheduled high-water mark) ``schedule`` needs with ``placement``."""
-    from .simulate import replay
     return replay(with_placement(schedule, placement)).high_water
 
 

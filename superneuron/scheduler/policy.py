@@ -26,22 +26,25 @@ the placement (dynamic or planned), which depends on every Alloc and Free
   so that no gradient is resident (update.py). ``--lossy fp16`` lets it choose
   half-precision stashes too.
 - ``auto``: liveness where it fits the budget (or none is given), else ``optimal``'s choice.
-- ``P+params`` (``superneurons+params``, ``gist+params``, ``optimal+params``, or
+- with parameter offload (``offload_params`` in the options; ``superneurons+params``,
   ``--offload-params`` with any policy but baseline): parameters,
   their gradients and the optimiser state on the host, prefetched for the steps that use
   them; the optimiser updates on the host (params.py). Where the policy recomputes, it
   recomputes every other join too (recompute.recompute_joins): with the parameters gone,
-  the activations kept for the backward are what fills the host. ``gist+params`` keeps the
+  the activations kept for the backward are what fills the host. ``gist`` keeps the
   stashes encoded besides: the encode pass runs after liveness, which it needs, on the
   schedule whose parameter copies are already in place (it leaves them as they are).
-  ``optimal+params`` and ``auto+params`` weigh the ``+params`` presets and the solver's plan
+  ``optimal`` and ``auto`` weigh the presets with parameter offload and the solver's plan
   with the parameters offloaded (optimal.py).
+
+``optimal`` and ``auto`` plan candidates with the other presets: the planner hands them
+:func:`passes_of` as a function (they import nothing of this module).
 """
 
-from dataclasses import replace
-
 from ..errors import SNError
-from .allreduce import DEFAULT_BUCKET_BYTES, allreduce
+from ..options import LISTED, SOLVED, PlanOptions
+from ..options import POLICIES as NAMES
+from .allreduce import allreduce
 from .context import Context
 from .cost import as_model
 from .encode import encode
@@ -51,9 +54,19 @@ from .liveness import liveness
 from .offload import offload
 from .optimal import auto, optimal
 from .params import offload_params
-from .placement import PLACEMENTS
 from .recompute import recompute, recompute_joins
 from .workspace import fit
+
+
+def solve_optimal(schedule, context):
+    """The pass ``optimal`` (optimal.py), with the presets it weighs."""
+    return optimal(schedule, context, passes_of)
+
+
+def solve_auto(schedule, context):
+    """The pass ``auto`` (optimal.py), with the presets it weighs."""
+    return auto(schedule, context, passes_of)
+
 
 # Every pass has one shape, (schedule, Context) → schedule; a policy is the list of them.
 LIVENESS = (inplace, liveness)
@@ -67,71 +80,59 @@ PRESETS = {
     "offload": LIVENESS + (offload,) + LAST,
     "superneurons": (recompute,) + LIVENESS + (offload,) + LAST,
     "gist": LIVENESS + (encode,) + LAST,
-    "optimal": (optimal,),  # it plans every candidate to the end (LAST included) and keeps the best
-    "auto": (auto,),
+    "optimal": (solve_optimal,),  # it plans every candidate to the end (LAST included) and keeps the best
+    "auto": (solve_auto,),
 }
-PARAMS = "+params"  # a policy name ending so keeps its parameters on the host (params.py)
 # With parameter offload: it runs after recomputation (whose Recompute steps read parameters
 # too) and before liveness, which then frees each parameter's device copy after its last use.
 WITH_PARAMS = {
-    "liveness" + PARAMS: (offload_params,) + LIVENESS + LAST,
-    "recompute" + PARAMS: (recompute_joins, offload_params) + LIVENESS + LAST,
-    "offload" + PARAMS: (offload_params,) + LIVENESS + (offload,) + LAST,
-    "superneurons" + PARAMS: (recompute_joins, offload_params) + LIVENESS + (offload,) + LAST,
-    "gist" + PARAMS: (offload_params,) + LIVENESS + (encode,) + LAST,
+    "liveness": (offload_params,) + LIVENESS + LAST,
+    "recompute": (recompute_joins, offload_params) + LIVENESS + LAST,
+    "offload": (offload_params,) + LIVENESS + (offload,) + LAST,
+    "superneurons": (recompute_joins, offload_params) + LIVENESS + (offload,) + LAST,
+    "gist": (offload_params,) + LIVENESS + (encode,) + LAST,
     # each of their plans is made with the presets above, or with parameter offload right after
-    # the solver's recomputations (optimal.py reads the "+params" in the schedule's policy)
-    "optimal" + PARAMS: (optimal,),
-    "auto" + PARAMS: (auto,),
+    # the solver's recomputations (optimal.py reads the Context's offload_params)
+    "optimal": (solve_optimal,),
+    "auto": (solve_auto,),
 }
-# The policies to list (--help, sn-depth's default scan): the presets and the one of the paper
-# with parameter offload; any preset but baseline takes "+params".
-POLICIES = {**PRESETS, "superneurons" + PARAMS: WITH_PARAMS["superneurons" + PARAMS]}
-# Policies that solve a program per plan: not in sn-depth's default scan (a plan per depth).
-SOLVED = ("optimal", "auto", "optimal" + PARAMS, "auto" + PARAMS)
+assert set(PRESETS) == set(NAMES) and set(WITH_PARAMS) == set(NAMES) - {"baseline"}  # options.py's names
+POLICIES = LISTED  # the policies to list (--help, sn-depth's default scan)
+__all__ = ["POLICIES", "PRESETS", "SOLVED", "WITH_PARAMS", "apply_policy", "passes_of"]
 
 
-def passes_of(name):
-    """The passes of policy ``name``, in order: a preset, or a preset + ``'+params'``."""
-    base = name[:-len(PARAMS)] if name.endswith(PARAMS) else name
-    offered = ", ".join(WITH_PARAMS)
-    if base not in PRESETS:
-        raise SNError(f"unknown policy '{name}'; known: {', '.join(POLICIES)}; with parameter offload: {offered}")
-    if name.endswith(PARAMS) and name not in WITH_PARAMS:
-        raise SNError(f"policy '{name}': parameter offload is not offered with {base} "
-                      f"(it frees a parameter's device copy after its step, which needs liveness's "
-                      f"passes in a known order); with parameter offload: {offered}")
-    return list(WITH_PARAMS[name] if name.endswith(PARAMS) else PRESETS[name])
+def passes_of(name, offload_params=False):
+    """The passes of preset ``name`` in order, with parameter offload if ``offload_params``
+    (a name that ends in ``+params`` is read by options.PlanOptions, which gives this its
+    preset and the flag). SNError for an unknown preset or one without parameter offload."""
+    table = WITH_PARAMS if offload_params else PRESETS
+    if name not in table:
+        raise SNError(f"unknown policy '{name}'{' with parameter offload' if offload_params else ''}; "
+                      f"known: {', '.join(table)}")
+    return list(table[name])
 
 
-def apply_policy(schedule, name, placement="dynamic", budget=None, workspace_limit=None, costs=None,
-                 host_memory=None, memo=None, lossy=(), solver_seconds=None, ranks=1,
-                 bucket_bytes=DEFAULT_BUCKET_BYTES):
-    """The baseline ``schedule`` rewritten by policy ``name``'s passes, its algorithms and
-    workspaces chosen to fit ``budget`` (bytes; None: the fastest) with none over
-    ``workspace_limit`` (bytes) where there is a choice, ranked by ``costs`` (a cost.CostModel,
-    a measured table, or None: estimates), then placed (``placement``: ``'dynamic'`` or
-    ``'planned'``). ``host_memory`` (bytes) bounds what offloading keeps on the host. ``memo``
-    (a dict): the Context's memo, to read what the passes left there (``'replayed'``: see
-    workspace.fit; ``'optimal'``: see optimal.py). ``lossy``: the lossy encodings allowed
-    (``('fp16',)``), which only a policy that encodes uses: SNError for one that does not.
-    ``solver_seconds``: the time limit of the optimal policy's solver (None: the Context's
-    default). ``ranks`` > 1: the gradients are all-reduced across that many ranks in buckets
-    of ``bucket_bytes``, the first pass (allreduce.py), so that every later one sees the
-    buckets. SNError for an unknown policy or placement."""
-    passes = passes_of(name)
-    if ranks > 1:
+def apply_policy(schedule, context, costs=None, memo=None, **settings):
+    """The baseline ``schedule`` rewritten by the passes of the policy of ``context`` (a
+    Context: the options, the cost model, and the memo where the passes leave what they found,
+    ``'replayed'``: see workspace.fit; ``'optimal'``: see optimal.py), its algorithms and
+    workspaces chosen to fit the budget with none over the workspace limit where there is a
+    choice, then placed. ``context`` may also be an options.PlanOptions or a policy's name,
+    with the fields ``settings`` names changed, ranked by ``costs`` (a cost.CostModel, a
+    measured table, or None: estimates) and leaving what the passes found in ``memo``. With
+    ranks > 1 the gradients are all-reduced in buckets, the first pass (allreduce.py), so that
+    every later one sees the buckets. The options' lossy encodings need a policy that encodes:
+    SNError for one that does not."""
+    if not isinstance(context, Context):
+        context = Context(PlanOptions.of(context, **settings), as_model(costs), {} if memo is None else memo)
+    options = context.options
+    passes = passes_of(options.policy, options.offload_params)
+    if options.ranks > 1:
         passes.insert(0, allreduce)
-    if placement not in PLACEMENTS:
-        raise SNError(f"unknown placement '{placement}'; known: {', '.join(PLACEMENTS)}")
-    if lossy and not {encode, optimal, auto} & set(passes):
-        raise SNError(f"--lossy {','.join(lossy)} keeps stashes in a lossy encoding, which policy "
-                      f"'{name}' does not encode; use --policy gist, optimal or auto")
-    context = Context(budget, host_memory, as_model(costs), workspace_limit, placement,
-                      {} if memo is None else memo, tuple(lossy), ranks=ranks, bucket_bytes=bucket_bytes)
-    if solver_seconds is not None:
-        context = replace(context, solver_seconds=solver_seconds)
-    schedule = schedule.replace(policy=name)
+    if options.lossy and options.policy not in ("gist", "optimal", "auto"):
+        raise SNError(f"--lossy {','.join(options.lossy)} keeps stashes in a lossy encoding, which policy "
+                      f"'{options.name}' does not encode; use --policy gist, optimal or auto")
+    schedule = schedule.replace(policy=options.name)
     for apply in passes:
         schedule = apply(schedule, context)
     return schedule

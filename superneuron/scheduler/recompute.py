@@ -49,6 +49,7 @@ same gap), all speed-centric; its program decides which (optimal_stashes.py).
 from .context import Context
 from .liveness import Roots, uses
 from .schedule import add_workspace
+from .simulate import largest_working_set
 from .steps import BACKWARD, Alloc, Free, Recompute
 
 
@@ -173,7 +174,6 @@ def with_recomputes(schedule, context=None, largest=None, only=None, joins=False
     speed-centric (each root recomputed once: the optimal policy's cost model counts it so);
     a root left out is a checkpoint. ``joins`` (without ``only``): every other join too,
     where its inputs allow (see the module's docstring)."""
-    from .simulate import largest_working_set
     model = (context or Context()).model
     graph = schedule.graph
     if not schedule.train:

@@ -23,7 +23,9 @@ from ..errors import SNError
 from ..sizes import human_bytes
 from .cost import as_model, phase_of
 from .liveness import Roots
+from .placement import place, tensors_first, with_placement
 from .schedule import add_workspace
+from .simulate import Replayer
 from .steps import ALLOC, LAYER_STEPS, MEMORY, Alloc, Free, with_algorithm
 from .walk import Tally, Walker
 
@@ -189,8 +191,6 @@ def fit(schedule, context, together=True):
     leave, placed among them, leaves holes they cannot use). The Context's memo gets
     ``memo['replayed'] = (schedule returned, its whole replay)`` for simulate() where one was
     made."""
-    from .placement import place
-    from .simulate import Replayer
     budget, placement, memo, tries = context.budget, context.placement, context.memo, TRIES
     chooser, caps = _Chooser(schedule, budget, context.workspace_limit, context.model), {}
     if budget is None:
@@ -237,7 +237,6 @@ def _in_rooms(chosen, chooser, caps, limit):
     """``chosen`` (``chooser``'s schedule under ``caps``) at planned offsets: its tensors placed
     first, each step's workspace capped (in ``caps``, updated) to the largest gap they leave
     at it within ``limit`` bytes, and put in that gap (placement.tensors_first)."""
-    from .placement import tensors_first, with_placement
     offsets, rooms = tensors_first(chosen, limit, chooser.least(chosen), chooser.lost)
     for k, (_, room) in rooms.items():
         caps[k] = min(caps.get(k, room), room)
