@@ -27,6 +27,7 @@ class Backend:
 
     name = "cpu"
     xp = np
+    cuda = None   # the CUDA module of a GPU backend: its copies go on streams, not threads
 
     def empty_bytes(self, nbytes):
         """One block of ``nbytes`` bytes (the arena)."""
@@ -76,6 +77,7 @@ class GPUBackend(Backend):
 
     def __init__(self, cupy):
         self.xp = cupy
+        self.cuda = cupy.cuda  # its streams and events carry the runtime's copies (runtime/copies.py)
         self._kernels = False   # loaded on first use
         self.kernels_missing = None   # why cuDNN is not used, once kernels() has looked
 
