@@ -32,6 +32,8 @@ span at most: 8 MiB of float32 rather than VGG-16's fc6, 392 MiB.
 
 import math
 
+import numpy as np
+
 from . import adaptive
 from .errors import SNError
 from .solver_config import SolverConfig, learning_rate, solver_from_mapping
@@ -164,12 +166,28 @@ class Optimizer:
 
     def _clip(self, xp, grads):
         # torch's clip_grad_norm_: the norm of the per-tensor norms, scale by max / (norm + 1e-6)
+        if xp is not np:
+            return self._clip_on_device(xp, grads)
         norm = math.sqrt(sum(float(xp.vdot(g.reshape(-1), g.reshape(-1))) for g in grads))
         self.grad_norm = norm
         coef = self.cfg.clip_gradients / (norm + 1e-6)
         if coef < 1:
             for g in grads:
                 g *= g.dtype.type(coef)
+
+    def _clip_on_device(self, xp, grads):
+        """:meth:`_clip` without reading the norm back: the norm (float64) and the factor
+        min(1, max / (norm + 1e-6)) stay device scalars, so a GPU's host never waits here
+        (``grad_norm`` is then a device scalar; reading it is the sync). A factor of 1 leaves
+        every gradient as it was, as the host path's skipped multiply does."""
+        total = xp.zeros((), np.float64)
+        for g in grads:
+            total += xp.vdot(g.reshape(-1), g.reshape(-1))
+        norm = xp.sqrt(total)
+        self.grad_norm = norm
+        coef = xp.minimum(self.cfg.clip_gradients / (norm + 1e-6), 1.0)
+        for g in grads:
+            g *= coef.astype(g.dtype)
 
     def _sgd(self, xp, w, g, state, lr, tmp):
         mu = self.cfg.momentum

@@ -89,4 +89,5 @@ class FakeGPUBackend(Backend):
     :class:`FakeCuda`'s streams, as a GPU backend's do through CuPy's."""
 
     def __init__(self, lag=None):
+        super().__init__()
         self.cuda = FakeCuda(lag)

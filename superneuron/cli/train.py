@@ -117,7 +117,7 @@ def _train(args, group):
         args.policy = "auto"  # a budget and no policy named: the fastest schedule that fits it
     if args.policy == "auto" and memory is None:
         from ..backend import free_device_bytes
-        memory = free_device_bytes(args.device)  # on a GPU, what is free; on the CPU, none (liveness)
+        memory = free_device_bytes(args.device)  # on a GPU, what is free less the libraries' reserve; on the CPU, none
     net = Net(spec, device=args.device, seed=args.seed, optimizer=optimizer, memory=memory,
               policy=policy_from_args(args), placement=args.placement, workspace_limit=limit,
               host_memory=host_memory, lossy=tuple(args.lossy),

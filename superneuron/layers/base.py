@@ -230,7 +230,15 @@ class Context:
         self.workspace, self.algo, self.seed = workspace, algo, seed
         self.feed = feed if feed is not None else {}
         self.backend = backend
+        self.labels_checked = False  # its labels were checked on the host when fed (check_labels)
         self._used = 0
+
+    def host_value(self, value, reason):
+        """The device scalar ``value`` as a Python float: a host sync on a GPU, which the
+        backend counts (Backend.host_sync)."""
+        if self.backend is not None:
+            return self.backend.host_value(value, reason)
+        return float(value)
 
     def sum_ranks(self, array):
         """``array`` summed over the ranks of synchronised BatchNorm (``ranks.size``); a new

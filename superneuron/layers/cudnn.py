@@ -16,7 +16,11 @@ kernels run too, so no extra synchronisation is needed.
 
 Math mode: float32 in, float32 out and float32 arithmetic; engines that round inputs to TF32
 on tensor cores are left out unless ``tf32=True`` (``SN_TF32=1``), so that results agree with
-the CPU path and with PyTorch run with ``allow_tf32 = False``.
+the CPU path and with PyTorch run with ``allow_tf32 = False``. Two more filters, by the
+numerical notes cuDNN attaches to each engine (:func:`excluded_notes`), tell the causes of a
+gradient error apart (tools/grad_diag.py): ``deterministic`` (``SN_DETERMINISTIC=1``) leaves
+out engines whose sums depend on thread timing, and ``exact`` (``SN_CUDNN_EXACT=1``) those
+that are not plain float32 sums: FFT, every Winograd tiling, and reduced-precision reductions.
 """
 
 import os
@@ -24,17 +28,39 @@ import os
 from .base import Algo
 
 
-def load(tf32=None, deterministic=None):
+# The numerical notes each filter leaves out (names of cudnn.numerical_note; a name this
+# frontend lacks is skipped).
+TF32_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
+NONDETERMINISTIC_NOTES = ("NONDETERMINISTIC",)
+INEXACT_NOTES = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13",
+                 "REDUCED_PRECISION_REDUCTION")
+
+
+def excluded_notes(notes, tf32=False, deterministic=False, exact=False):
+    """The members of ``notes`` (``cudnn.numerical_note``) whose engines are left out: TF32's
+    unless ``tf32``, the non-deterministic ones when ``deterministic``, FFT, Winograd and
+    reduced-precision reductions when ``exact``."""
+    names = (() if tf32 else TF32_NOTES) + (NONDETERMINISTIC_NOTES if deterministic else ()) \
+        + (INEXACT_NOTES if exact else ())
+    return [getattr(notes, n) for n in names if hasattr(notes, n)]
+
+
+def _flag(name):
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+def load(tf32=None, deterministic=None, exact=None):
     """A :class:`Cudnn` when the frontend imports and works on this GPU, else None (see
     :func:`probe` for why not)."""
-    return probe(tf32, deterministic)[0]
+    return probe(tf32, deterministic, exact)[0]
 
 
-def probe(tf32=None, deterministic=None):
+def probe(tf32=None, deterministic=None, exact=None):
     """``(Cudnn, None)`` when the frontend imports and makes a handle on this GPU, else
     ``(None, why)``: one line saying what failed, for the run to report its fallback.
     ``tf32`` (default: ``SN_TF32``) allows TF32 engines; ``deterministic`` (default:
-    ``SN_DETERMINISTIC``) leaves out engines whose sums depend on thread timing."""
+    ``SN_DETERMINISTIC``) leaves out engines whose sums depend on thread timing; ``exact``
+    (default: ``SN_CUDNN_EXACT``) leaves out FFT, Winograd and reduced-precision engines."""
     try:
         import cudnn
     except Exception as e:  # noqa: BLE001 - a missing or broken frontend means "use the fallback"
@@ -43,11 +69,10 @@ def probe(tf32=None, deterministic=None):
         handle = cudnn.create_handle()
     except Exception as e:  # noqa: BLE001 - e.g. libcudnn missing: the frontend loads it here
         return None, f"the cuDNN Frontend makes no handle ({_one_line(e)})"
-    if tf32 is None:
-        tf32 = os.environ.get("SN_TF32", "0") not in ("", "0")
-    if deterministic is None:
-        deterministic = os.environ.get("SN_DETERMINISTIC", "0") not in ("", "0")
-    return Cudnn(cudnn, handle, tf32, deterministic), None
+    tf32 = _flag("SN_TF32") if tf32 is None else tf32
+    deterministic = _flag("SN_DETERMINISTIC") if deterministic is None else deterministic
+    exact = _flag("SN_CUDNN_EXACT") if exact is None else exact
+    return Cudnn(cudnn, handle, tf32, deterministic, exact), None
 
 
 def _one_line(e):
@@ -84,8 +109,9 @@ class _Op:
 class Cudnn:
     """The cuDNN Frontend on the current device: convolution graphs cached by geometry."""
 
-    def __init__(self, cudnn, handle, tf32, deterministic):
+    def __init__(self, cudnn, handle, tf32, deterministic, exact=False):
         self.cudnn, self.handle, self.tf32, self.deterministic = cudnn, handle, tf32, deterministic
+        self.exact = exact
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
 
     def describe(self):
@@ -96,7 +122,10 @@ class Cudnn:
         except Exception:  # noqa: BLE001 - the version is a courtesy, not a requirement
             backend = "cuDNN"
         frontend = getattr(self.cudnn, "__version__", None)
-        return f"{backend} through the cuDNN Frontend" + (f" {frontend}" if frontend else "")
+        only = [what for what, on in (("deterministic", self.deterministic),
+                                      ("no FFT or Winograd", self.exact), ("TF32", self.tf32)) if on]
+        return (f"{backend} through the cuDNN Frontend" + (f" {frontend}" if frontend else "")
+                + (f" ({', '.join(only)} engines)" if only else ""))
 
     # -- building ----------------------------------------------------------------------------
     def _tensor(self, g, name, dims):
@@ -126,11 +155,9 @@ class Cudnn:
             gr.validate()
             gr.build_operation_graph()
             gr.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
-            notes = self.cudnn.numerical_note
-            if not self.tf32:
-                gr.deselect_numeric_notes([notes.TENSOR_CORE, notes.DOWN_CONVERT_INPUTS])
-            if self.deterministic:
-                gr.deselect_numeric_notes([notes.NONDETERMINISTIC])
+            left_out = excluded_notes(self.cudnn.numerical_note, self.tf32, self.deterministic, self.exact)
+            if left_out:
+                gr.deselect_numeric_notes(left_out)
             gr.check_support()
         except Exception:  # noqa: BLE001 - cuDNN refusing a graph is an answer, not an error
             return None

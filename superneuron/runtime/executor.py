@@ -95,6 +95,11 @@ class Runtime:
         self.copies = None             # the copy queues, made on the first copy
         self.memory = None             # the Interpreter of the memory and copy steps of the run
         self.stalls = self.blocked = 0
+        # skip the Update of an iteration whose loss is not finite (one host sync, at the first
+        # Update step; off: none, and a NaN loss then updates the parameters)
+        self.finite_losses = True
+        self.syncs_inside = None       # backend.host_sync's reasons before the last round's end
+        self._labels_checked = set()   # the layers whose fed labels were checked on the host
         self.outside = None            # backend.Allocations of the last run
         self.host_peak = 0
         self.resident = {}
@@ -142,6 +147,7 @@ class Runtime:
         totals, finite = {}, True
         with self.backend.watch_allocations() as outside, parallel.numpy_settings():
             for k, one in enumerate(feeds):
+                self._labels_checked = self._check_labels(one)
                 arena.reset(schedule.offsets)
                 self.host.reset()
                 outputs = self._run_steps(schedule, one, iteration, optimizer, watch, k, finite)
@@ -175,7 +181,8 @@ class Runtime:
             # the last round of several: each gradient's sum is finished where it lands
             accums = self._accums() if schedule.rounds > 1 else None
             self.updater.begin(optimizer, iteration, self._entries_by_grad, ws, accums)
-        outputs = {}
+        outputs, losses_finite = {}, None
+        syncs_before = self.backend.syncs.copy()
         for step in schedule.steps:
             kind = step.kind
             if pending and kind not in (ALLOC, WAIT):
@@ -193,7 +200,8 @@ class Runtime:
                     node.layer.forward(ctx, [self.view(b) for b in node.bottoms],
                                        [self.view(t) for t in node.tops], params)
                 if kind == FORWARD and node.layer.top_shapes == [()]:
-                    outputs[node.name] = float(self.view(node.tops[0]))
+                    # kept on the device (its top may be freed): read back once, at the end
+                    outputs[node.name] = self.view(node.tops[0]).copy()
                 if watch is not None and kind == FORWARD:
                     watch(node, [self.view(t) for t in node.tops])
             elif kind == BACKWARD:
@@ -216,7 +224,9 @@ class Runtime:
                     self.backend.synchronize()
                     self.updater.finish()
                     continue
-                if not (finite and all(math.isfinite(outputs[n.name]) for n in graph.losses)):
+                if losses_finite is None:  # the one sync before the end (see finite_losses)
+                    losses_finite = finite and self._finite_losses(outputs)
+                if not losses_finite:
                     continue  # NaN gradients would make every parameter NaN and hide the cause
                 ctx = self._context(step, None, iteration, True, False, None)
                 optimizer.update(self.xp, iteration, self._entries_of(step, optimizer), ctx.scratch)
@@ -224,7 +234,21 @@ class Runtime:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
         assert not reducing, f"all-reduces never waited for: {sorted(reducing)}"
-        return outputs
+        # what made the host wait for the device before the iteration's end (see finite_losses)
+        self.syncs_inside = self.backend.syncs - syncs_before
+        if self.group is not None:
+            self.group.settle(f"the all-reduces of iteration {iteration}")
+        self.backend.host_sync("the outputs, at the end of the iteration")
+        return {name: float(value) for name, value in outputs.items()}
+
+    def _finite_losses(self, outputs):
+        """Whether every loss computed so far is finite (read back from the device: the one
+        host sync inside an iteration, at its first Update, unless ``finite_losses`` is off)."""
+        if not self.finite_losses:
+            return True
+        losses = [outputs[n.name] for n in self.graph.losses]
+        self.backend.host_sync("the losses' finiteness, before the update")
+        return all(math.isfinite(float(v)) for v in losses)
 
     def _accums(self):
         """Each parameter gradient's accumulator (resident: on the device, or on the host under
@@ -286,11 +310,32 @@ class Runtime:
                 self.stalls += 1
                 self.memory.wait(name, planned=False)
 
+    def _check_labels(self, feed):
+        """Check the labels fed on the host (where they are NumPy) for every layer that reads
+        labels straight from the feed; the names of those layers, whose forward then need not
+        read them back from the device."""
+        checked, graph = set(), self.graph
+        fed = {top: name for n in graph.inputs for top, name in zip(n.tops, n.layer.tops)}
+        split = {top: n.bottoms[0] for n in graph.nodes if n.layer.type == "Split" for top in n.tops}
+        for node in graph.nodes:
+            check = getattr(node.layer, "check_labels", None)
+            if check is None or len(node.bottoms) < 2:
+                continue
+            source = node.bottoms[1]
+            while source in split:  # a fan-out's copy of the fed labels
+                source = split[source]
+            labels = feed.get(fed.get(source))
+            if isinstance(labels, np.ndarray) and check(labels):
+                checked.add(node.name)
+        return checked
+
     def _context(self, step, node, iteration, train, recompute, feed):
         ws = self.view(step.workspace) if step.workspace else None
-        return Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
+        ctx = Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
                        seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
                        feed=feed, backend=self.backend, ranks=self.sync_bn)
+        ctx.labels_checked = node is not None and node.name in self._labels_checked
+        return ctx
 
     def _code(self, step, iteration):
         """An Encode or a Decode (scheduler/encode.py): a layer's own form through the layer, a
