@@ -24,7 +24,7 @@ class FakeEvent:
 
     @property
     def done(self):
-        return self._done
+        return self._done or self.cuda.idle
 
     def synchronize(self):
         self.cuda.host_waits.append("event")
@@ -63,6 +63,7 @@ class FakeCuda:
 
     def __init__(self, lag=None):
         self.open, self.host_waits, self.copies, self.lag = [], [], [], lag
+        self.idle = False  # True: the device has done everything queued whenever asked
         self.compute = FakeStream(self, compute=True)
         self.runtime = types.SimpleNamespace(memcpyDeviceToHost=2, memcpyHostToDevice=1,
                                              memcpyAsync=self._memcpy_async)
@@ -91,3 +92,31 @@ class FakeGPUBackend(Backend):
     def __init__(self, lag=None):
         super().__init__()
         self.cuda = FakeCuda(lag)
+
+
+class FakeNccl:
+    """The few names of ``cupy.cuda.nccl`` that runtime/collective.py uses, for one rank: an
+    all-reduce over one rank leaves its buffer as it is; each is recorded in ``sums``."""
+
+    NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0
+    available = True
+
+    def __init__(self):
+        self.sums, self.aborted = [], False
+        nccl = self
+
+        class NcclCommunicator:
+            def __init__(self, size, unique_id, rank):
+                assert (size, rank) == (1, 0)
+
+            def allReduce(self, send, recv, count, dtype, op, stream):  # noqa: N802 - NCCL's name
+                assert send == recv and op == nccl.NCCL_SUM
+                nccl.sums.append((count, dtype, stream))
+
+            def abort(self):
+                nccl.aborted = True
+
+        self.NcclCommunicator = NcclCommunicator
+
+    def get_unique_id(self):
+        return (0,) * 128

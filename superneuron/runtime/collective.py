@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from ..errors import SNError
+from .copies import address
 
 # What launchers set in each process: MPICH's Hydra (PMI), Open MPI, Slurm's srun.
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
@@ -282,8 +283,9 @@ class NcclDevice:
         """Start summing the device array ``buffer`` in place over the ranks; its event."""
         cuda = self.cupy.cuda
         self.stream.wait_event(cuda.get_current_stream().record())  # the buffer is written
-        self.communicator.allReduce(buffer.data.ptr, buffer.data.ptr, buffer.size, self.types[buffer.dtype],
-                                    self.nccl.NCCL_SUM, self.stream.ptr)
+        ptr = address(buffer)
+        self.communicator.allReduce(ptr, ptr, buffer.size, self.types[buffer.dtype], self.nccl.NCCL_SUM,
+                                    self.stream.ptr)
         event = self.stream.record()
         self.unsettled.append(event)
         return event
@@ -335,8 +337,9 @@ class NcclGroup(NcclDevice, MpiGroup):
 
 class SoloNccl(NcclDevice):
     """One rank on one GPU, its gradients "summed" by NCCL over a communicator of size 1 (no
-    MPI): so that one card runs the whole NCCL path (``--nccl-solo``; a sum over one rank
-    leaves every value as it was). ``cupy`` is CuPy (or a stand-in with ``cuda`` and
+    MPI), so that one card runs the whole NCCL path: a schedule planned for several ranks (its
+    AllReduce and WaitReduce steps) run with this group changes no value, a sum over one rank
+    being the value itself (tests/test_nccl_solo.py). ``cupy`` is CuPy (or a stand-in with ``cuda`` and
     ``cuda.nccl``); SNError when NCCL is missing."""
 
     def __init__(self, cupy, timeout=DEFAULT_TIMEOUT):
