@@ -68,11 +68,18 @@ class Backend:
         return out
 
     def synchronize(self):
-        """Wait for queued device work (nothing to wait for on the CPU)."""
+        """Wait for queued device work (nothing to wait for on the CPU; noted as a host sync)."""
+        self.host_sync("synchronize")
 
     def kernels(self):
         """Vendor kernels the layers may use here (None: the portable NumPy/CuPy ones)."""
         return None
+
+    def device_model(self):
+        """The name measured kernel timings are cached under (runtime/profile.py): ``cpu`` here;
+        on a GPU its model and the engine filters in force, so that an H100's table never
+        serves an H200, nor a deterministic run's an unfiltered one."""
+        return self.name
 
     def convolutions(self):
         """One line saying which convolution kernels run here and, on a GPU without cuDNN,
@@ -105,6 +112,14 @@ class GPUBackend(Backend):
             from .layers.cudnn import probe
             self._kernels, self.kernels_missing = probe()
         return self._kernels
+
+    def device_model(self):
+        import re
+        name = self.xp.cuda.runtime.getDeviceProperties(self.xp.cuda.Device().id)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        kernels = self.kernels()
+        modes = [m for m in ("tf32", "deterministic", "exact") if getattr(kernels, m, False)]
+        return "-".join(["gpu", re.sub(r"[^A-Za-z0-9._]+", "_", name).strip("_")] + modes)
 
     def convolutions(self):
         kernels = self.kernels()
@@ -157,7 +172,16 @@ class GPUBackend(Backend):
         return out
 
     def synchronize(self):
+        self.host_sync("synchronize")
         self.xp.cuda.Device().synchronize()  # every stream: the copy streams too
+
+
+def address(array):
+    """The address of ``array``'s first byte: a CuPy array's device pointer, a NumPy (pinned)
+    array's host pointer."""
+    data = getattr(array, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else int(array.ctypes.data)
 
 
 def gpu_available():

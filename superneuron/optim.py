@@ -50,6 +50,7 @@ class Optimizer:
         self.cfg = cfg
         self.grad_norm = None  # the global gradient norm of the last update, when clipping
         self._lr_at = (None, None, None)  # (iteration, cfg, its rate): asked once a parameter
+        self._fused = None  # optim_kernels.FusedSGD on a GPU, made on the first update there
 
     def for_epochs(self, samples, batch):
         """Its SolverConfig with ``epochs`` turned into ``max_iter`` (SolverConfig.with_epochs),
@@ -130,6 +131,8 @@ class Optimizer:
         if cfg.iter_size > 1:
             for _, g, *_ in live:
                 g *= g.dtype.type(1 / cfg.iter_size)
+        if xp is not np and self._fused_update(xp, live, lr):
+            return
         buffers, span = [], max(e[0].size for e in live)
         if self._needs_scratch:
             span = min(span, SPAN)
@@ -142,6 +145,23 @@ class Optimizer:
                 tmp = [buf[:b - a] for buf in buffers]
                 self._update_one(xp, it, w[a:b], g[a:b], [s[a:b] for s in state], lr * lr_mult,
                                  cfg.weight_decay * decay_mult, *(tmp or [None]))
+
+    def _fused_update(self, xp, live, lr):
+        """Every entry's update in one GPU kernel (optim_kernels: SGD, plain, momentum or
+        Nesterov, L2 or no decay, float32), the same bits as the per-parameter path; False
+        where it does not apply, or with ``SN_FUSED_UPDATE=0``."""
+        import os
+
+        from . import optim_kernels
+        mode = optim_kernels.mode_of(self.cfg)
+        if mode is None or os.environ.get("SN_FUSED_UPDATE", "1") == "0":
+            return False
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for w, g, state, *_ in live for a in (w, g, *state)):
+            return False
+        if self._fused is None:
+            self._fused = optim_kernels.FusedSGD(xp)
+        self._fused.update(live, lr, self.cfg.weight_decay, self.cfg.momentum, mode)
+        return True
 
     def _update_one(self, xp, it, w, g, state, lr, decay, tmp, *more):
         """The update of one span of one parameter (flat views), ``tmp`` and ``more`` its scratch."""

@@ -27,8 +27,8 @@ import zlib
 
 import numpy as np
 
+from ..backend import address
 from ..errors import SNError
-from .copies import address
 
 # What launchers set in each process: MPICH's Hydra (PMI), Open MPI, Slurm's srun.
 SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "SLURM_NTASKS")

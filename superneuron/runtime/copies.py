@@ -17,6 +17,8 @@ had to wait measures the overlap instead of always reading zero.
 
 from concurrent.futures import ThreadPoolExecutor
 
+from ..backend import address
+
 
 class Copy:
     """One started copy: :meth:`done` says whether it has finished, :meth:`wait` orders what
@@ -43,14 +45,6 @@ class ThreadCopies:
     def close(self):
         for q in self.queues.values():
             q.shutdown(wait=True)
-
-
-def address(array):
-    """The address of ``array``'s first byte: a CuPy array's device pointer, a NumPy (pinned)
-    array's host pointer."""
-    data = getattr(array, "data", None)
-    ptr = getattr(data, "ptr", None)
-    return int(ptr) if ptr is not None else int(array.ctypes.data)
 
 
 class StreamCopies:
