@@ -45,9 +45,9 @@ def errors(net, feed, ref_grads):
 
 def run_mode(mode, path, device, policy):
     """One way of running the net test: ``{errors, worst, convolutions[, repeatable]}``."""
+    import torch
     from test_net import feed_for, small_net
     from torch_ref import run_torch
-    import torch
     saved = {k: os.environ.get(k) for k in ("SN_DETERMINISTIC", "SN_CUDNN_EXACT")}
     os.environ.update({"SN_DETERMINISTIC": "0", "SN_CUDNN_EXACT": "0", **MODES[mode]})
     try:

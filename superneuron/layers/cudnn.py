@@ -27,7 +27,6 @@ import os
 
 from .base import Algo
 
-
 # The numerical notes each filter leaves out (names of cudnn.numerical_note; a name this
 # frontend lacks is skipped).
 TF32_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
