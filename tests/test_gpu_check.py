@@ -103,7 +103,8 @@ def _mode(worst, non_finite=()):
      "FFT, Winograd or reduced-precision engines"),
     ({"as_is": _mode(0.03), "deterministic": _mode(3e-5), "exact": _mode(0.03)}, "non-deterministic engines"),
     ({"as_is": _mode(0.03), "deterministic": _mode(0.03), "exact": _mode(0.03)}, "neither suspect"),
-    ({"as_is": _mode(2e-5)}, "no error"),
+    ({"as_is": _mode(2e-5), "as_is@recompute": _mode(3e-5)}, "no error"),
+    ({"as_is": _mode(2e-5), "as_is@superneurons": _mode(0.03)}, "a policy's own error: superneurons"),
 ])
 def test_the_diagnosis_names_the_cause(result, cause):
     from grad_diag import verdict

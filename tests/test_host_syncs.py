@@ -114,3 +114,18 @@ def test_clipping_on_the_device_is_torchs(clip):
         if clip == 100.0:
             np.testing.assert_array_equal(m, g)  # a factor of 1: untouched bits
     assert float(opt.grad_norm) == pytest.approx(np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["liveness", "offload", "superneurons"])
+def test_on_the_gpu_an_iteration_reads_back_only_the_guard_and_its_end(policy):
+    """The same on a GPU with CuPy, the fused SGD update and cuDNN: the host queues the whole
+    iteration, waiting only for the losses' finiteness at the first Update; offloads start
+    without the host waiting (the GPU copies' counters are their events')."""
+    net = small_net("nets/resnet.yaml", device="gpu", policy=policy,
+                    optimizer=make_optimizer(SolverConfig(momentum=0.9, weight_decay=5e-4, clip_gradients=10.0)))
+    feed = feed_for(net)
+    for it in range(2):
+        net.train_step(feed, it)
+        assert net.runtime.syncs_inside == collections.Counter({FINITE: 1}), net.runtime.syncs_inside
+    assert net.optimizer._fused is not None and net.runtime.stalls == 0

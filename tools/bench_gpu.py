@@ -82,6 +82,9 @@ def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
             "peak_bytes": net.peak_bytes, "planned_peak_bytes": plan.peak_bytes,
             "arena_bytes": net.runtime.arena.capacity, "host_bytes": net.host_bytes,
             "stalls": net.runtime.stalls, "setup_seconds": setup, "algorithms": algos,
+            # Waits whose copy had not finished (from the copies' events), over the timed runs
+            "blocked": net.runtime.blocked, "syncs_inside": dict(net.runtime.syncs_inside or {}),
+            "fused_update": net.optimizer._fused is not None,
             "outside_allocations": net.runtime.outside.count,
             "outside_bytes": net.runtime.outside.bytes}
 
