@@ -10,6 +10,10 @@ The arithmetic is the per-parameter path's, operation for operation, each rounde
 ``v``); ``g = step * lr``; ``w -= g``. Plain, momentum and Nesterov SGD with L2 (or no)
 weight decay on float32; anything else takes the per-parameter path.
 
+It reads a device flag ``ok`` (the losses were finite, computed on the device by the
+Runtime) and leaves everything as it was where it is false: the guard against a non-finite
+loss without reading the loss back.
+
 The element's code (``ELEMENT``) is shared with the host: tests/test_optim_kernels.py compiles
 it as C++ and checks it against the NumPy path bit for bit.
 """
@@ -18,7 +22,8 @@ import numpy as np
 
 ELEMENT = r"""
 __device__ inline void sgd_element(float* W, float* G, float* V, long long i, float lr, float decay,
-                                   float mu, int mode) {
+                                   float mu, int mode, bool ok) {
+    if (!ok) return;  // a loss was not finite: the parameters stay as they were
     float g = G[i];
     if (decay != 0.0f) g = __fadd_rn(g, __fmul_rn(W[i], decay));
     float step = g;
@@ -46,12 +51,14 @@ __device__ inline long long tensor_of(const long long* starts, long long count, 
 KERNEL = ELEMENT + r"""
 extern "C" __global__ void sgd_multi(const long long* w, const long long* g, const long long* v,
                                      const long long* starts, long long count, long long total,
-                                     const float* lr, const float* decay, float mu, int mode) {
+                                     const float* lr, const float* decay, float mu, int mode,
+                                     const bool* ok) {
+    bool go = ok[0];
     for (long long k = blockIdx.x * (long long)blockDim.x + threadIdx.x; k < total;
          k += (long long)gridDim.x * blockDim.x) {
         long long t = tensor_of(starts, count, k);
         sgd_element((float*)w[t], (float*)g[t], mode ? (float*)v[t] : (float*)0, k - starts[t],
-                    lr[t], decay[t], mu, mode);
+                    lr[t], decay[t], mu, mode, go);
     }
 }
 """
@@ -89,9 +96,11 @@ class FusedSGD:
         self.cupy = cupy
         self.kernel = cupy.RawKernel(KERNEL, "sgd_multi", options=("--fmad=false",))
         self.tables = {}  # (pointers, lr, decay) → the device arrays
+        self.always = cupy.ones((), dtype=bool)
 
-    def update(self, entries, lr, weight_decay, mu, mode):
-        """One launch updating every entry (float32, contiguous)."""
+    def update(self, entries, lr, weight_decay, mu, mode, ok=None):
+        """One launch updating every entry (float32, contiguous); none where the device flag
+        ``ok`` (a 0-d bool array) is false."""
         from .backend import address
         cp = self.cupy
         key = (tuple((address(e[0]), address(e[1]), address(e[2][0]) if e[2] else 0) for e in entries),
@@ -106,4 +115,5 @@ class FusedSGD:
         threads = 256
         blocks = max(1, min(4096, -(-total // threads)))
         self.kernel((blocks,), (threads,), (w, g, v, starts, np.int64(count), np.int64(total), lrs, decays,
-                                            np.float32(mu), np.int32(mode)))
+                                            np.float32(mu), np.int32(mode),
+                                            self.always if ok is None else ok))

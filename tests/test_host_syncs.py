@@ -2,9 +2,9 @@
 become a host value calls Backend.host_sync (counted on the CPU too, where it costs nothing),
 and a training iteration under the main policies reaches none before its end, apart from
 reading back the losses' finiteness before the first Update (which ``finite_losses = False``
-turns off). Labels are checked on the host when fed, the gradient norm for clipping stays on
-the device, and NCCL's sums are waited for by the device (the deadline polled once, at the
-end)."""
+turns off, and which a GPU's one-kernel SGD update reads as a device flag instead). Labels
+are checked on the host when fed, the gradient norm for clipping stays on the device, and
+NCCL's sums are waited for by the device (the deadline polled once, at the end)."""
 
 import collections
 
@@ -67,6 +67,38 @@ def test_turning_the_guard_off_changes_no_bit_of_a_finite_iteration():
         np.testing.assert_array_equal(a.to_host(name), b.to_host(name), err_msg=name)
 
 
+class _GuardsOnDevice(type(make_optimizer())):
+    """The optimiser as a GPU's one-kernel SGD is: it takes the losses' finiteness as a flag."""
+
+    def guards_on_device(self, xp):
+        return True
+
+
+def test_an_update_that_guards_itself_takes_a_flag_and_no_sync():
+    """Where the optimiser skips itself on the device, the Runtime hands it the losses'
+    finiteness as a device value instead of reading it back: no sync, the same bits, and a NaN
+    loss still leaves the parameters as they were."""
+    (a, schedule, _), (b, _, _) = _runtime("liveness"), _runtime("liveness")
+    opt_a = make_optimizer(SolverConfig(momentum=0.9))
+    opt_b = _GuardsOnDevice(SolverConfig(momentum=0.9))
+    feed = feed_of(schedule.graph)
+    for it in range(2):
+        assert a.run(schedule, feed, it, opt_a) == b.run(schedule, feed, it, opt_b)
+        assert b.syncs_inside == collections.Counter()
+    for name in a.resident:
+        np.testing.assert_array_equal(a.to_host(name), b.to_host(name), err_msg=name)
+    before = {name: b.to_host(name) for name in b.resident if name in schedule.graph.tensors
+              and schedule.graph.tensors[name].kind == "param"}
+    assert before
+    bad = dict(feed)
+    data = next(k for k in bad if bad[k].ndim > 1)
+    bad[data] = np.full_like(bad[data], np.nan)
+    assert not np.isfinite(b.run(schedule, bad, 2, opt_b)["loss"])
+    assert b.syncs_inside == collections.Counter()
+    for name, value in before.items():
+        np.testing.assert_array_equal(b.to_host(name), value, err_msg=name)
+
+
 def _trained(policy):
     net = small_net("nets/lenet.yaml", policy=policy, optimizer=make_optimizer(SolverConfig()))
     return net, feed_for(net)
@@ -118,14 +150,21 @@ def test_clipping_on_the_device_is_torchs(clip):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", ["liveness", "offload", "superneurons"])
-def test_on_the_gpu_an_iteration_reads_back_only_the_guard_and_its_end(policy):
-    """The same on a GPU with CuPy, the fused SGD update and cuDNN: the host queues the whole
-    iteration, waiting only for the losses' finiteness at the first Update; offloads start
-    without the host waiting (the GPU copies' counters are their events')."""
+def test_on_the_gpu_an_iteration_reads_nothing_back_before_its_end(policy):
+    """The same on a GPU with CuPy, the one-kernel SGD update and cuDNN: the host queues the
+    whole iteration without waiting once; the update reads the losses' finiteness as a device
+    flag, and a NaN loss still leaves the parameters as they were."""
     net = small_net("nets/resnet.yaml", device="gpu", policy=policy,
                     optimizer=make_optimizer(SolverConfig(momentum=0.9, weight_decay=5e-4, clip_gradients=10.0)))
     feed = feed_for(net)
     for it in range(2):
         net.train_step(feed, it)
-        assert net.runtime.syncs_inside == collections.Counter({FINITE: 1}), net.runtime.syncs_inside
-    assert net.optimizer._fused is not None and net.runtime.stalls == 0
+        assert net.runtime.syncs_inside == collections.Counter(), net.runtime.syncs_inside
+    assert net.optimizer._fused, net.optimizer.fused_missing
+    assert net.runtime.stalls == 0
+    before = {name: net.param(name) for name in net.param_names}
+    feed[net.input_names[0]] = np.full_like(feed[net.input_names[0]], np.nan)
+    assert not np.isfinite(net.train_step(feed, 2))
+    assert net.runtime.syncs_inside == collections.Counter()
+    for name, value in before.items():
+        np.testing.assert_array_equal(net.param(name), value, err_msg=name)

@@ -8,6 +8,7 @@ against CuPy's per-parameter path, bit for bit."""
 import ctypes
 import shutil
 import subprocess
+import types
 
 import numpy as np
 import pytest
@@ -27,8 +28,9 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 """
 HOST = """
-extern "C" void sgd_host(float* W, float* G, float* V, long long n, float lr, float decay, float mu, int mode) {
-    for (long long i = 0; i < n; i++) sgd_element(W, G, V, i, lr, decay, mu, mode);
+extern "C" void sgd_host(float* W, float* G, float* V, long long n, float lr, float decay, float mu, int mode,
+                         int ok) {
+    for (long long i = 0; i < n; i++) sgd_element(W, G, V, i, lr, decay, mu, mode, ok != 0);
 }
 extern "C" long long tensor_of_host(const long long* starts, long long count, long long k) {
     return tensor_of(starts, count, k);
@@ -46,7 +48,7 @@ def host(tmp_path_factory):
     subprocess.run([CXX, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     dll = ctypes.CDLL(str(lib))
     dll.sgd_host.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong, ctypes.c_float, ctypes.c_float,
-                                                     ctypes.c_float, ctypes.c_int]
+                                                     ctypes.c_float, ctypes.c_int, ctypes.c_int]
     dll.tensor_of_host.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
     dll.tensor_of_host.restype = ctypes.c_longlong
     return dll
@@ -81,12 +83,20 @@ def test_the_kernels_element_is_the_numpy_update_bit_for_bit(host, rng, kind, mo
     for t, (wt, gt, st, *_) in enumerate(entries):
         assert w[t] == wt.ctypes.data and g[t] == gt.ctypes.data
         host.sgd_host(wt.ctypes.data, gt.ctypes.data, st[0].ctypes.data if st else None, wt.size,
-                      lrs[t], decays[t], np.float32(momentum), mode)
+                      lrs[t], decays[t], np.float32(momentum), mode, 1)
     for (w1, g1, s1, *_), (w2, g2, s2, *_) in zip(entries, ref):
         np.testing.assert_array_equal(w1, w2)
         np.testing.assert_array_equal(g1, g2)  # both leave the step in the gradient
         for a, b in zip(s1, s2):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_false_finiteness_flag_leaves_everything_as_it_was(host, rng):
+    (w, g, (v,), *_), = _entries(rng, 1)[:1]
+    before = [a.copy() for a in (w, g, v)]
+    host.sgd_host(w.ctypes.data, g.ctypes.data, v.ctypes.data, w.size, 0.1, 1e-3, 0.9, 1, 0)
+    for a, b in zip((w, g, v), before):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_each_element_finds_its_tensor(host):
@@ -114,7 +124,23 @@ def test_the_fused_kernel_on_the_gpu_is_the_per_parameter_path(monkeypatch, rng,
         ws = cupy.zeros(max(opt.workspace_bytes([e[0].shape for e in dev], np.float32), 1), np.uint8)
         for it in range(2):
             opt.update(cupy, it, dev, Context(cupy, workspace=ws).scratch)
-        assert (opt._fused is not None) == (fused == "1")
+        assert bool(opt._fused) == (fused == "1"), opt.fused_missing
         runs.append([cupy.asnumpy(a) for w, g, st, *_ in dev for a in (w, g, *st)])
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_kernel_that_does_not_compile_falls_back_once_and_says_why(rng):
+    """Where NVRTC refuses the kernel (nothing has run yet), the per-parameter path takes over
+    for good, and the optimiser says why."""
+    calls = []
+
+    def refuse(*args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("nvrtc: error: unknown option --fmad=false")
+    fake = types.SimpleNamespace(RawKernel=refuse)
+    opt = make_optimizer(SolverConfig(momentum=0.9))
+    entries = _entries(rng, 1)
+    assert opt._fused_update(fake, entries, 0.1) is False
+    assert opt._fused is False and "unknown option" in opt.fused_missing
+    assert opt._fused_update(fake, entries, 0.1) is False and len(calls) == 1

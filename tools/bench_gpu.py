@@ -84,7 +84,7 @@ def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
             "stalls": net.runtime.stalls, "setup_seconds": setup, "algorithms": algos,
             # Waits whose copy had not finished (from the copies' events), over the timed runs
             "blocked": net.runtime.blocked, "syncs_inside": dict(net.runtime.syncs_inside or {}),
-            "fused_update": net.optimizer._fused is not None,
+            "fused_update": bool(net.optimizer._fused), "fused_missing": net.optimizer.fused_missing,
             "outside_allocations": net.runtime.outside.count,
             "outside_bytes": net.runtime.outside.bytes}
 

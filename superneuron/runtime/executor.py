@@ -96,7 +96,8 @@ class Runtime:
         self.memory = None             # the Interpreter of the memory and copy steps of the run
         self.stalls = self.blocked = 0
         # skip the Update of an iteration whose loss is not finite (one host sync, at the first
-        # Update step; off: none, and a NaN loss then updates the parameters)
+        # Update step, unless the update skips itself on the device; off: none, and a NaN loss
+        # then updates the parameters)
         self.finite_losses = True
         self.syncs_inside = None       # backend.host_sync's reasons before the last round's end
         self._labels_checked = set()   # the layers whose fed labels were checked on the host
@@ -224,12 +225,13 @@ class Runtime:
                     self.backend.synchronize()
                     self.updater.finish()
                     continue
-                if losses_finite is None:  # the one sync before the end (see finite_losses)
-                    losses_finite = finite and self._finite_losses(outputs)
-                if not losses_finite:
+                if losses_finite is None:  # True, False, or a device flag (see _finite_losses)
+                    losses_finite = self._finite_losses(outputs, optimizer) if finite else False
+                if losses_finite is False:
                     continue  # NaN gradients would make every parameter NaN and hide the cause
                 ctx = self._context(step, None, iteration, True, False, None)
-                optimizer.update(self.xp, iteration, self._entries_of(step, optimizer), ctx.scratch)
+                flag = {} if losses_finite is True else {"finite": losses_finite}  # the update reads it
+                optimizer.update(self.xp, iteration, self._entries_of(step, optimizer), ctx.scratch, **flag)
             else:
                 raise AssertionError(f"unknown step {kind}")
         assert not pending, f"copies never waited for: {sorted(pending)}"
@@ -241,12 +243,16 @@ class Runtime:
         self.backend.host_sync("the outputs, at the end of the iteration")
         return {name: float(value) for name, value in outputs.items()}
 
-    def _finite_losses(self, outputs):
-        """Whether every loss computed so far is finite (read back from the device: the one
-        host sync inside an iteration, at its first Update, unless ``finite_losses`` is off)."""
+    def _finite_losses(self, outputs, optimizer):
+        """Whether every loss computed so far is finite: True or False, read back from the
+        device (the one host sync inside an iteration, at its first Update), or, where the
+        optimiser skips itself on the device (Optimizer.guards_on_device: the one-kernel SGD on
+        a GPU), a device flag it reads, and no sync. True when ``finite_losses`` is off."""
         if not self.finite_losses:
             return True
         losses = [outputs[n.name] for n in self.graph.losses]
+        if losses and optimizer.guards_on_device(self.xp):
+            return self.xp.isfinite(sum(losses[1:], losses[0]))  # NaN or ±inf in any: in the sum
         self.backend.host_sync("the losses' finiteness, before the update")
         return all(math.isfinite(float(v)) for v in losses)
 
