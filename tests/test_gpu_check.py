@@ -17,10 +17,10 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 STUB = textwrap.dedent("""\
-    import json, sys, time
+    import json, os, sys, time
     args = sys.argv[1:]
     with open(sys.argv[0] + ".calls", "a") as f:
-        f.write(json.dumps(args) + "\\n")
+        f.write(json.dumps(args + ["PYTHONPATH=" + os.environ.get("PYTHONPATH", "")]) + "\\n")
     def out(flag):
         for i, a in enumerate(args):
             if a.startswith(flag + "="):
@@ -61,7 +61,8 @@ def test_a_cut_stage_keeps_its_json_and_the_stages_run_in_order(tmp_path):
     calls = [json.loads(line) for line in (tmp_path / "stub.py.calls").read_text().splitlines()]
     pytest_args = calls[0]
     assert {"-m", "gpu", "--deadline", "-rfE", "--tb=short", "--durations=15"} <= set(pytest_args)
-    assert "tools.pytest_deadline" in pytest_args
+    assert "pytest_deadline" in pytest_args  # found in tools/, by its own name
+    assert os.path.join(os.path.abspath(ROOT), "tools") in pytest_args[-1].split("=", 1)[1].split(":")
     files = [a for a in pytest_args if a.startswith("tests/")]
     assert "tests/test_gpu.py" in files and "tests/test_floors.py" not in files
     for f in files:
@@ -78,9 +79,10 @@ def test_the_deadline_fails_a_slow_test_and_the_run_goes_on(tmp_path):
         def test_quick():
             pass
     """))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tools"))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                           "tools.pytest_deadline", "--deadline", "1", str(tmp_path / "test_slow.py")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=25)
+                           "pytest_deadline", "--deadline", "1", str(tmp_path / "test_slow.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=25)
     assert "1 failed, 1 passed" in done.stdout, done.stdout
     assert "over the 1 s deadline" in done.stdout
 

@@ -75,7 +75,10 @@ if [ "$DRY" != 1 ]; then
 fi
 
 GPU_TESTS=$(grep -l "pytest.mark.gpu" tests/test_*.py | tr '\n' ' ')
-stage "GPU tests" 38 $PY -m pytest -q -m gpu -p no:cacheprovider -p tools.pytest_deadline --deadline 90 \
+# the deadline plugin by its own name from tools/ (a package called "tools" installed on the
+# machine would shadow this folder's)
+stage "GPU tests" 38 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" \
+    $PY -m pytest -q -m gpu -p no:cacheprovider -p pytest_deadline --deadline 90 \
     -rfE --tb=short --durations=15 --junitxml="$OUT/gpu_tests.xml" $GPU_TESTS
 stage "gradient diagnosis" 13 $PY tools/grad_diag.py --json "$OUT/grad_diag.json"
 stage "speed benchmark" 22 $PY tools/bench_gpu.py --nets resnet50 --batch 64 \

@@ -1,5 +1,5 @@
 """A per-test time limit for pytest without pytest-timeout (which the GPU machine may lack):
-``python -m pytest -p tools.pytest_deadline --deadline 60 ...``.
+``PYTHONPATH=tools python -m pytest -p pytest_deadline --deadline 60 ...``.
 
 Each test's call runs under ``signal.alarm``: past the deadline, SIGALRM raises in the test,
 which then fails with "over the N s deadline" and the run goes on to the next test, so one
