@@ -94,3 +94,18 @@ def test_the_environment_chooses_the_filters(monkeypatch):
     monkeypatch.setenv("SN_DETERMINISTIC", "0")
     lib, why = cudnn_layer.probe()
     assert why is None and lib.exact and not lib.deterministic and not lib.tf32
+
+
+def test_more_candidates_offer_the_next_ranked_engines_each_in_its_own_graph(monkeypatch):
+    """SN_CUDNN_CANDIDATES=4: the three best-ranked engines left with workspaces of their own,
+    then the best needing none, for --profile to time (as cudnn.benchmark does)."""
+    monkeypatch.setenv("SN_CUDNN_CANDIDATES", "4")
+    lib = cudnn_layer.Cudnn(FAKE, handle=None, tf32=False, deterministic=False)
+    algos = [(a.name, a.workspace) for a in lib.conv_algorithms(KEY, "forward")]
+    assert algos == [("cudnn", 600), ("cudnn_2", 500), ("cudnn_3", 400), ("cudnn_lean", 0)]
+    op = lib.op("fprop", KEY)
+    graphs = {name: plan[0] for name, plan in op.plans.items()}
+    assert len({id(g) for g in graphs.values()}) == 4  # one graph per plan, each with its own selected
+    assert {name: g.get_workspace_size() for name, g in graphs.items()} == dict(algos)
+    assert [a.speed for a in lib.conv_algorithms(KEY, "forward")] == sorted(
+        [a.speed for a in lib.conv_algorithms(KEY, "forward")], reverse=True)

@@ -9,6 +9,11 @@ pass (scheduler/workspace.py) to choose between per step:
 - ``cudnn``: the best-ranked configuration, whatever workspace it asks for;
 - ``cudnn_lean``: the best-ranked one that needs no workspace.
 
+With ``SN_CUDNN_CANDIDATES=N`` (N > 2) the next best-ranked configurations with workspaces of
+their own are offered too (``cudnn_2`` ... ``cudnn_{N-1}``), each in a graph of its own: timed
+by ``--profile`` (runtime/profile.py, as ``cudnn.benchmark`` times every engine), the fastest
+that fits the memory free at each step is chosen, cached per GPU model.
+
 The backward step runs the data and weight gradients one after the other in the same
 workspace, so it needs the larger of their two. Kernels read and write the arena through raw
 device pointers and run on the cuDNN handle's stream, the CUDA default stream, where CuPy's
@@ -97,10 +102,11 @@ class _Op:
         self.plans = plans   # name → (graph, tensors, workspace bytes)
 
     def workspace(self, name):
-        return self.plans[name][2]
+        return self.plans.get(name, self.plans["cudnn"])[2]
 
     def run(self, lib, name, arrays, workspace):
-        graph, tensors, ws = self.plans[name]
+        # a candidate another operation of the step has and this one lacks: its best plan
+        graph, tensors, ws = self.plans.get(name, self.plans["cudnn"])
         pack = {t: a.data.ptr for t, a in zip(tensors, arrays, strict=True)}
         graph.execute(pack, workspace.data.ptr if ws else None, handle=lib.handle)
 
@@ -108,9 +114,12 @@ class _Op:
 class Cudnn:
     """The cuDNN Frontend on the current device: convolution graphs cached by geometry."""
 
-    def __init__(self, cudnn, handle, tf32, deterministic, exact=False):
+    def __init__(self, cudnn, handle, tf32, deterministic, exact=False, candidates=None):
         self.cudnn, self.handle, self.tf32, self.deterministic = cudnn, handle, tf32, deterministic
         self.exact = exact
+        if candidates is None:
+            candidates = int(os.environ.get("SN_CUDNN_CANDIDATES", "2") or 2)
+        self.candidates = max(2, candidates)  # configurations offered per operation, cudnn_lean included
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
 
     def describe(self):
@@ -198,10 +207,41 @@ class Cudnn:
             return _Op({"cudnn": (gr, tensors, 0), "cudnn_lean": (gr, tensors, 0)})
         return _Op({"cudnn": (again[0], again[1], fast[1]), "cudnn_lean": (gr, tensors, 0)})
 
+    def _build_candidates(self, op, key):
+        """Like :meth:`_build`, with up to ``candidates - 1`` best-ranked configurations of
+        distinct workspaces (``cudnn``, ``cudnn_2``, ...) besides ``cudnn_lean``, each selected
+        in a graph of its own; None if cuDNN has no plan."""
+        first = self._graph(op, key)
+        if first is None:
+            return None
+        gr, _ = first
+        picks, lean = [], None
+        for index in range(gr.get_execution_plan_count()):
+            ws = self._select(gr, index)
+            if ws is None:
+                continue
+            if ws == 0 and lean is None:
+                lean = index
+            if len(picks) < self.candidates - 1 and all(w != ws for _, w in picks):
+                picks.append((index, ws))
+            if lean is not None and len(picks) == self.candidates - 1:
+                break
+        plans = {}
+        for k, (index, ws) in enumerate(picks + ([] if lean is None else [(lean, 0)])):
+            name = "cudnn" if k == 0 else "cudnn_lean" if k == len(picks) else f"cudnn_{k + 1}"
+            built = self._graph(op, key)
+            if built is not None and self._select(built[0], index) == ws:
+                plans[name] = (built[0], built[1], ws)
+        if "cudnn" not in plans:
+            return None
+        plans.setdefault("cudnn_lean", plans["cudnn"])
+        return _Op(plans)
+
     def op(self, op, key):
         """The cached graph of ``op`` (``'fprop'``, ``'dgrad'``, ``'wgrad'``) for ``key``."""
         if (op, key) not in self._ops:
-            self._ops[op, key] = self._build(op, key)
+            build = self._build if self.candidates <= 2 else self._build_candidates
+            self._ops[op, key] = build(op, key)
         return self._ops[op, key]
 
     # -- what the layer asks ---------------------------------------------------------------
@@ -212,7 +252,10 @@ class Cudnn:
         if any(b is None for b in built):
             return []
         algos = []
-        for name, speed in (("cudnn", 1.0), ("cudnn_lean", 0.7)):
+        more = [(f"cudnn_{k}", 0.95 ** (k - 1)) for k in range(2, self.candidates)]  # cuDNN's rank order
+        for name, speed in [("cudnn", 1.0)] + more + [("cudnn_lean", 0.7)]:
+            if name not in ("cudnn", "cudnn_lean") and not any(name in b.plans for b in built):
+                continue
             ws = max(b.workspace(name) for b in built)
             if not any(a.workspace == ws for a in algos):  # the same plan twice is no choice
                 algos.append(Algo(name, ws, speed))
