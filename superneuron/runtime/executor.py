@@ -338,8 +338,8 @@ class Runtime:
     def _context(self, step, node, iteration, train, recompute, feed):
         ws = self.view(step.workspace) if step.workspace else None
         ctx = Context(self.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
-                       seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
-                       feed=feed, backend=self.backend, ranks=self.sync_bn)
+                      seed=step_seed(self.seed, iteration, -1 if node is None else node.index),
+                      feed=feed, backend=self.backend, ranks=self.sync_bn)
         ctx.labels_checked = node is not None and node.name in self._labels_checked
         return ctx
 
