@@ -6,6 +6,7 @@ GPU is asked for, and any failure to import it (a broken CUDA install raises mor
 ImportError) becomes a one-line error.
 """
 
+import collections
 import contextlib
 from dataclasses import dataclass
 
@@ -28,6 +29,22 @@ class Backend:
 
     name = "cpu"
     xp = np
+    cuda = None   # the CUDA module of a GPU backend: its copies go on streams, not threads
+
+    def __init__(self):
+        self.syncs = collections.Counter()  # host_sync's reasons, each with how often
+
+    def host_sync(self, reason):
+        """Say that the host is about to read a device value (``reason``: which, and why). On a
+        GPU that waits for every kernel queued before it, and the host stops running ahead of
+        the device. The CPU notes it too, where it would sync on a GPU, so that a test there
+        can assert a training iteration has none before its end."""
+        self.syncs[reason] += 1
+
+    def host_value(self, value, reason):
+        """``value`` (a device scalar, or a host number) as a Python float, noting the sync."""
+        self.host_sync(reason)
+        return float(value)
 
     def empty_bytes(self, nbytes):
         """One block of ``nbytes`` bytes (the arena)."""
@@ -43,6 +60,7 @@ class Backend:
 
     def to_host(self, array):
         """A NumPy copy of ``array``."""
+        self.host_sync("a copy to the host")
         return np.array(array)
 
     def uniform(self, seed, out):
@@ -51,11 +69,18 @@ class Backend:
         return out
 
     def synchronize(self):
-        """Wait for queued device work (nothing to wait for on the CPU)."""
+        """Wait for queued device work (nothing to wait for on the CPU; noted as a host sync)."""
+        self.host_sync("synchronize")
 
     def kernels(self):
         """Vendor kernels the layers may use here (None: the portable NumPy/CuPy ones)."""
         return None
+
+    def device_model(self):
+        """The name measured kernel timings are cached under (runtime/profile.py): ``cpu`` here;
+        on a GPU its model and the engine filters in force, so that an H100's table never
+        serves an H200, nor a deterministic run's an unfiltered one."""
+        return self.name
 
     def convolutions(self):
         """One line saying which convolution kernels run here and, on a GPU without cuDNN,
@@ -76,7 +101,9 @@ class GPUBackend(Backend):
     name = "gpu"
 
     def __init__(self, cupy):
+        super().__init__()
         self.xp = cupy
+        self.cuda = getattr(cupy, "cuda", None)  # its streams and events carry the runtime's copies (runtime/copies.py)
         self._kernels = False   # loaded on first use
         self.kernels_missing = None   # why cuDNN is not used, once kernels() has looked
 
@@ -85,6 +112,14 @@ class GPUBackend(Backend):
         if self._kernels is False:
             self._kernels, self.kernels_missing = probe()
         return self._kernels
+
+    def device_model(self):
+        import re
+        name = self.xp.cuda.runtime.getDeviceProperties(self.xp.cuda.Device().id)["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        kernels = self.kernels()
+        modes = [m for m in ("tf32", "deterministic", "exact") if getattr(kernels, m, False)]
+        return "-".join(["gpu", re.sub(r"[^A-Za-z0-9._]+", "_", name).strip("_")] + modes)
 
     def convolutions(self):
         kernels = self.kernels()
@@ -128,6 +163,7 @@ class GPUBackend(Backend):
             cuda.set_allocator(inner)
 
     def to_host(self, array):
+        self.host_sync("a copy to the host")
         return self.xp.asnumpy(array)
 
     def uniform(self, seed, out):
@@ -136,7 +172,16 @@ class GPUBackend(Backend):
         return out
 
     def synchronize(self):
+        self.host_sync("synchronize")
         self.xp.cuda.Device().synchronize()  # every stream: the copy streams too
+
+
+def address(array):
+    """The address of ``array``'s first byte: a CuPy array's device pointer, a NumPy (pinned)
+    array's host pointer."""
+    data = getattr(array, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else int(array.ctypes.data)
 
 
 def gpu_available():
@@ -175,11 +220,26 @@ def planning_kernels(device):
 
 
 
+# What the arena leaves free on a GPU when ``--policy auto`` sizes it without ``--memory``: the
+# libraries allocate beside it after it is made (cuBLAS's handle and its workspace, 32 MiB per
+# stream on Hopper; cuDNN's handle; CuPy's compiled kernels and its few scalars; NCCL's buffers,
+# a few hundred MiB under data parallelism), so the arena takes what is free less the larger of
+# 1 GiB and 5 % of it.
+LIBRARY_RESERVE_BYTES = 1 << 30
+LIBRARY_RESERVE_SHARE = 0.05
+
+
+def library_reserve(free):
+    """The bytes of ``free`` device memory left to the libraries' handles and buffers."""
+    return min(free, max(LIBRARY_RESERVE_BYTES, int(free * LIBRARY_RESERVE_SHARE)))
+
+
 def free_device_bytes(device):
-    """The device memory free now on ``device`` (bytes): what ``--policy auto`` fits by default
-    on a GPU; None on the CPU (no device memory apart from the host's) or where it cannot be
-    told."""
+    """The device memory ``--policy auto`` fits by default on ``device`` (bytes): what is free
+    now on a GPU less :func:`library_reserve`; None on the CPU (no device memory apart from the
+    host's) or where it cannot be told."""
     if device != "gpu" or not gpu_available()[0]:
         return None
     import cupy
-    return int(cupy.cuda.runtime.memGetInfo()[0])
+    free = int(cupy.cuda.runtime.memGetInfo()[0])
+    return free - library_reserve(free)

@@ -128,9 +128,9 @@ class Net:
     def _cost_model(self, costs):
         name = self.backend.name
         if costs == "measure":
-            costs = load_or_measure(self.graph, self.backend, name)[0]
+            costs = load_or_measure(self.graph, self.backend)[0]
         elif costs is None:
-            costs = cached_table(self.graph, name)
+            costs = cached_table(self.graph, self.backend.device_model())  # keyed by the GPU's model
         self.costs_measured = isinstance(costs, dict) and bool(costs)
         if isinstance(costs, CostModel):
             return costs

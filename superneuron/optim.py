@@ -31,8 +31,11 @@ span at most: 8 MiB of float32 rather than VGG-16's fc6, 392 MiB.
 """
 
 import math
+import os
 
-from . import adaptive
+import numpy as np
+
+from . import adaptive, optim_kernels
 from .errors import SNError
 from .layers.base import workspace_bytes
 from .solver_config import SolverConfig, learning_rate, solver_from_mapping
@@ -49,6 +52,8 @@ class Optimizer:
         self.cfg = cfg
         self.grad_norm = None  # the global gradient norm of the last update, when clipping
         self._lr_at = (None, None, None)  # (iteration, cfg, its rate): asked once a parameter
+        self._fused = None  # optim_kernels.FusedSGD on a GPU, made on the first update there
+        self.fused_missing = None  # why not, where it failed to compile (then False above)
 
     def for_epochs(self, samples, batch):
         """Its SolverConfig with ``epochs`` turned into ``max_iter`` (SolverConfig.with_epochs),
@@ -109,9 +114,16 @@ class Optimizer:
         """Batches whose gradients one iteration accumulates before its update."""
         return self.cfg.iter_size
 
-    def update(self, xp, it, entries, scratch):
+    def guards_on_device(self, xp):
+        """Whether :meth:`update` can take the losses' finiteness as a device flag and skip
+        itself there (the one-kernel SGD on a GPU), so that the host need not read it back."""
+        return (xp is not np and optim_kernels.mode_of(self.cfg) is not None
+                and os.environ.get("SN_FUSED_UPDATE", "1") != "0")
+
+    def update(self, xp, it, entries, scratch, finite=None):
         """One step at 0-based iteration ``it`` for every entry; grads are left overwritten.
-        With ``iter_size`` K > 1 the grads hold the sum of K batches' gradients."""
+        With ``iter_size`` K > 1 the grads hold the sum of K batches' gradients. ``finite``
+        (see :meth:`guards_on_device`): a device flag, the step skipped where it is false."""
         cfg = self.cfg
         live = [e for e in entries if e[3] != 0]  # lr_mult 0: frozen
         if not live:
@@ -128,6 +140,10 @@ class Optimizer:
         if cfg.iter_size > 1:
             for _, g, *_ in live:
                 g *= g.dtype.type(1 / cfg.iter_size)
+        if xp is not np and self._fused_update(xp, live, lr, finite):
+            return
+        if finite is not None and not bool(finite):  # (a float64 net: the flag read back here)
+            return
         buffers, span = [], max(e[0].size for e in live)
         if self._needs_scratch:
             span = min(span, SPAN)
@@ -140,6 +156,26 @@ class Optimizer:
                 tmp = [buf[:b - a] for buf in buffers]
                 self._update_one(xp, it, (w[a:b], g[a:b], [s[a:b] for s in state]), lr * lr_mult,
                                  cfg.weight_decay * decay_mult, tmp or [None])
+
+    def _fused_update(self, xp, live, lr, finite=None):
+        """Every entry's update in one GPU kernel (optim_kernels: SGD, plain, momentum or
+        Nesterov, L2 or no decay, float32), the same bits as the per-parameter path; False
+        where it does not apply, or with ``SN_FUSED_UPDATE=0``."""
+        if not self.guards_on_device(xp):
+            return False
+        if any(a.dtype != np.float32 or not a.flags.c_contiguous for w, g, state, *_ in live for a in (w, g, *state)):
+            return False
+        if self._fused is False:
+            return False
+        try:
+            if self._fused is None:
+                self._fused = optim_kernels.FusedSGD(xp)
+            self._fused.update(live, lr, self.cfg.weight_decay, self.cfg.momentum,
+                               optim_kernels.mode_of(self.cfg), finite)
+        except Exception as e:  # noqa: BLE001 - a kernel that does not compile here: nothing ran yet
+            self._fused, self.fused_missing = False, f"{type(e).__name__}: {str(e).strip()[:200]}"
+            return False
+        return True
 
     def _update_one(self, xp, it, span, lr, decay, scratch):
         """The update of one span of one parameter (``(w, g, state)``, flat views); ``scratch``:
@@ -167,12 +203,28 @@ class Optimizer:
 
     def _clip(self, xp, grads):
         # torch's clip_grad_norm_: the norm of the per-tensor norms, scale by max / (norm + 1e-6)
+        if xp is not np:
+            return self._clip_on_device(xp, grads)
         norm = math.sqrt(sum(float(xp.vdot(g.reshape(-1), g.reshape(-1))) for g in grads))
         self.grad_norm = norm
         coef = self.cfg.clip_gradients / (norm + 1e-6)
         if coef < 1:
             for g in grads:
                 g *= g.dtype.type(coef)
+
+    def _clip_on_device(self, xp, grads):
+        """:meth:`_clip` without reading the norm back: the norm (float64) and the factor
+        min(1, max / (norm + 1e-6)) stay device scalars, so a GPU's host never waits here
+        (``grad_norm`` is then a device scalar; reading it is the sync). A factor of 1 leaves
+        every gradient as it was, as the host path's skipped multiply does."""
+        total = xp.zeros((), np.float64)
+        for g in grads:
+            total += xp.vdot(g.reshape(-1), g.reshape(-1))
+        norm = xp.sqrt(total)
+        self.grad_norm = norm
+        coef = xp.minimum(self.cfg.clip_gradients / (norm + 1e-6), 1.0)
+        for g in grads:
+            g *= coef.astype(g.dtype)
 
     def _sgd(self, xp, w, g, state, lr, tmp):
         mu = self.cfg.momentum

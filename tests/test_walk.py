@@ -161,6 +161,9 @@ class TwinRanks:
     def progress(self):
         pass
 
+    def settle(self, what):
+        pass
+
 
 def _net(case, policy, iter_size, group):
     optimizer = make_optimizer(SolverConfig(base_lr=0.1, momentum=0.9, iter_size=iter_size))

@@ -47,8 +47,10 @@ def solver():
 def device_batch(batch, size, classes=1000, seed=0):
     import cupy
     rng = cupy.random.default_rng(seed)
+    # the labels on the host, as a data source gives them: checked there when fed, so that the
+    # loss layers read nothing back from the device (a batch of labels is 256 bytes to copy)
     return {"data": rng.standard_normal((batch, 3, size, size), dtype=cupy.float32),
-            "label": rng.integers(0, classes, batch).astype(cupy.float32)}
+            "label": cupy.asnumpy(rng.integers(0, classes, batch).astype(cupy.float32))}
 
 
 def time_ours(net, feed, iters, warmup):
@@ -80,6 +82,9 @@ def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
             "peak_bytes": net.peak_bytes, "planned_peak_bytes": plan.peak_bytes,
             "arena_bytes": net.runtime.arena.capacity, "host_bytes": net.host_bytes,
             "stalls": net.runtime.stalls, "setup_seconds": setup, "algorithms": algos,
+            # Waits whose copy had not finished (from the copies' events), over the timed runs
+            "blocked": net.runtime.blocked, "syncs_inside": dict(net.runtime.syncs_inside or {}),
+            "fused_update": bool(net.optimizer._fused), "fused_missing": net.optimizer.fused_missing,
             "outside_allocations": net.runtime.outside.count,
             "outside_bytes": net.runtime.outside.bytes}
 
@@ -210,6 +215,8 @@ def main():
                     help="time every layer's algorithms on this GPU first (sn-train --profile), "
                          "as cudnn.benchmark does for PyTorch")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--gpu-tests-xml", default=None,
+                    help="pytest's JUnit XML of the GPU tests: their counts go in as gpu_tests")
     args = ap.parse_args()
     os.environ["SN_TF32"] = "1" if args.tf32 else "0"
     import cupy
@@ -227,6 +234,8 @@ def main():
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
               "cupy": cupy.__version__, "python": platform.python_version(),
               "math": "tf32" if args.tf32 else "fp32", "batch": args.batch, "nets": {}}
+    if args.gpu_tests_xml:
+        result["gpu_tests"] = test_counts(args.gpu_tests_xml)
     print(f"{result['device']}, batch {args.batch}, {result['math']}", flush=True)
     for name in args.nets.split(","):
         row = {"pytorch": pytorch(name, args.batch, args.iters, args.warmup)}
@@ -247,6 +256,8 @@ def main():
             r["speed_vs_pytorch"] = r["images_per_second"] / ref["images_per_second"]
             r["peak_vs_pytorch"] = r["peak_bytes"] / ref["peak_bytes"]
             row[policy] = r
+            result["nets"][name] = row
+            save(args.json, result)  # after each policy: a cut-off run keeps what it has
             print(f"{name:10s} {policy:12s} {r['images_per_second']:7.1f} img/s  peak "
                   f"{human_bytes(r['peak_bytes'])} (plan {human_bytes(r['planned_peak_bytes'])}) "
                   f"host {human_bytes(r['host_bytes'])}  x{r['speed_vs_pytorch']:.2f} speed, "
@@ -265,6 +276,20 @@ def main():
         result["deepest"] = {"budget": args.depth_budget,
                              **deepest(plain, args.depth_budget, 16)}
     save(args.json, result)
+
+
+def test_counts(path):
+    """``{passed, failed, skipped}`` from pytest's JUnit XML at ``path`` (errors count as
+    failed), or ``{"missing": path}`` when it cannot be read."""
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        return {"missing": f"{path}: {e}"}
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    total = {k: sum(int(x.get(k, 0)) for x in suites) for k in ("tests", "failures", "errors", "skipped")}
+    failed = total["failures"] + total["errors"]
+    return {"passed": total["tests"] - failed - total["skipped"], "failed": failed, "skipped": total["skipped"]}
 
 
 def save(path, result):

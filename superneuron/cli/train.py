@@ -116,7 +116,7 @@ def _train(args, group):
     optimizer = make_optimizer(solver)
     options = options_from_args(args)  # a budget and no policy named: auto, the fastest that fits it
     if options.policy == "auto" and options.budget is None:
-        # on a GPU, what is free; on the CPU, none (liveness)
+        # on a GPU, what is free less the libraries' reserve; on the CPU, none (liveness)
         options = dataclasses.replace(options, budget=free_device_bytes(args.device))
     net = Net(spec, options, optimizer=optimizer, costs="measure" if args.profile else None, group=group,
               seed=args.seed)

@@ -234,12 +234,20 @@ class Context:
     # writes it too
     encoded: object = None
     ranks: object = None  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
+    labels_checked: bool = False  # its labels were checked on the host when fed (check_labels)
     relu: bool = False  # a forward ends with max(top, 0) in the same pass (Layer.fuses_relu)
     _used: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self):
         if self.feed is None:
             self.feed = {}
+
+    def host_value(self, value, reason):
+        """The device scalar ``value`` as a Python float: a host sync on a GPU, which the
+        backend counts (Backend.host_sync)."""
+        if self.backend is not None:
+            return self.backend.host_value(value, reason)
+        return float(value)
 
     def sum_ranks(self, array):
         """``array`` summed over the ranks of synchronised BatchNorm (``ranks.size``); a new

@@ -153,7 +153,8 @@ def encode(ctx, codec, x, out):
         flags, plane = _scratch(ctx, flat.size)
         xp.not_equal(_bits_of(xp, flat), 0, out=flags)
         pack_bits(xp, flags, out[:packed_bytes(flat.size)], plane)
-        count = int(xp.count_nonzero(flags))
+        # how many values follow: read back (a host sync on a GPU, counted; gist's sparse form only)
+        count = int(ctx.host_value(xp.count_nonzero(flags), "the sparse encoding's count"))
         start = _sparse_values_at(flat.size, flat.dtype)
         values = out[start:start + count * flat.dtype.itemsize].view(flat.dtype)
         xp.compress(flags, flat, out=values)
@@ -173,7 +174,7 @@ def decode(ctx, codec, encoded, x):
     elif codec == "sparse":
         flags, plane = _scratch(ctx, flat.size)
         unpack_bits(xp, encoded[:packed_bytes(flat.size)], flags, plane)
-        count = int(xp.count_nonzero(flags))
+        count = int(ctx.host_value(xp.count_nonzero(flags), "the sparse decoding's count"))
         start = _sparse_values_at(flat.size, flat.dtype)
         flat.fill(0)
         xp.place(flat, flags, encoded[start:start + count * flat.dtype.itemsize].view(flat.dtype))

@@ -9,6 +9,11 @@ pass (scheduler/workspace.py) to choose between per step:
 - ``cudnn``: the best-ranked configuration, whatever workspace it asks for;
 - ``cudnn_lean``: the best-ranked one that needs no workspace.
 
+With ``SN_CUDNN_CANDIDATES=N`` (N > 2) the next best-ranked configurations with workspaces of
+their own are offered too (``cudnn_2`` ... ``cudnn_{N-1}``), each in a graph of its own: timed
+by ``--profile`` (runtime/profile.py, as ``cudnn.benchmark`` times every engine), the fastest
+that fits the memory free at each step is chosen, cached per GPU model.
+
 The backward step runs the data and weight gradients one after the other in the same
 workspace, so it needs the larger of their two. Kernels read and write the arena through raw
 device pointers and run on the cuDNN handle's stream, the CUDA default stream, where CuPy's
@@ -16,25 +21,50 @@ kernels run too, so no extra synchronisation is needed.
 
 Math mode: float32 in, float32 out and float32 arithmetic; engines that round inputs to TF32
 on tensor cores are left out unless ``tf32=True`` (``SN_TF32=1``), so that results agree with
-the CPU path and with PyTorch run with ``allow_tf32 = False``.
+the CPU path and with PyTorch run with ``allow_tf32 = False``. Two more filters, by the
+numerical notes cuDNN attaches to each engine (:func:`excluded_notes`), tell the causes of a
+gradient error apart (tools/grad_diag.py): ``deterministic`` (``SN_DETERMINISTIC=1``) leaves
+out engines whose sums depend on thread timing, and ``exact`` (``SN_CUDNN_EXACT=1``) those
+that are not plain float32 sums: FFT, every Winograd tiling, and reduced-precision reductions.
 """
 
 import os
 
 from .base import Algo
 
+# The numerical notes each filter leaves out (names of cudnn.numerical_note; a name this
+# frontend lacks is skipped).
+TF32_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS")
+NONDETERMINISTIC_NOTES = ("NONDETERMINISTIC",)
+INEXACT_NOTES = ("FFT", "WINOGRAD", "WINOGRAD_TILE_4x4", "WINOGRAD_TILE_6x6", "WINOGRAD_TILE_13x13",
+                 "REDUCED_PRECISION_REDUCTION")
 
-def load(tf32=None, deterministic=None):
+
+def excluded_notes(notes, tf32=False, deterministic=False, exact=False):
+    """The members of ``notes`` (``cudnn.numerical_note``) whose engines are left out: TF32's
+    unless ``tf32``, the non-deterministic ones when ``deterministic``, FFT, Winograd and
+    reduced-precision reductions when ``exact``."""
+    names = (() if tf32 else TF32_NOTES) + (NONDETERMINISTIC_NOTES if deterministic else ()) \
+        + (INEXACT_NOTES if exact else ())
+    return [getattr(notes, n) for n in names if hasattr(notes, n)]
+
+
+def _flag(name):
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+def load(tf32=None, deterministic=None, exact=None):
     """A :class:`Cudnn` when the frontend imports and works on this GPU, else None (see
     :func:`probe` for why not)."""
-    return probe(tf32, deterministic)[0]
+    return probe(tf32, deterministic, exact)[0]
 
 
-def probe(tf32=None, deterministic=None):
+def probe(tf32=None, deterministic=None, exact=None):
     """``(Cudnn, None)`` when the frontend imports and makes a handle on this GPU, else
     ``(None, why)``: one line saying what failed, for the run to report its fallback.
     ``tf32`` (default: ``SN_TF32``) allows TF32 engines; ``deterministic`` (default:
-    ``SN_DETERMINISTIC``) leaves out engines whose sums depend on thread timing."""
+    ``SN_DETERMINISTIC``) leaves out engines whose sums depend on thread timing; ``exact``
+    (default: ``SN_CUDNN_EXACT``) leaves out FFT, Winograd and reduced-precision engines."""
     try:
         import cudnn
     except Exception as e:  # noqa: BLE001 - a missing or broken frontend means "use the fallback"
@@ -43,11 +73,10 @@ def probe(tf32=None, deterministic=None):
         handle = cudnn.create_handle()
     except Exception as e:  # noqa: BLE001 - e.g. libcudnn missing: the frontend loads it here
         return None, f"the cuDNN Frontend makes no handle ({_one_line(e)})"
-    if tf32 is None:
-        tf32 = os.environ.get("SN_TF32", "0") not in ("", "0")
-    if deterministic is None:
-        deterministic = os.environ.get("SN_DETERMINISTIC", "0") not in ("", "0")
-    return Cudnn(cudnn, handle, tf32, deterministic), None
+    tf32 = _flag("SN_TF32") if tf32 is None else tf32
+    deterministic = _flag("SN_DETERMINISTIC") if deterministic is None else deterministic
+    exact = _flag("SN_CUDNN_EXACT") if exact is None else exact
+    return Cudnn(cudnn, handle, tf32, deterministic, exact), None
 
 
 def _one_line(e):
@@ -73,10 +102,11 @@ class _Op:
         self.plans = plans   # name → (graph, tensors, workspace bytes)
 
     def workspace(self, name):
-        return self.plans[name][2]
+        return self.plans.get(name, self.plans["cudnn"])[2]
 
     def run(self, lib, name, arrays, workspace):
-        graph, tensors, ws = self.plans[name]
+        # a candidate another operation of the step has and this one lacks: its best plan
+        graph, tensors, ws = self.plans.get(name, self.plans["cudnn"])
         pack = {t: a.data.ptr for t, a in zip(tensors, arrays, strict=True)}
         graph.execute(pack, workspace.data.ptr if ws else None, handle=lib.handle)
 
@@ -84,8 +114,12 @@ class _Op:
 class Cudnn:
     """The cuDNN Frontend on the current device: convolution graphs cached by geometry."""
 
-    def __init__(self, cudnn, handle, tf32, deterministic):
+    def __init__(self, cudnn, handle, tf32, deterministic, exact=False, candidates=None):
         self.cudnn, self.handle, self.tf32, self.deterministic = cudnn, handle, tf32, deterministic
+        self.exact = exact
+        if candidates is None:
+            candidates = int(os.environ.get("SN_CUDNN_CANDIDATES", "2") or 2)
+        self.candidates = max(2, candidates)  # configurations offered per operation, cudnn_lean included
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
 
     def describe(self):
@@ -96,7 +130,10 @@ class Cudnn:
         except Exception:  # noqa: BLE001 - the version is a courtesy, not a requirement
             backend = "cuDNN"
         frontend = getattr(self.cudnn, "__version__", None)
-        return f"{backend} through the cuDNN Frontend" + (f" {frontend}" if frontend else "")
+        only = [what for what, on in (("deterministic", self.deterministic),
+                                      ("no FFT or Winograd", self.exact), ("TF32", self.tf32)) if on]
+        return (f"{backend} through the cuDNN Frontend" + (f" {frontend}" if frontend else "")
+                + (f" ({', '.join(only)} engines)" if only else ""))
 
     # -- building ----------------------------------------------------------------------------
     def _tensor(self, g, name, dims):
@@ -126,11 +163,9 @@ class Cudnn:
             gr.validate()
             gr.build_operation_graph()
             gr.create_execution_plans([self.cudnn.heur_mode.A, self.cudnn.heur_mode.FALLBACK])
-            notes = self.cudnn.numerical_note
-            if not self.tf32:
-                gr.deselect_numeric_notes([notes.TENSOR_CORE, notes.DOWN_CONVERT_INPUTS])
-            if self.deterministic:
-                gr.deselect_numeric_notes([notes.NONDETERMINISTIC])
+            left_out = excluded_notes(self.cudnn.numerical_note, self.tf32, self.deterministic, self.exact)
+            if left_out:
+                gr.deselect_numeric_notes(left_out)
             gr.check_support()
         except Exception:  # noqa: BLE001 - cuDNN refusing a graph is an answer, not an error
             return None
@@ -172,10 +207,41 @@ class Cudnn:
             return _Op({"cudnn": (gr, tensors, 0), "cudnn_lean": (gr, tensors, 0)})
         return _Op({"cudnn": (again[0], again[1], fast[1]), "cudnn_lean": (gr, tensors, 0)})
 
+    def _build_candidates(self, op, key):
+        """Like :meth:`_build`, with up to ``candidates - 1`` best-ranked configurations of
+        distinct workspaces (``cudnn``, ``cudnn_2``, ...) besides ``cudnn_lean``, each selected
+        in a graph of its own; None if cuDNN has no plan."""
+        first = self._graph(op, key)
+        if first is None:
+            return None
+        gr, _ = first
+        picks, lean = [], None
+        for index in range(gr.get_execution_plan_count()):
+            ws = self._select(gr, index)
+            if ws is None:
+                continue
+            if ws == 0 and lean is None:
+                lean = index
+            if len(picks) < self.candidates - 1 and all(w != ws for _, w in picks):
+                picks.append((index, ws))
+            if lean is not None and len(picks) == self.candidates - 1:
+                break
+        plans = {}
+        for k, (index, ws) in enumerate(picks + ([] if lean is None else [(lean, 0)])):
+            name = "cudnn" if k == 0 else "cudnn_lean" if k == len(picks) else f"cudnn_{k + 1}"
+            built = self._graph(op, key)
+            if built is not None and self._select(built[0], index) == ws:
+                plans[name] = (built[0], built[1], ws)
+        if "cudnn" not in plans:
+            return None
+        plans.setdefault("cudnn_lean", plans["cudnn"])
+        return _Op(plans)
+
     def op(self, op, key):
         """The cached graph of ``op`` (``'fprop'``, ``'dgrad'``, ``'wgrad'``) for ``key``."""
         if (op, key) not in self._ops:
-            self._ops[op, key] = self._build(op, key)
+            build = self._build if self.candidates <= 2 else self._build_candidates
+            self._ops[op, key] = build(op, key)
         return self._ops[op, key]
 
     # -- what the layer asks ---------------------------------------------------------------
@@ -186,7 +252,10 @@ class Cudnn:
         if any(b is None for b in built):
             return []
         algos = []
-        for name, speed in (("cudnn", 1.0), ("cudnn_lean", 0.7)):
+        more = [(f"cudnn_{k}", 0.95 ** (k - 1)) for k in range(2, self.candidates)]  # cuDNN's rank order
+        for name, speed in [("cudnn", 1.0)] + more + [("cudnn_lean", 0.7)]:
+            if name not in ("cudnn", "cudnn_lean") and not any(name in b.plans for b in built):
+                continue
             ws = max(b.workspace(name) for b in built)
             if not any(a.workspace == ws for a in algos):  # the same plan twice is no choice
                 algos.append(Algo(name, ws, speed))

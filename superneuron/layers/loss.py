@@ -123,6 +123,23 @@ class _ScoresAndLabels(Layer):
         n, _, l = self.ncl
         return [((n, l), np.int64), ((n, l), np.bool_), ((n, l), self.dtype)]
 
+    def check_labels(self, labels):
+        """Check the labels fed on the host (NumPy), where they are loaded, so that the forward
+        need not read them back from the device: a label at or above the class count fails
+        as :meth:`_labels` would (negative and ignored labels do not count). False when
+        ``labels`` is not of the layer's size (the Input layer says so, when it loads them)."""
+        n, c, l = self.ncl
+        if np.size(labels) != n * l:
+            return False
+        idx = np.asarray(labels).reshape(n, l).astype(np.int64)  # as copyto's unsafe cast
+        ok = idx >= 0
+        if self.cfg["ignore_label"] >= 0:
+            ok &= idx != self.cfg["ignore_label"]
+        top = int((idx * ok).max())
+        if top >= c:
+            self.fail(f"label {top} is out of range for {c} classes")
+        return True
+
     def _labels(self, ctx, labels):
         """``(positions, valid)``: for each label, the flat index of its class's score in the
         (N, C, L) scores (class 0 where ignored), and 1.0 where it counts, 0.0 where not."""
@@ -134,9 +151,10 @@ class _ScoresAndLabels(Layer):
             xp.not_equal(idx, self.cfg["ignore_label"], out=valid)
             xp.logical_and(ok, valid, out=ok)
         idx *= ok
-        top = int(idx.max())  # a sync on the GPU, as reading the loss back is anyway
-        if top >= c:
-            self.fail(f"label {top} is out of range for {c} classes")
+        if not ctx.labels_checked:  # a computed label: read back (a host sync on a GPU)
+            top = int(ctx.host_value(idx.max(), f"{self}'s labels' range"))
+            if top >= c:
+                self.fail(f"label {top} is out of range for {c} classes")
         xp.copyto(valid, ok)
         idx += (xp.arange(n) * c)[:, None]
         idx *= l

@@ -27,6 +27,7 @@ import zlib
 
 import numpy as np
 
+from ..backend import address
 from ..errors import SNError
 
 # What launchers set in each process: MPICH's Hydra (PMI), Open MPI, Slurm's srun.
@@ -152,6 +153,9 @@ class MpiGroup:
         if self.pending:
             self.pending = [r for r in self.pending if not r.Test()]
 
+    def settle(self, what):
+        """The end of an iteration: every all-reduce has ended (MPI's were waited for already)."""
+
     def wait(self, request, what):
         """Block until ``request`` has ended, at most the timeout; ``what`` names it for the message."""
         self._poll(request.Test, what)
@@ -268,17 +272,58 @@ def _alive(pid):
     return True
 
 
-class NcclGroup(MpiGroup):
-    """The ranks on GPUs: gradients summed by NCCL (``cupy.cuda.nccl``) on a stream of its
-    own, ordered after the compute stream by an event and waited for by the compute stream
-    (polled on the host, for the deadline); MPI only hands NCCL's unique id round, and carries
-    :meth:`agree` and :meth:`gather`. Not run in this project's CI (no GPU there); the id's
-    exchange (:func:`nccl_id`) and the polling are the CPU's, and tested there."""
+class NcclDevice:
+    """The device half of NCCL's ranks: each bucket (and synchronised BatchNorm's sums) summed
+    on a stream of NCCL's own, ordered after the compute stream by an event; the compute stream
+    waits for it by an event too, so the host never waits inside an iteration. The deadline is
+    kept at its end (:meth:`settle`, polled once for every sum of the iteration). Needs
+    ``cupy``, ``nccl``, ``communicator``, ``stream``, ``types`` and ``_poll``."""
+
+    def _device_sum(self, buffer):
+        """Start summing the device array ``buffer`` in place over the ranks; its event."""
+        cuda = self.cupy.cuda
+        self.stream.wait_event(cuda.get_current_stream().record())  # the buffer is written
+        ptr = address(buffer)
+        self.communicator.allReduce(ptr, ptr, buffer.size, self.types[buffer.dtype], self.nccl.NCCL_SUM,
+                                    self.stream.ptr)
+        event = self.stream.record()
+        self.unsettled.append(event)
+        return event
+
+    def start(self, buffer):
+        return self._device_sum(buffer)
+
+    def progress(self):
+        pass  # NCCL runs on its stream by itself
+
+    def wait(self, event, what):
+        self.cupy.cuda.get_current_stream().wait_event(event)  # the device waits, not the host
+
+    def sum(self, array, what):
+        """``array`` (a few floats per channel, on the GPU) summed over the ranks, on the device:
+        a new array (not the arena's), ready for what the compute stream queues next."""
+        out = array.copy()
+        self.wait(self._device_sum(out), what)
+        return out
+
+    def settle(self, what):
+        """Every sum started this iteration has ended, within the timeout (else the
+        communicator is aborted and NoAnswer names ``what``)."""
+        events, self.unsettled = self.unsettled, []
+        for event in events:
+            self._poll(lambda e=event: e.done, what, on_timeout=self.communicator.abort)
+
+
+class NcclGroup(NcclDevice, MpiGroup):
+    """The ranks on GPUs: gradients summed by NCCL (``cupy.cuda.nccl``, :class:`NcclDevice`);
+    MPI only hands NCCL's unique id round, and carries :meth:`agree` and :meth:`gather`. Not
+    run in this project's CI (no GPU there); the id's exchange (:func:`nccl_id`) and the
+    polling are the CPU's, and tested there."""
 
     def connect(self):
         """One GPU per rank, and NCCL's communicator over the ranks."""
         import cupy
-        from cupy.cuda import nccl
+        nccl = nccl_module(cupy)
         self.cupy, self.nccl = cupy, nccl
         # the rank among this node's, from the names gathered at the join (no blocking collective)
         local = sum(1 for host in self.hosts[:self.rank] if host == self.hosts[self.rank])
@@ -287,20 +332,48 @@ class NcclGroup(MpiGroup):
         self.communicator = communicator(self, nccl, nccl_id(self, nccl), on_thread=device.use)
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.types = {np.dtype("float32"): nccl.NCCL_FLOAT32, np.dtype("float64"): nccl.NCCL_FLOAT64}
+        self.unsettled = []
 
-    def start(self, buffer):
-        cuda = self.cupy.cuda
-        self.stream.wait_event(cuda.get_current_stream().record())  # the bucket is packed
-        self.communicator.allReduce(buffer.data.ptr, buffer.data.ptr, buffer.size, self.types[buffer.dtype],
-                                    self.nccl.NCCL_SUM, self.stream.ptr)
-        return self.stream.record()
 
-    def progress(self):
-        pass  # NCCL runs on its stream by itself
+class SoloNccl(NcclDevice):
+    """One rank on one GPU, its gradients "summed" by NCCL over a communicator of size 1 (no
+    MPI), so that one card runs the whole NCCL path: a schedule planned for several ranks (its
+    AllReduce and WaitReduce steps) run with this group changes no value, a sum over one rank
+    being the value itself (tests/test_nccl_solo.py). ``cupy`` is CuPy (or a stand-in with ``cuda`` and
+    ``cuda.nccl``); SNError when NCCL is missing."""
 
-    def wait(self, event, what):
-        self._poll(lambda: event.done, what, on_timeout=self.communicator.abort)
-        self.cupy.cuda.get_current_stream().wait_event(event)
+    def __init__(self, cupy, timeout=DEFAULT_TIMEOUT):
+        self.cupy, self.timeout, self.rank, self.size = cupy, float(timeout), 0, 1
+        self.nccl = nccl_module(cupy)
+        self.communicator = self.nccl.NcclCommunicator(1, self.nccl.get_unique_id(), 0)
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.types = {np.dtype("float32"): self.nccl.NCCL_FLOAT32, np.dtype("float64"): self.nccl.NCCL_FLOAT64}
+        self.unsettled = []
+
+    def _poll(self, done, what, on_timeout=None):
+        deadline = time.monotonic() + self.timeout
+        while not done():
+            if time.monotonic() > deadline:
+                if on_timeout is not None:
+                    on_timeout()
+                raise NoAnswer(f"NCCL did not end {what} within {self.timeout:g} s")
+            time.sleep(_POLL)
+
+
+def nccl_module(cupy):
+    """``cupy.cuda.nccl``, or SNError saying how to install it (CuPy imports without NCCL,
+    and its ``nccl`` module then says ``available = False``)."""
+    try:
+        import importlib
+        nccl = getattr(cupy.cuda, "nccl", None) or importlib.import_module("cupy.cuda.nccl")
+    except Exception as e:  # noqa: BLE001 - a missing libnccl raises more than ImportError
+        nccl, why = None, f"{type(e).__name__}: {e}"
+    else:
+        why = "CuPy says NCCL is not available"
+    if nccl is None or not getattr(nccl, "available", True):
+        raise SNError(f"NCCL cannot be used ({why}): pip install 'superneuron[cuda12]' or "
+                      f"'[cuda13]' (they bring nvidia-nccl-cu12 / -cu13)")
+    return nccl
 
 
 def communicator(group, nccl, unique_id, on_thread=None):

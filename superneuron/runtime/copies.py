@@ -4,13 +4,20 @@ On the CPU the "device" is the arena and the host is a second block; each direct
 worker thread (NumPy's copy releases the GIL), so a copy overlaps the layers computing
 meanwhile, as it would on a GPU. On the GPU each direction is a CUDA stream that first waits
 for the compute stream (the tensor being offloaded was just written; the memory being
-prefetched into was just freed by it), and a Copy keeps its pinned host buffer referenced until
-the copy has completed. There a Wait blocks no thread: it makes the compute stream wait for the
-copy's event, so the host goes on queueing kernels; only what the host itself reads (the
-host-side optimiser's gradients) needs :meth:`Copy.sync`.
+prefetched into was just freed by it); the copy itself is a ``cudaMemcpyAsync`` between the
+arena and the pinned host arena, which returns at once (``ndarray.get`` would block: its
+``blocking`` defaults to True, and then every Offload stalls the host until the GPU drains).
+A Copy keeps its pinned host buffer referenced until its event has completed. There a Wait
+blocks no thread: it makes the compute stream wait for the copy's event, so the host goes on
+queueing kernels; only what the host itself reads (the host-side optimiser's gradients) needs
+:meth:`Copy.sync`. Whether a copy had finished when its Wait was reached is its event's
+state (``Event.done``, which queries without blocking), so the runtime's count of Waits that
+had to wait measures the overlap instead of always reading zero.
 """
 
 from concurrent.futures import ThreadPoolExecutor
+
+from ..backend import address
 
 
 class Copy:
@@ -42,32 +49,40 @@ class ThreadCopies:
 
 class StreamCopies:
     """GPU copies: a device→host and a host→device CUDA stream, ordered after the compute
-    stream by events."""
+    stream by events. ``cuda`` is ``cupy.cuda`` (or a stand-in with the same few names:
+    Stream, get_current_stream, runtime.memcpyAsync and its kinds)."""
 
-    def __init__(self, cupy):
-        self.cupy = cupy
-        self.streams = {d: cupy.cuda.Stream(non_blocking=True) for d in ("d2h", "h2d")}
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.streams = {d: cuda.Stream(non_blocking=True) for d in ("d2h", "h2d")}
+        self.in_flight = []  # (event, dst, src): the buffers stay referenced until it completes
 
     def start(self, dst, src, direction):
-        cuda = self.cupy.cuda
+        """Queue the copy of ``src`` into ``dst`` (contiguous, of equal size) on ``direction``'s
+        stream after what the compute stream has queued so far; returns at once."""
+        cuda = self.cuda
         stream = self.streams[direction]
         stream.wait_event(cuda.get_current_stream().record())
-        if direction == "d2h":
-            src.get(stream=stream, out=dst)
-        else:
-            dst.set(src, stream=stream)
+        kind = cuda.runtime.memcpyDeviceToHost if direction == "d2h" else cuda.runtime.memcpyHostToDevice
+        assert dst.nbytes == src.nbytes, (dst.nbytes, src.nbytes)
+        cuda.runtime.memcpyAsync(address(dst), address(src), src.nbytes, kind, stream.ptr)
         finished = stream.record()
+        self.in_flight = [c for c in self.in_flight if not c[0].done]  # queried, never waited on
+        self.in_flight.append((finished, dst, src))
         return Copy(lambda: finished.done, lambda: cuda.get_current_stream().wait_event(finished),
                     finished.synchronize, keep=(dst, src))
 
     def close(self):
         for s in self.streams.values():
             s.synchronize()
+        self.in_flight = []
 
 
 def copies_for(backend):
-    """The asynchronous copy queues of ``backend``: CUDA streams on a GPU, threads on the CPU
-    (chosen here, so that the backend, a floor below the runtime, never imports it)."""
-    if backend.name == "gpu":
-        return StreamCopies(backend.xp)
+    """The asynchronous copy queues of ``backend``: CUDA streams where it has a ``cuda`` module
+    (a GPU, or a test's stand-in for one), threads on the CPU (chosen here, so that the backend,
+    a floor below the runtime, never imports it)."""
+    cuda = getattr(backend, "cuda", None)
+    if cuda is not None:
+        return StreamCopies(cuda)
     return ThreadCopies()

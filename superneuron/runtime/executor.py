@@ -79,6 +79,12 @@ class Runtime:
         self.copies = None             # the copy queues, made on the first copy
         self.memory = None             # the Execution (walker) of the last round run
         self.stalls = self.blocked = 0
+        # skip the Update of an iteration whose loss is not finite (one host sync, at the first
+        # Update step, unless the update skips itself on the device; off: none, and a NaN loss
+        # then updates the parameters)
+        self.finite_losses = True
+        self.syncs_inside = None       # backend.host_sync's reasons before the last round's end
+        self._labels_checked = set()   # the layers whose fed labels were checked on the host
         self.outside = None            # backend.Allocations of the last run
         self.host_peak = 0
         self.resident = {}
@@ -126,6 +132,7 @@ class Runtime:
         totals, finite = {}, True
         with self.backend.watch_allocations() as outside, parallel.numpy_settings():
             for k, one in enumerate(feeds):
+                self._labels_checked = self._check_labels(one)
                 arena.reset(schedule.offsets)
                 self.host.reset()
                 outputs = self._run_steps(schedule, one, iteration, optimizer, watch, k, finite)
@@ -153,10 +160,29 @@ class Runtime:
             accums = self._accums() if schedule.rounds > 1 else None
             self.updater.begin(optimizer, iteration, self._entries_by_grad, ws, accums)
         self.memory = execution = Execution(self, schedule, feed, (iteration, round_), optimizer, watch, finite)
+        syncs_before = self.backend.syncs.copy()
         execution.run(schedule)
         assert not execution.pending, f"copies never waited for: {sorted(execution.pending)}"
         assert not execution.reducing, f"all-reduces never waited for: {sorted(execution.reducing)}"
-        return execution.outputs
+        # what made the host wait for the device before the iteration's end (see finite_losses)
+        self.syncs_inside = self.backend.syncs - syncs_before
+        if self.group is not None:
+            self.group.settle(f"the all-reduces of iteration {iteration}")
+        self.backend.host_sync("the outputs, at the end of the iteration")
+        return {name: float(value) for name, value in execution.outputs.items()}
+
+    def _finite_losses(self, outputs, optimizer):
+        """Whether every loss computed so far is finite: True or False, read back from the
+        device (the one host sync inside an iteration, at its first Update), or, where the
+        optimiser skips itself on the device (Optimizer.guards_on_device: the one-kernel SGD on
+        a GPU), a device flag it reads, and no sync. True when ``finite_losses`` is off."""
+        if not self.finite_losses:
+            return True
+        losses = [outputs[n.name] for n in self.graph.losses]
+        if losses and optimizer.guards_on_device(self.xp):
+            return self.xp.isfinite(sum(losses[1:], losses[0]))  # NaN or ±inf in any: in the sum
+        self.backend.host_sync("the losses' finiteness, before the update")
+        return all(math.isfinite(float(v)) for v in losses)
 
     def _accums(self):
         """Each parameter gradient's accumulator (resident: on the device, or on the host under
@@ -184,6 +210,25 @@ class Runtime:
                 acc += grad
             else:
                 grad += acc
+
+    def _check_labels(self, feed):
+        """Check the labels fed on the host (where they are NumPy) for every layer that reads
+        labels straight from the feed; the names of those layers, whose forward then need not
+        read them back from the device."""
+        checked, graph = set(), self.graph
+        fed = {top: name for n in graph.inputs for top, name in zip(n.tops, n.layer.tops)}
+        split = {top: n.bottoms[0] for n in graph.nodes if n.layer.type == "Split" for top in n.tops}
+        for node in graph.nodes:
+            check = getattr(node.layer, "check_labels", None)
+            if check is None or len(node.bottoms) < 2:
+                continue
+            source = node.bottoms[1]
+            while source in split:  # a fan-out's copy of the fed labels
+                source = split[source]
+            labels = feed.get(fed.get(source))
+            if isinstance(labels, np.ndarray) and check(labels):
+                checked.add(node.name)
+        return checked
 
     def update_entries(self, optimizer):
         """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
@@ -236,6 +281,7 @@ class Execution(Walker):
         self.draw = iteration * schedule.rounds + round_  # each round its own dropout masks
         self.roots = Roots.of(schedule)  # kept with the schedule: its memos serve every iteration
         self.outputs, self.reducing = {}, {}
+        self.losses_finite = None  # found at the first Update (Runtime._finite_losses)
         super().__init__(schedule.tensors, runtime.arena, runtime.host, _Copies(runtime))
 
     # -- stalls: a copy still running on what a step touches ---------------------------------
@@ -291,7 +337,8 @@ class Execution(Walker):
         if recompute:
             return
         if node.layer.top_shapes == [()]:
-            self.outputs[node.name] = float(view(node.tops[0]))
+            # kept on the device (its top may be freed): read back once, at the end
+            self.outputs[node.name] = view(node.tops[0]).copy()
         if self.watch is not None:
             self.watch(node, [view(t) for t in node.tops])
 
@@ -335,10 +382,14 @@ class Execution(Walker):
             runtime.backend.synchronize()
             runtime.updater.finish()
             return
-        if not (self.finite and all(math.isfinite(self.outputs[n.name]) for n in self.graph.losses)):
+        if self.losses_finite is None:  # True, False, or a device flag (Runtime._finite_losses)
+            self.losses_finite = runtime._finite_losses(self.outputs, self.optimizer) if self.finite else False
+        if self.losses_finite is False:
             return
         ctx = self._context(step, None, self.iteration, True, False, None)
-        runtime.optimizer_update(self.optimizer, self.iteration, step, ctx.scratch)
+        flag = {} if self.losses_finite is True else {"finite": self.losses_finite}  # the update reads it
+        self.optimizer.update(runtime.xp, self.iteration, runtime._entries_of(step, self.optimizer), ctx.scratch,
+                              **flag)
 
     def _settle_all(self, step):
         """An Update or Accumulate that names no gradients reads every parameter and gradient."""
@@ -391,7 +442,8 @@ class Execution(Walker):
         ws = self.view(step.workspace) if step.workspace else None
         return Context(runtime.xp, train=train, recompute=recompute, workspace=ws, algo=step.algorithm,
                        seed=step_seed(runtime.seed, iteration, -1 if node is None else node.index),
-                       feed=feed, backend=runtime.backend, ranks=runtime.sync_bn)
+                       feed=feed, backend=runtime.backend, ranks=runtime.sync_bn,
+                       labels_checked=node is not None and node.name in runtime._labels_checked)
 
 
 class _Copies(Copies):

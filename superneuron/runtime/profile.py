@@ -86,8 +86,9 @@ def _kernel(layer, phase, algo, backend, rng, train):
 
 def load_or_measure(graph, backend, device_name=None, train=True):
     """``(table, path, measured)``: the cached table of ``graph`` on this device, measuring
-    and writing it (to a temporary file, then renamed) when there is none."""
-    device_name = device_name or backend.name
+    and writing it (to a temporary file, then renamed) when there is none. ``device_name``
+    (default: the backend's model, Backend.device_model) names the cache."""
+    device_name = device_name or backend.device_model()
     path = cache_path(graph, device_name, train)
     table = cached_table(graph, device_name, train)
     if table is not None:
