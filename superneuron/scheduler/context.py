@@ -21,7 +21,8 @@ class Context:
     ``memo``: what passes leave for later ones (``'replayed'``: see workspace.fit;
     ``'optimal'``: what the optimal pass chose and why, optimal.py); ``lossy``: the lossy
     encodings the encode pass may use (``('fp16',)``: ``--lossy fp16``); ``solver_seconds``:
-    the time limit of the optimal policy's solver; ``ranks``: data-parallel
+    a cap on the optimal policy's solving time (None: none; its work limits end it, and
+    the plan is the same on every run: optimal_model.py); ``ranks``: data-parallel
     ranks, whose gradients are all-reduced in buckets of ``bucket_bytes`` (allreduce.py)."""
 
     budget: int = None
@@ -31,6 +32,6 @@ class Context:
     placement: str = "dynamic"
     memo: dict = field(default_factory=dict, compare=False)
     lossy: tuple = ()
-    solver_seconds: float = 20.0
+    solver_seconds: float = None
     ranks: int = 1
     bucket_bytes: int = DEFAULT_BUCKET_BYTES

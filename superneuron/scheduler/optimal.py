@@ -48,7 +48,7 @@ from .fuse import fuse_relus
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
-from .optimal_model import build, solve
+from .optimal_model import MIP_GAP, build, solve
 from .params import offload_params
 from .recompute import with_recomputes
 from .update import update_in_backward
@@ -237,13 +237,15 @@ def _solved(schedule, context, info):
     for joins, swaps, encodings, fixed, share in PHASES:
         if joins not in models:
             models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
-        model, until = models[joins], start + context.solver_seconds * share
+        model = models[joins]
+        until = None if context.solver_seconds is None else start + context.solver_seconds * share
         if encodings and not model.units:
             continue  # nothing to encode: it would be the program before
         if not encodings:
             model = dataclasses.replace(model, units=[])
         for recomputed in sorted(earlier, key=earlier.get) if fixed else [frozenset()]:
-            found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
+            beat = None if best is None else best.seconds
+            found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins, beat)
             phases[-1]["encodings"] = encodings
             if found is None:
                 continue
@@ -259,7 +261,7 @@ def _solved(schedule, context, info):
     return best or last
 
 
-def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
+def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins, beat=None):
     """One program (``model``, ``swaps`` offered, the roots of ``recomputed`` recomputed)
     solved until its realised plan fits, at most :data:`ROUNDS` times, each with the cap
     lowered by what the last plan went over, then, once one fits, raised again halfway to the
@@ -283,15 +285,18 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
     fitted = failed = first_holes = None  # the highest cap whose plan fit, the lowest whose plan did not
     below = top // 64  # how far under the caps tried the next probe goes (doubling)
     for _ in range(ROUNDS):
-        left = until - time.perf_counter()
-        if left <= 0 or cap <= 0:
+        left = None if until is None else until - time.perf_counter()
+        if (left is not None and left <= 0) or cap <= 0:
             break
         solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
+        phase["nodes"] = phase.get("nodes", 0) + getattr(solution, "nodes", 0)
         phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
                      dual_bound=solution.dual_bound, gap=solution.gap,
                      solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
         if solution.recompute is None or (best is not None and solution.objective >= best[0].seconds):
             break  # no plan, or none at this cap or under it can beat the best realised
+        if beat is not None and solution.objective > beat * (1 + MIP_GAP):
+            break  # nor an earlier program's best: realising it (seconds of placement) would not pay
         found = _placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
                                 solution.encode), context)
         found.recomputed = solution.recompute
