@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 DETERMINISTIC = {"threads": 1, "random_seed": 0}  # HiGHS's options: the same search on every run
-NODE_LIMIT = 2000  # branch-and-bound nodes at most per program (HiGHS's mip_max_nodes): a work limit
+NODE_LIMIT = 200  # branch-and-bound nodes at most per program (HiGHS's mip_max_nodes): a work limit
 INTEGRAL = 1e-6  # a relaxation's value this close to 0 or 1 is fixed there in the small program
 
 

@@ -156,7 +156,8 @@ def build(schedule, model, joins=True, lossy=()):
 class Solution:
     """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
-    proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time); the sets
+    proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time), ``nodes``
+    (branch-and-bound nodes); the sets
     are None when it found no schedule. ``encode``: ``(layers, roots)``, the encodings chosen
     (encode.py's ``only``)."""
 
@@ -176,10 +177,12 @@ class Solution:
 def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
     resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
-    (None: unbounded), in
-    at most ``time_limit`` seconds; a :class:`Solution`. ``swaps``: offer the swap option
-    (a harder program: its copies' streams are constrained too). ``recomputed``: roots that
-    must be recomputed (an earlier solution's: the program left is much smaller)."""
+    (None: unbounded); a :class:`Solution`, the same on every run (optimal_highs.py: one
+    thread, a fixed seed, ``node_limit`` branch-and-bound nodes at most, its default where
+    None). ``time_limit``: a safety cap in seconds (None: none; a solve it ends may differ
+    between runs). ``swaps``: offer the swap option (a harder program: its copies' streams are
+    constrained too). ``recomputed``: roots that must be recomputed (an earlier solution's:
+    the program left is much smaller)."""
     from scipy.optimize import LinearConstraint
     from scipy.sparse import coo_array
 
