@@ -37,7 +37,7 @@ DEVICES = ("cpu", "gpu")
 DTYPES = ("float32", "float64")
 LOSSY = ("fp16",)  # the lossy encodings (scheduler/encode.py)
 DEFAULT_BUCKET_BYTES = 25 << 20  # PyTorch DDP's bucket_cap_mb default, 25 MiB
-DEFAULT_SOLVER_SECONDS = 20.0
+DEFAULT_SOLVER_SECONDS = None  # no cap: the solver's work limits end it, the same plan every run
 # Keywords that name a field by the CLI's word for it: Net's and load_net's ``memory`` (--memory).
 ALIASES = {"memory": "budget"}
 # The flag each field comes from, for errors that a user of either door reads.
@@ -54,7 +54,7 @@ class PlanOptions:
     ``placement``: ``'dynamic'`` or ``'planned'``; ``device``: ``'cpu'`` or ``'gpu'`` (whose
     kernels and estimates planning sees); ``dtype``: of the activations, parameters and
     gradients; ``lossy``: the lossy encodings a policy that encodes may use; ``solver_seconds``:
-    the optimal policy's solver time limit; ``ranks``: data-parallel ranks, their gradients
+    a cap on the optimal policy's solving time (None: none; its work limits end it); ``ranks``: data-parallel ranks, their gradients
     all-reduced in buckets of ``bucket_bytes``, BatchNorm over the global batch with
     ``sync_bn``; ``offload_params``: parameters, gradients and optimiser state on the host."""
 
@@ -87,7 +87,8 @@ class PlanOptions:
         put("dtype", _dtype_name(self.dtype))
         lossy = (self.lossy,) if isinstance(self.lossy, str) else tuple(self.lossy or ())
         put("lossy", tuple(_choice("lossy", v, LOSSY) for v in lossy))
-        put("solver_seconds", _number("solver_seconds", self.solver_seconds))
+        if self.solver_seconds is not None:  # None: no cap
+            put("solver_seconds", _number("solver_seconds", self.solver_seconds))
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
             raise SNError(f"{_flag('ranks')} must be a whole number of at least 1, got {self.ranks!r}")
         put("sync_bn", bool(self.sync_bn))

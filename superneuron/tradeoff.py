@@ -28,7 +28,9 @@ def tradeoff(base, options, model, liveness_seconds, policies=POLICIES, fraction
     rows = [(round(live * f), f"{_fraction(f)} of liveness") for f in fractions]
     rows.append((_smallest(base, model, options), "smallest that fits"))
     out = []
-    for budget, label in rows:
+    # the smallest budget first: optimal's plan of each is a candidate under the larger ones
+    # (scheduler/optimal_monotone.py), so the curve never rises with the budget
+    for budget, label in sorted(rows):
         cells = {}
         for policy in policies:
             try:
@@ -39,6 +41,8 @@ def tradeoff(base, options, model, liveness_seconds, policies=POLICIES, fraction
             fitted = fits(p, budget, options.host_memory)
             cells[policy] = model.iteration_seconds(schedule) if fitted else None
         out.append({"budget_bytes": budget, "label": label, "policies": cells})
+    order = {label: k for k, (_, label) in enumerate(rows)}
+    out.sort(key=lambda row: order[row["label"]])  # as the fractions were given, the smallest last
     return {"liveness_bytes": live, "liveness_seconds": liveness_seconds, "rows": out}
 
 

@@ -25,3 +25,13 @@ def rng(request):
     """A fresh generator for this test, seeded by its module's ``RNG_SEED`` (default 0): what a
     test draws never depends on which tests ran before it, in this process or this worker."""
     return np.random.default_rng(getattr(request.module, "RNG_SEED", 0))
+
+
+@pytest.fixture(autouse=True)
+def no_kept_plans():
+    """Each test plans as a fresh process does: the optimal policy's plans of smaller budgets,
+    kept for a larger one (scheduler/optimal_monotone.py), would outlive a test's monkeypatches."""
+    from superneuron.scheduler.optimal_monotone import SMALLER
+    SMALLER.nets.clear()
+    yield
+    SMALLER.nets.clear()

@@ -328,7 +328,7 @@ def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_d
     context = Context(PlanOptions(budget=budget))
     model = types.SimpleNamespace(resident=0)
     phases = []
-    found = opt._rounds(None, context, model, True, (), time.perf_counter() + 60, phases, False)
+    found = opt._rounds(None, context, model, (True, (), False), time.perf_counter() + 60, phases)
     assert found.fits and found.seconds == 1.1  # lowering by each excess in turn: 1.5 at 91 MiB
     assert tried[:3] == [budget, 97 * mib, 94 * mib] and max(tried) == budget
     assert phases[0]["rounds"] == len(tried) <= opt.ROUNDS and phases[0]["realised_seconds"] == 1.1

@@ -40,8 +40,10 @@ def net_arguments(parser):
                         help="also keep stashed feature maps in half precision between the forward and "
                              "the backward (Gist's delayed precision reduction; policies that encode: gist, and "
                              "optimal and auto, which may choose it)")
-    parser.add_argument("--solver-time", type=float, default=20.0, metavar="SECONDS",
-                        help="time limit of the optimal and auto policies' solver (default 20)")
+    parser.add_argument("--solver-time", type=float, default=None, metavar="SECONDS",
+                        help="a cap on the optimal and auto policies' solving time (default: none; the solver's "
+                             "work limits end it, so a plan is the same on every run; a cap that cuts it "
+                             "short may not be)")
 
 
 def options_from_args(args, policy=None, **changes):

@@ -2,8 +2,10 @@
 cost model.
 
 ``optimal`` solves the mixed-integer program of optimal_model.py (which stashed tensors to
-keep, keep encoded, offload or recompute, which algorithm each step runs) with HiGHS within
-the Context's ``solver_seconds``, and realises the answer with the machinery of the other
+keep, keep encoded, offload or recompute, which algorithm each step runs) with HiGHS, within
+work limits rather than a wall clock, so that the same net, options and budget give the same
+plan on every run and machine (optimal_highs.py; the Context's ``solver_seconds``, where
+given, is only a safety cap), and realises the answer with the machinery of the other
 passes, so the Simulator and the Runtime run it unchanged and every guarantee of theirs holds
 (plan equals run; baseline's losses bit for bit where the algorithms are baseline's and the
 encodings lossless): recompute.py recomputes the chosen roots (each once), then in-place
@@ -21,7 +23,8 @@ recompute, offload, superneurons, gist) are planned under the same budget too, a
 fastest of all the plans that fit, by the cost model's timeline, wins: ``optimal`` is never
 slower than ``superneurons`` or ``gist``. The Context's memo gets ``'optimal'``: the winner,
 every candidate's estimate, the solver's status, objective, proven bound and gap, and its
-time.
+time. A plan found under a smaller budget in the same process is a candidate too, so more
+memory never gives a slower plan (optimal_monotone.py).
 
 Every plan of both updates each parameter right after its Backward, its gradient's memory
 free from then on, where the optimiser allows (update.py): the same bits, with the gradients
@@ -49,12 +52,13 @@ import time
 from ..errors import SNError
 from ..options import PARAMS
 from ..sizes import human_bytes
+from . import optimal_monotone
 from .encode import encode
 from .fuse import fuse_relus
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
-from .optimal_model import build, solve
+from .optimal_model import MIP_GAP, build, solve
 from .params import offload_params
 from .recompute import with_recomputes
 from .simulate import simulate
@@ -64,6 +68,9 @@ from .workspace import fit
 # The incumbents: presets of policy.py whose plans the solver's must beat.
 HEURISTICS = ("liveness", "recompute", "offload", "superneurons", "gist")
 ROUNDS = 8  # solves at most, each with the budget lowered by what the last plan went over
+# Solves at most in all the programs together: the solver's work limit (with HiGHS's node
+# limit, optimal_highs.py), which a wall clock is not, so that a plan is the same on every run
+SOLVES = 12
 HALVING_BYTES = 1 << 20  # the search between a cap that fits and one that does not stops this close
 # A plan that fits but realises this much slower than its program says is probed under: a lower
 # cap leaves the placement room for the workspaces the tensors squeezed (GoogLeNet at 1/3 of
@@ -72,17 +79,20 @@ HALVING_BYTES = 1 << 20  # the search between a cap that fits and one that does 
 REALISED_LOSS = 0.01
 # The solver's programs, in order: (joins' outputs may be recomputed, swaps offered, encodings
 # offered, the recomputations fixed to those of an earlier program's last plan, the part of
-# the time limit by which it ends). The first is the quick one that every net solves to its
-# gap in seconds (ResNet-50 at 1/3 of liveness's arena: 1 s); the second offers swaps; the
-# third encodings too (only where the net has some: its plans compete with those before
-# rather than replace them, since a plan with small encoded forms may leave the placement
-# more holes); the fourth, joins', is harder (ResNet-50 at 1/3: 4-9 s on the 2-core machine;
-# ResNet-101 at 1/4: 7 s, which its share must leave it); the fifth is it with encodings
-# (GoogLeNet's best at 1/3, whose program has no plan without them); the last offers swaps
-# alone on each earlier program's last recomputations (a plan a little over the budget may
-# fit so, without the placement's holes of the plans before).
-PHASES = ((False, False, False, False, 0.1), (False, True, False, False, 0.3), (False, True, True, False, 0.4),
-          (True, True, False, False, 0.8), (True, True, True, False, 0.9), (True, True, False, True, 1.0))
+# the time cap, where one is given, by which it ends). The richest first: with the
+# relaxation's integral part fixed (optimal_highs.py) joins' program solves in about a second
+# where HiGHS alone took 20 s at its root (ResNet-152 at 1/3 of liveness's arena), and the
+# plan it gives is the one to beat, so the rounds of the programs after it whose optimum is
+# slower are not realised (their placement is most of a round's time): ResNet-152 at 1/3
+# plans in 11 s of CPU time, not 32, to the same steps. Then it with encodings (GoogLeNet's
+# best at 1/3, whose program has no plan without them); the quick program without swaps or
+# joins, which every net solves to its gap in seconds; with swaps; with encodings too (only
+# where the net has some: their plans compete with those before rather than replace them,
+# since a plan with small encoded forms may leave the placement more holes); the last offers
+# swaps alone on each earlier program's last recomputations (a plan a little over the budget
+# may fit so, without the placement's holes of the plans before).
+PHASES = ((True, True, False, False, 0.3), (True, True, True, False, 0.4), (False, False, False, False, 0.5),
+          (False, True, False, False, 0.6), (False, True, True, False, 0.8), (True, True, False, True, 1.0))
 
 
 @dataclasses.dataclass
@@ -146,11 +156,18 @@ def _fastest(schedule, context, presets, solve_always):
     if found is not None:
         info["candidates"]["solver"] = found.seconds if _ok(found, context) else None
         best += [found] if _ok(found, context) else []
+    key = optimal_monotone.key_of(schedule, context)
+    smaller = optimal_monotone.SMALLER.best_under(key, context.budget)  # a smaller budget's plan fits this one
+    if smaller is not None and smaller.context.model is context.model and _ok(smaller, context):
+        info["candidates"]["smaller budget"] = smaller.seconds
+        best.append(dataclasses.replace(smaller, name="smaller budget"))
     if not best:
         raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)}: the smallest that "
                       f"fits is {human_bytes(smallest_budget(schedule, context, presets))} "
                       f"(policy {schedule.policy})")
-    return _win(min(best, key=lambda c: (c.seconds, c.plan.arena_bytes)), info, context, None)
+    winner = min(best, key=lambda c: (c.seconds, c.plan.arena_bytes))
+    optimal_monotone.SMALLER.keep(key, context.budget, winner)
+    return _win(winner, info, context, None)
 
 
 def _ok(candidate, context):
@@ -225,14 +242,15 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
 
 def _solved(schedule, context, info):
     """The solver's best plan that fits (a Candidate), else its last, else None. The programs
-    of :data:`PHASES`, each by its share of the time limit: without swaps or joins'
-    recomputation first (easy: most of a net's savings are recomputations of single-input
-    layers), then the same with encodings, then with joins recomputed too (harder: a join's
-    output comes back from several roots), then with swaps, once for the recomputations of
-    each earlier program's last plan, the fastest first, those roots still recomputed (HiGHS
-    takes no starting point; this keeps the last programs small, and swaps may make room
-    where a plan went a little over); each solved again with a lower cap while its realised
-    plan goes over the budget (the model is not exact to the byte)."""
+    of :data:`PHASES` in turn (by its share of the time cap, where one is given), at most
+    :data:`SOLVES` solves in all: with joins recomputed and swaps first, then with encodings,
+    then without joins or swaps (a join's output comes back from several roots), with swaps,
+    with encodings, then with swaps once for the recomputations of each earlier program's last
+    plan, the fastest first, those roots still recomputed (HiGHS takes no starting point; this
+    keeps the last programs small, and swaps may make room where a plan went a little over);
+    each solved again with a lower cap while its realised plan goes over the budget (the model
+    is not exact to the byte), and a round whose optimum is slower than the best plan so far
+    not realised."""
     start = time.perf_counter()
     models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
@@ -241,13 +259,15 @@ def _solved(schedule, context, info):
     for joins, swaps, encodings, fixed, share in PHASES:
         if joins not in models:
             models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
-        model, until = models[joins], start + context.solver_seconds * share
+        model = models[joins]
+        until = None if context.solver_seconds is None else start + context.solver_seconds * share
         if encodings and not model.units:
             continue  # nothing to encode: it would be the program before
         if not encodings:
             model = dataclasses.replace(model, units=[])
         for recomputed in sorted(earlier, key=earlier.get) if fixed else [frozenset()]:
-            found = _rounds(schedule, context, model, swaps, recomputed, until, phases, joins)
+            beat = None if best is None else best.seconds
+            found = _rounds(schedule, context, model, (swaps, recomputed, joins), until, phases, beat)
             phases[-1]["encodings"] = encodings
             if found is None:
                 continue
@@ -263,8 +283,9 @@ def _solved(schedule, context, info):
     return best or last
 
 
-def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
-    """One program (``model``, ``swaps`` offered, the roots of ``recomputed`` recomputed)
+def _rounds(schedule, context, model, offered, until, phases, beat=None):
+    """One program (``model``, with ``offered`` = (swaps offered, the roots of ``recomputed``
+    recomputed, ``joins``))
     solved until its realised plan fits, at most :data:`ROUNDS` times, each with the cap
     lowered by what the last plan went over, then, once one fits, raised again halfway to the
     lowest cap that did not while rounds and time are left (:data:`HALVING_BYTES` apart at
@@ -280,6 +301,7 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
     while the fastest plan that fit realises :data:`REALISED_LOSS` slower than its program
     said, caps further under are probed (1/64 of the budget under, then twice as far each
     time), until a program's optimum is no faster than the best realised plan."""
+    swaps, recomputed, joins = offered
     phase = {"joins": joins, "swaps": swaps, "rounds": 0}
     phases.append(phase)
     top = cap = context.budget - model.resident
@@ -287,15 +309,18 @@ def _rounds(schedule, context, model, swaps, recomputed, until, phases, joins):
     fitted = failed = first_holes = None  # the highest cap whose plan fit, the lowest whose plan did not
     below = top // 64  # how far under the caps tried the next probe goes (doubling)
     for _ in range(ROUNDS):
-        left = until - time.perf_counter()
-        if left <= 0 or cap <= 0:
+        left = None if until is None else until - time.perf_counter()
+        if (left is not None and left <= 0) or cap <= 0 or sum(p["rounds"] for p in phases) >= SOLVES:
             break
         solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
+        phase["nodes"] = phase.get("nodes", 0) + getattr(solution, "nodes", 0)
         phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
                      dual_bound=solution.dual_bound, gap=solution.gap,
                      solve_seconds=phase.get("solve_seconds", 0.0) + solution.seconds)
         if solution.recompute is None or (best is not None and solution.objective >= best[0].seconds):
             break  # no plan, or none at this cap or under it can beat the best realised
+        if beat is not None and solution.objective > beat * (1 + MIP_GAP):
+            break  # nor an earlier program's best: realising it (seconds of placement) would not pay
         found = _placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
                                 solution.encode), context)
         found.recomputed = solution.recompute

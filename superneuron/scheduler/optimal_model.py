@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..allocator import aligned
-from . import optimal_encode
+from . import optimal_encode, optimal_highs
 from .cost import phase_of
 from .inplace import inplace
 from .liveness import Roots, intervals, liveness
@@ -156,7 +156,8 @@ def build(schedule, model, joins=True, lossy=()):
 class Solution:
     """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
-    proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time); the sets
+    proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time), ``nodes``
+    (branch-and-bound nodes); the sets
     are None when it found no schedule. ``encode``: ``(layers, roots)``, the encodings chosen
     (encode.py's ``only``)."""
 
@@ -170,16 +171,19 @@ class Solution:
     status: str
     seconds: float
     encode: tuple = (frozenset(), frozenset())
+    nodes: int = 0
 
 
-def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
+def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
     resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
-    (None: unbounded), in
-    at most ``time_limit`` seconds; a :class:`Solution`. ``swaps``: offer the swap option
-    (a harder program: its copies' streams are constrained too). ``recomputed``: roots that
-    must be recomputed (an earlier solution's: the program left is much smaller)."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    (None: unbounded); a :class:`Solution`, the same on every run (optimal_highs.py: one
+    thread, a fixed seed, ``node_limit`` branch-and-bound nodes at most, its default where
+    None). ``time_limit``: a safety cap in seconds (None: none; a solve it ends may differ
+    between runs). ``swaps``: offer the swap option (a harder program: its copies' streams are
+    constrained too). ``recomputed``: roots that must be recomputed (an earlier solution's:
+    the program left is much smaller)."""
+    from scipy.optimize import LinearConstraint
     from scipy.sparse import coo_array
 
     columns, cost = [], []  # column j: ("rec"|"off", stash), ("alg", choice, algo), ("presence", stash, tile)
@@ -277,30 +281,26 @@ def solve(m, cap, time_limit, host_memory=None, swaps=True, recomputed=()):
     integrality = np.concatenate([[0.0 if what == "presence" else 1.0 for what, _, _ in columns], np.zeros(n)])
     # D[i] is free in sign: a stash brought back early for a recomputation adds bytes
     lower = [1.0 if what == "rec" and m.stashes[k].root in recomputed else 0.0 for what, k, _ in columns]
-    bounds = Bounds(np.concatenate([lower, np.full(n, -np.inf)]),
-                    np.concatenate([np.ones(nx), np.full(n, np.inf)]))
     matrix = coo_array((vals, (rows, cols)), shape=(len(lo), nx + n)).tocsr()
     start = time.perf_counter()
     with silenced_output():
-        res = milp(c, integrality=integrality, bounds=bounds,
-                   constraints=LinearConstraint(matrix, np.array(lo), np.array(hi)),
-                   options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": MIP_GAP})
+        res = optimal_highs.run(c, integrality, np.concatenate([lower, np.full(n, -np.inf)]),
+                                np.concatenate([np.ones(nx), np.full(n, np.inf)]),
+                                LinearConstraint(matrix, np.array(lo), np.array(hi)), MIP_GAP,
+                                node_limit or optimal_highs.NODE_LIMIT, time_limit)
     seconds = time.perf_counter() - start
     base = m.fixed_seconds
-    dual = getattr(res, "mip_dual_bound", None)
-    dual = None if dual is None or not np.isfinite(dual) else base + dual / MS
-    gap = getattr(res, "mip_gap", None)
+    dual = None if res.bound is None else base + res.bound / MS
     if res.x is None:
-        return Solution(None, None, None, None, None, dual, None, res.message, seconds)
+        return Solution(None, None, None, None, None, dual, None, res.message, seconds, nodes=res.nodes)
     x = res.x
     recompute = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "rec" and x[j] > 0.5}
     offload = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "off" and x[j] > 0.5}
     swap = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "swap" and x[j] > 0.5}
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
-    return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual,
-                    None if gap is None or not np.isfinite(gap) else float(gap), res.message, seconds,
-                    optimal_encode.chosen(m, columns, x))
+    return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual, res.gap, res.message, seconds,
+                    optimal_encode.chosen(m, columns, x), res.nodes)
 
 
 def _triggers(m, columns, cost, row, opening, closing):

@@ -1,0 +1,97 @@
+"""The optimal policy's plans repeat and never get slower with more memory (issue 34):
+scheduler/optimal_highs.py (HiGHS deterministic: one thread, a fixed seed, work limits, no
+wall clock) and scheduler/optimal_monotone.py (a smaller budget's plan a candidate)."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+from superneuron.graph import Graph
+from superneuron.scheduler import optimal
+from superneuron.scheduler.cost import CostModel
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.optimal_monotone import SMALLER
+from superneuron.scheduler.policy import apply_policy
+from superneuron.scheduler.simulate import simulate
+from superneuron.spec import load_spec
+
+CPU = CostModel("cpu")
+
+PLAN_ONCE = """
+import hashlib, sys
+from superneuron.graph import Graph
+from superneuron.scheduler.cost import CostModel
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.policy import apply_policy
+from superneuron.spec import load_spec
+g = Graph(load_spec("nets/resnet_cifar.yaml", overrides={"depth": 8}, batch=4))
+memo = {}
+s = apply_policy(lower(g), "optimal", budget=int(sys.argv[1]), costs=CostModel("cpu"), memo=memo)
+print(memo["optimal"]["winner"], hashlib.sha1(repr(list(s.steps)).encode()).hexdigest(), s.offsets is None)
+"""
+
+
+def resnet8():
+    return Graph(load_spec("nets/resnet_cifar.yaml", overrides={"depth": 8}, batch=4))
+
+
+def liveness_arena(graph):
+    return simulate(apply_policy(lower(graph), "liveness", costs=CPU)).arena_bytes
+
+
+def test_the_same_command_gives_the_same_plan_in_two_processes():
+    budget = liveness_arena(resnet8()) * 2 // 5
+    outputs = []
+    for seed in ("1", "2"):  # string hashing, and so set order, differs between the two
+        env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.getcwd())
+        done = subprocess.run([sys.executable, "-c", PLAN_ONCE, str(budget)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout.split())
+    assert outputs[0][0] == "solver"  # the solver's plan, not a heuristic's, is what repeats
+    assert outputs[0] == outputs[1]
+
+
+def test_the_same_plan_twice_in_one_process_with_nothing_kept():
+    graph = resnet8()
+    budget = liveness_arena(graph) * 2 // 5
+    digests = []
+    for _ in range(2):
+        SMALLER.nets.clear()
+        schedule = apply_policy(lower(graph), "optimal", budget=budget, costs=CPU)
+        digests.append(hashlib.sha1(repr(list(schedule.steps)).encode()).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_ten_budgets_more_memory_never_a_slower_plan():
+    graph = resnet8()
+    live = liveness_arena(graph)
+    SMALLER.nets.clear()
+    seconds = []
+    for k in range(10):
+        budget = int(live * (0.35 + 0.4 * k / 9))
+        schedule = apply_policy(lower(graph), "optimal", budget=budget, costs=CPU)
+        assert simulate(schedule).arena_bytes <= budget
+        seconds.append(CPU.iteration_seconds(schedule))
+    assert all(a >= b for a, b in zip(seconds, seconds[1:])), seconds
+    assert seconds[0] > seconds[-1]  # the budgets span plans that differ
+
+
+def test_a_smaller_budgets_plan_wins_where_the_larger_budget_plans_slower(monkeypatch):
+    graph = resnet8()
+    live = liveness_arena(graph)
+    small, large = live * 2 // 5, live * 9 // 20
+    SMALLER.nets.clear()
+    fast = apply_policy(lower(graph), "optimal", budget=small, costs=CPU)
+    monkeypatch.setattr(optimal, "SOLVES", 0)  # no solver under the larger budget: the heuristics alone
+    memo = {}
+    kept = apply_policy(lower(graph), "optimal", budget=large, costs=CPU, memo=memo)
+    heuristics = [s for name, s in memo["optimal"]["candidates"].items() if name in optimal.HEURISTICS and s]
+    assert min(heuristics) > CPU.iteration_seconds(fast)  # the heuristics alone are slower here
+    assert memo["optimal"]["winner"] == "smaller budget"
+    assert CPU.iteration_seconds(kept) == CPU.iteration_seconds(fast)
+    assert simulate(kept).arena_bytes <= small
+    SMALLER.nets.clear()
+    alone = apply_policy(lower(graph), "optimal", budget=large, costs=CPU, memo={})  # nothing kept: heuristics
+    assert CPU.iteration_seconds(alone) > CPU.iteration_seconds(kept)
