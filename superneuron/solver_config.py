@@ -255,7 +255,7 @@ def load_solver(path):
     :mod:`superneuron.caffe.solver`."""
     if str(path).lower().endswith(".prototxt"):
         return load_solver_prototxt(path)[0]
-    from .yaml_read import count_nodes
+    from .yaml_read import check_tags, count_nodes
     if not os.path.lexists(path):
         raise SpecError(f"{path}: no such solver file")
     text = read_text_capped(path, MAX_SOLVER_FILE_BYTES, "solver file", "MAX_SOLVER_FILE_BYTES", SpecError)
@@ -265,6 +265,7 @@ def load_solver(path):
         node = loader.get_single_node()
         if node is not None:
             count_nodes(node, path)  # an alias bomb is refused before it is built
+            check_tags(node, path)  # and a !!python/... tag before anything is constructed
         mapping = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
