@@ -264,12 +264,31 @@ def run(args):
         report.timeline_format(args.tradeoff)
         check_output_path(args.tradeoff, "tradeoff")
     keep = {}  # the baseline schedule, for --tradeoff to plan again
-    schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
-    if args.tradeoff:
-        from ..tradeoff import tradeoff
-        info["tradeoff"] = tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
-                                    host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
-                                    solver_seconds=args.solver_time)
+    with _working(args):
+        schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
+        if args.tradeoff:
+            info["tradeoff"] = _tradeoff(args, keep, info, model)
+    return _print(args, schedule, plan, info, model)
+
+
+def _working(args):
+    """Progress while planning (on stderr: stdout may be --json) and Ctrl-C at once."""
+    from .progress import Working
+    policy = policy_from_args(args)
+    solver = policy.split("+")[0] in ("optimal", "auto") or args.tradeoff
+    return Working(f"sn-plan: planning {args.net} with policy {policy}",
+                   limit=f"the solver's time limit: {args.solver_time:g} s" if solver else None)
+
+
+def _tradeoff(args, keep, info, model):
+    from ..tradeoff import tradeoff
+    return tradeoff(keep["base"], model, info["est_liveness_seconds"], placement=args.placement,
+                    host_memory=info["host_memory_bytes"], workspace_limit=sizes_from_args(args)[2],
+                    solver_seconds=args.solver_time)
+
+
+def _print(args, schedule, plan, info, model):
+    from .. import report
     if args.json:
         print(json.dumps(info, indent=1))
     else:
