@@ -2,8 +2,6 @@
 net file, a solver file and a ``--set`` value alike: never executed, never silently dropped
 (before, ``!!python/object/apply:...`` on a list left the list and planned under it)."""
 
-import textwrap
-
 import pytest
 from one_line import cli_error
 
@@ -54,7 +52,8 @@ def test_a_tag_outside_the_safe_schema_in_a_net_file(value, tag, tmp_path):
 
 
 def test_a_tag_deep_inside_and_behind_an_alias(tmp_path):
-    text = NET.lstrip() + "solver: {base_lr: &lr !!float 0.1, lr_policy: fixed}\nx: &a [1, [2, !!python/bytes YQ==]]\ny: *a\n"
+    text = (NET.lstrip() + "solver: {base_lr: &lr !!float 0.1, lr_policy: fixed}\n"
+            "x: &a [1, [2, !!python/bytes YQ==]]\ny: *a\n")
     path = tmp_path / "net.yaml"
     path.write_text(text)
     with pytest.raises(SpecError) as info:
