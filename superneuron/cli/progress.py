@@ -180,11 +180,13 @@ class Working:
     solver written in C (HiGHS, which releases the GIL but returns only at its time limit): the
     signal is caught by Python's C-level handler, which writes it to a pipe (signal.set_wakeup_fd)
     that this class's thread waits on; the main thread's KeyboardInterrupt is not raised, so
-    that the line is said once. Outside the main thread it only reports progress."""
+    that the line is said once. Outside the main thread, or where SIGINT is ignored (nohup, a
+    background job of a script), it only reports progress."""
 
     def __init__(self, what, limit=None, out=None, period=PERIOD, tty=None, clock=time.monotonic):
         self.what, self.limit, self.out, self.period, self.clock = what, limit, out or sys.stderr, period, clock
         self.tty = self.out.isatty() if tty is None else tty
+        self.stream = self.out  # a copy of its descriptor once entered: see __enter__
         self.began = self.last_line = clock()
         self.steps, self.note = 0, None
         self.bar, self.thread, self.pipe, self.saved = None, None, None, None
@@ -192,7 +194,14 @@ class Working:
         self.done = threading.Event()
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        try:  # the solver sends descriptors 1 and 2 to /dev/null while it runs (optimal_model.
+            # silenced_output): progress and the Ctrl-C line go to a copy made before
+            self.out.flush()
+            self.stream = os.fdopen(os.dup(self.out.fileno()), "w", buffering=1)
+        except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+            self.stream = self.out
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):  # ignored: left so
             read, write = os.pipe()
             os.set_blocking(write, False)
             self.pipe = (read, write)
@@ -216,6 +225,9 @@ class Working:
             if self.bar is not None:
                 self.bar.close()
                 self.bar = None
+            if self.stream is not self.out:
+                self.stream.close()
+                self.stream = self.out
         return False
 
     def step(self, note=None):
@@ -228,10 +240,10 @@ class Working:
         """Print ``line`` (above the bar on a terminal)."""
         with self.lock:
             if self.bar is not None:
-                self.bar.write(line, file=self.out)
+                self.bar.write(line, file=self.stream)
             else:
-                print(line, file=self.out)
-            self.out.flush()
+                print(line, file=self.stream)
+            self.stream.flush()
             self.last_line = self.clock()
 
     def _status(self):
@@ -260,15 +272,15 @@ class Working:
                 if self.bar is None and now - self.began >= BAR_DELAY:
                     from tqdm import tqdm
                     self.bar = tqdm(desc=self.what, unit="plan" if self.steps else "s", leave=False,
-                                    file=self.out, dynamic_ncols=True,
+                                    file=self.stream, dynamic_ncols=True,
                                     bar_format="{desc}: {n_fmt} {unit} | {elapsed}{postfix}")
                 if self.bar is not None:
                     self.bar.n = self.steps if self.steps else int(now - self.began)
                     self.bar.set_postfix_str(self.note or self.limit or "", refresh=False)
                     self.bar.refresh()
             elif now - self.last_line >= self.period:
-                print(f"progress: {self._status()}", file=self.out)
-                self.out.flush()
+                print(f"progress: {self._status()}", file=self.stream)
+                self.stream.flush()
                 self.last_line = now
 
     def _interrupted(self):
@@ -280,6 +292,6 @@ class Working:
             sys.stdout.flush()
         except (OSError, ValueError):
             pass
-        self.out.write(f"interrupted: {self._status()}\n")
-        self.out.flush()
+        self.stream.write(f"interrupted: {self._status()}\n")
+        self.stream.flush()
         os._exit(INTERRUPTED)
