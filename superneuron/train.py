@@ -134,7 +134,8 @@ class Trainer:
                 if stop or (self.group is None and ctrl_c.pending):
                     raise KeyboardInterrupt
                 seconds = time.perf_counter() - start
-                window.add(loss, accuracy, images, seconds, first=not warm)
+                if s.display:  # display 0: no window is ever shown, and one kept would grow for ever
+                    window.add(loss, accuracy, images, seconds, first=not warm)
                 if warm:
                     self.run_images += images
                     self.run_seconds += seconds

@@ -2,7 +2,7 @@
 the first lives, and let in once it is killed), ``--resume DIR`` never takes a file being written
 or another net's, only the ``--snapshot-keep`` newest snapshots stay, and a disk that refuses
 a write (a real file-size limit, not a fake) or a folder that cannot be written stop the run
-with one line, the earlier snapshots whole."""
+with one line, the earlier snapshots whole; and what a long run keeps in memory stays bounded."""
 
 import ctypes
 import os
@@ -176,3 +176,25 @@ def test_a_read_only_folder_is_refused_at_start_up(tmp_path):
     assert one_line(run.stderr) == f"error: {folder}: cannot write there (Permission denied)"
     assert "iter " not in run.stdout  # refused before training
     assert iterations(folder) == [1]
+
+
+# -- memory flat over a long run ----------------------------------------------------------
+@pytest.mark.parametrize("display, most", [(0, 0), (4, 4)])
+def test_the_display_window_holds_one_interval_at_most(display, most, tmp_path, monkeypatch):
+    """What a display averages is kept for one interval only; with display 0 (none), nothing:
+    before, every loss of the run was kept (a float and an accuracy an iteration, for ever:
+    the slow growth of tools/long_run.py's first curve)."""
+    from superneuron import train
+
+    longest = []
+
+    class Window(train._Window):
+        def add(self, *args, **kwargs):
+            super().add(*args, **kwargs)
+            longest.append(len(self.losses))
+
+    monkeypatch.setattr(train, "_Window", Window)
+    trainer = tiny_trainer(tmp_path, 13)
+    trainer.solver = trainer.solver.with_overrides(display=display)
+    trainer.run()
+    assert max(longest, default=0) == most and trainer.iteration == 13
