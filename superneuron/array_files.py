@@ -136,11 +136,31 @@ def _check_finite(path, x, key):
 
 # The only globals a CIFAR-10 python batch names: an ndarray rebuilt by NumPy's own reducer
 # (numpy.core.multiarray._reconstruct in CIFAR's files, numpy._core... from NumPy 2; pickle
-# protocol 5 uses numeric._frombuffer), ndarray and dtype. Each is taken from NumPy as it is
+# protocol 5 uses numeric._frombuffer), ndarray and dtype, and a numeric scalar (labels kept as
+# NumPy integers by a batch written today), through a guard. Each is taken from NumPy as it is
 # loaded here, so no module a file names is ever imported.
 _RECONSTRUCT = np.zeros(1).__reduce__()[0]
 _FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]
+_SCALAR = np.int64(0).__reduce__()[0]
+_NUMERIC_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex
+
+
+def _numeric_scalar(dtype, data=None, *rest):
+    """NumPy's scalar reconstruction (``numpy._core.multiarray.scalar``: labels that today's
+    NumPy writes as ``np.int64``), for a plain numeric dtype and exactly its bytes only: an
+    object scalar hands back any object it is given (NumPy 1), a structured one fields."""
+    if not (isinstance(dtype, np.dtype) and dtype.kind in _NUMERIC_KINDS and dtype.names is None
+            and dtype.subdtype is None and isinstance(data, bytes) and len(data) == dtype.itemsize
+            and not rest):
+        what = f"dtype {dtype}" if isinstance(dtype, np.dtype) else f"a {type(dtype).__name__}"
+        raise pickle.UnpicklingError(f"refusing to load a NumPy scalar of {what} (a CIFAR-10 batch holds "
+                                     "plain numeric ones only)")
+    return _SCALAR(dtype, data)
+
+
 _PICKLE_GLOBALS = {
+    ("numpy.core.multiarray", "scalar"): _numeric_scalar,
+    ("numpy._core.multiarray", "scalar"): _numeric_scalar,
     ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
     ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
     ("numpy.core.numeric", "_frombuffer"): _FROMBUFFER,

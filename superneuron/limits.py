@@ -28,6 +28,14 @@ MAX_LAYERS = 200_000
 ResNet of depth 15 002 has 65 022; one repeat of more, or a repeat whose first round shows that
 it would exceed it, stops at once."""
 
+MAX_REPEAT_ROUNDS = 1_000_000
+"""Most rounds all of a network file's repeats may make together, nested ones counted in full
+(a repeat of 100 over a repeat of 100 is 10 100 rounds), whether or not a round emits a layer:
+a repeat of 100 000 over a repeat of 100 000 over no layers is ten billion empty rounds, hours
+of work for nothing. A round takes about 2 microseconds; the deepest nets here make a few
+thousand (ResNet-15002: 15 009). The outer repeat stops at once when its first round
+shows that all of its rounds would exceed it."""
+
 MAX_SPEC_INT = 2**31 - 1
 """Largest integer (in size) a layer key takes (``num_output``, ``pad``, ``kernel_size``, input
 dimensions...): Caffe's int32/uint32 fields."""

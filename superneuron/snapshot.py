@@ -14,8 +14,14 @@ its shape and dtype and nothing else is, each ``.npy`` header before its bytes a
 crafted header cannot make us allocate), the checksum, and the meta's fields. A zip directory
 damaged so that members go missing, a truncated member or a flipped byte is an error, never a
 silent partial resume.
+
+A run that writes snapshots holds a lock on its folder (``fcntl.flock`` on the folder) for its
+life; the system drops it when the process ends, a crash or a kill -9 too. A second run on the
+same folder is refused instead of writing beside the first (and removing its ``.tmp``). Once a
+new snapshot is whole, older ones of the same net beyond the newest ``keep`` are removed.
 """
 
+import fcntl
 import glob
 import hashlib
 import json
@@ -29,6 +35,7 @@ import numpy as np
 from .errors import SNError
 
 FORMAT = 2
+DEFAULT_KEEP = 5  # snapshots kept per net and folder (0: all, as Caffe, which fills disks)
 MAX_META_BYTES = 64 << 20  # the meta lists every array: ~100 bytes each, ~3 MiB for 10 000 layers
 _NAME = re.compile(r"_iter_(\d+)\.npz$")
 
@@ -237,3 +244,65 @@ def candidates(folder, net_name):
         if m and os.path.basename(f)[:m.start()] == net_name:
             found.append((int(m.group(1)), f))
     return [f for _, f in sorted(found, reverse=True)]
+
+
+def prune(folder, net_name, newest, keep):
+    """Remove the snapshots of ``net_name`` in ``folder`` older (lower iteration) than the one
+    just written, ``newest``, beyond the ``keep`` newest (``keep`` 0: remove none), with the
+    ``.caffemodel`` written beside each; the removed paths. Snapshots of a higher iteration
+    than ``newest`` (a run resumed from an older one) are left alone."""
+    if not keep:
+        return []
+    files = candidates(folder, net_name)
+    names = [os.path.basename(f) for f in files]
+    if os.path.basename(newest) not in names:
+        return []
+    removed = []
+    for path in files[names.index(os.path.basename(newest)) + keep:]:
+        for file in (path, path[:-len(".npz")] + ".caffemodel"):
+            try:
+                os.remove(file)
+                removed.append(file)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise SNError(f"{file}: cannot remove an old snapshot ({e.strerror}); "
+                              f"--snapshot-keep 0 keeps them all") from None
+    return removed
+
+
+_held = {}  # folder (real path) -> [its open descriptor, holders in this process]
+
+
+def lock_folder(folder):
+    """Hold the snapshot folder ``folder`` (which exists) for this process: SNError (one line)
+    when another process holds it. The lock is a ``flock`` on the folder itself (no lock file to
+    leave behind), which the system drops when the process ends. Several holders in one process
+    share one lock; each calls :func:`unlock_folder` once."""
+    key = os.path.realpath(folder)
+    if key in _held:
+        _held[key][1] += 1
+        return key
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
+    except OSError as e:
+        raise SNError(f"{folder}: cannot use it as a snapshot folder ({e.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SNError(f"{folder}: another run is writing snapshots in this folder; wait for it to end "
+                      f"or give another --snapshot folder") from None
+    _held[key] = [fd, 1]
+    return key
+
+
+def unlock_folder(key):
+    """Let go of a hold taken by :func:`lock_folder` (its return value)."""
+    entry = _held.get(key)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _held[key]
+        os.close(entry[0])  # closing the descriptor drops the flock

@@ -16,7 +16,7 @@ import yaml
 from .errors import SpecError, where
 from .files import read_text_capped
 from .limits import MAX_ITER_SIZE, MAX_SOLVER_FILE_BYTES, over
-from .yaml_read import count_nodes
+from .yaml_read import check_tags, count_nodes
 
 TYPES = ("SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
@@ -266,6 +266,7 @@ def load_solver(path):
         node = loader.get_single_node()
         if node is not None:
             count_nodes(node, path)  # an alias bomb is refused before it is built
+            check_tags(node, path)  # and a !!python/... tag before anything is constructed
         mapping = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

@@ -20,7 +20,7 @@ from .expr import ExprError, substitute
 from .files import read_text_capped
 from .layers import layer_class
 from .layers.base import Key
-from .limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, over
+from .limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, MAX_REPEAT_ROUNDS, over
 from .rules import PHASES, param_blocks, phases_of
 from .yaml_read import Map, Seq, parse_yaml
 
@@ -172,6 +172,7 @@ class _Loader:
         self.layers, self.first_line = [], {}
         self.prev = None            # first top of the last layer emitted
         self.params, self.templates = {}, {}
+        self.rounds = 0             # of every repeat, nested ones in full: MAX_REPEAT_ROUNDS
 
     def problem(self, pos, message, layer=None, ltype=None, chain=()):
         line, col = pos if pos else (None, None)
@@ -347,8 +348,13 @@ class _Loader:
         if count > MAX_LAYERS:
             self.too_many(item.value_at("repeat"), over("repeat", count, MAX_LAYERS, "MAX_LAYERS")
                           + ", the most layers a net may have", chain)
-        before = len(self.layers)
+        if self.rounds + count > MAX_REPEAT_ROUNDS:
+            self.too_many(item.value_at("repeat"), f"repeat {count} after {self.rounds} rounds of repeats: "
+                          + over("a file whose repeats make", self.rounds + count, MAX_REPEAT_ROUNDS,
+                                 "MAX_REPEAT_ROUNDS", " rounds"), chain)
+        before, rounds_before = len(self.layers), self.rounds
         for i in range(count):
+            self.rounds += 1
             inner = env if var is None else dict(env, **{var: i})
             if "use" in item:
                 self.use(item, inner, chain)
@@ -358,9 +364,16 @@ class _Loader:
                 self.too_many(item.value_at("repeat"), f"repeat {count} of {len(self.layers) - before} layers: "
                               + over("a net of about", before + (len(self.layers) - before) * count, MAX_LAYERS,
                                      "MAX_LAYERS", " layers"), chain)
+            if i == 0 and rounds_before + (self.rounds - rounds_before) * count > MAX_REPEAT_ROUNDS:
+                total = rounds_before + (self.rounds - rounds_before) * count
+                self.too_many(item.value_at("repeat"), f"repeat {count} whose first round made "
+                              f"{self.rounds - rounds_before} rounds of nested repeats: "
+                              + over("a file whose repeats make about", total, MAX_REPEAT_ROUNDS,
+                                     "MAX_REPEAT_ROUNDS", " rounds"), chain)
 
     def too_many(self, pos, message, chain):
-        """Stop expanding at once: the file asks for more layers than MAX_LAYERS."""
+        """Stop expanding at once: the file asks for more layers than MAX_LAYERS, or more rounds
+        of repeats than MAX_REPEAT_ROUNDS."""
         self.problem(pos, message, chain=chain)
         raise SpecError(list(self.problems))
 

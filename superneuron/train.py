@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 import uuid
+import weakref
 
 import numpy as np
 
@@ -34,7 +35,9 @@ class Trainer:
     """Trains ``net`` (built with an optimiser) on batches from ``train_loader``.
 
     ``solver`` is a solver_config.SolverConfig (max_iter, display, test_interval, test_iter,
-    snapshot); ``snapshot_dir`` None disables snapshots; ``log_path`` appends one JSON object
+    snapshot); ``snapshot_dir`` None disables snapshots, else the folder is locked for this
+    trainer's life (a second run on it is refused) and only the ``snapshot_keep`` newest
+    snapshots of the net are kept there (0: all); ``log_path`` appends one JSON object
     per line: a ``start`` record, then one per display (``display``) and test (``test``), and an
     ``end`` record; each has ``kind``, ``time`` (Unix seconds) and ``run`` (an id shared by the
     records of one run, so that runs appended to one file can be told apart).
@@ -66,8 +69,12 @@ class Trainer:
         if len(self.inputs) != 2:
             raise SNError(f"net '{net.graph.name}' must have exactly two inputs (data, label) to be "
                           f"trained; it has {', '.join(self.inputs) or 'none'}")
+        self.snapshot_keep = snap.DEFAULT_KEEP  # the newest snapshots kept (0: all); sn-train's --snapshot-keep
         if snapshot_dir is not None and self.writes:
             _check_writable(snapshot_dir)
+            # held for this trainer's life (the process's, in sn-train): a second run on the
+            # folder is refused before it removes the .tmp the first one is writing
+            weakref.finalize(self, snap.unlock_folder, snap.lock_folder(snapshot_dir))
             snap.remove_stale_tmp(snapshot_dir, net.graph.name)
         if log_path is not None:
             check_output_path(log_path, "log")
@@ -125,7 +132,8 @@ class Trainer:
                 if stop or (self.group is None and ctrl_c.pending):
                     raise KeyboardInterrupt
                 seconds = time.perf_counter() - start
-                window.add(loss, accuracy, images, seconds, first=not warm)
+                if s.display:  # display 0: no window is ever shown, and one kept would grow for ever
+                    window.add(loss, accuracy, images, seconds, first=not warm)
                 if warm:
                     self.run_images += images
                     self.run_seconds += seconds
@@ -257,7 +265,10 @@ class Trainer:
         resident, to_host = self.net.runtime.resident, self.net.backend.to_host
         arrays = {key: to_host(resident[key.split(":", 1)[1]]) for key in snap.expected_arrays(self.net)}
         meta = dict(self._identity(), iteration=self.iteration, loader=self.train_loader.state())
-        return snap.write(path, json.loads(json.dumps(meta, default=_jsonable)), arrays)
+        written = snap.write(path, json.loads(json.dumps(meta, default=_jsonable)), arrays)
+        if self.snapshot_dir and os.path.dirname(os.path.abspath(written)) == os.path.abspath(self.snapshot_dir):
+            snap.prune(self.snapshot_dir, self.net.graph.name, written, self.snapshot_keep)
+        return written
 
     def restore(self, path, on_event=lambda event: None):
         """Continue from the snapshot at ``path``, checked whole first; returns the path used.

@@ -1,7 +1,9 @@
 """YAML read with positions: plain values whose mappings and lists (:class:`Map`, :class:`Seq`)
 remember the line and column of every key and item, so that a problem found later (after a
 network file's ``${expr}`` are expanded: superneuron.expr) can still point into the file; and
-the count of what a file's aliases expand to, bounded (MAX_YAML_NODES).
+the count of what a file's aliases expand to, bounded (MAX_YAML_NODES); and tags: a tag YAML's
+safe schema does not define (``!!python/object/apply:...``, ``!mytag``) is an error at its
+position, never dropped (a list or a mapping would otherwise keep its items and lose the tag).
 """
 
 import yaml
@@ -65,6 +67,7 @@ def parse_yaml(text, file="<net>"):
         if node is None:
             return None
         count_nodes(node, file)
+        check_tags(node, file)
         return _plain(loader, node, file)
     except yaml.reader.ReaderError as e:
         raise SpecError(_reader_error(text, e, file)) from None
@@ -129,6 +132,36 @@ def count_nodes(root, file="<yaml>"):
             todo.append((node, True))
             todo.extend((k, False) for k in _children(node) if id(k) not in sizes)
     return sizes[id(root)]
+
+
+YAML_TAG = "tag:yaml.org,2002:"
+# the tags a plain mapping or list may carry; a scalar's are those of YAML's safe schema
+COLLECTION_TAGS = {yaml.SequenceNode: YAML_TAG + "seq", yaml.MappingNode: YAML_TAG + "map"}
+SCALAR_TAGS = frozenset(t for t in yaml.SafeLoader.yaml_constructors
+                        if t is not None and t not in (YAML_TAG + "seq", YAML_TAG + "map", YAML_TAG + "omap",
+                                                       YAML_TAG + "pairs", YAML_TAG + "set"))
+
+
+def _tag_name(tag):
+    return "!!" + tag[len(YAML_TAG):] if tag.startswith(YAML_TAG) else tag
+
+
+def check_tags(root, file="<yaml>"):
+    """SpecError at the first node (in the file's order) whose tag YAML's safe schema does not
+    define for a plain value (``!!python/...``, a local ``!tag``), or which makes a mapping or
+    list something else (``!!set``, ``!!omap``): a tag is never silently dropped."""
+    seen, todo = set(), [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        allowed = COLLECTION_TAGS.get(type(node))
+        if node.tag != allowed and (allowed is not None or node.tag not in SCALAR_TAGS):
+            raise SpecError(where(file, *_mark(node)) + f"invalid YAML: tag '{_tag_name(node.tag)}' is not "
+                            f"allowed (only plain values, lists and mappings, as YAML's safe schema reads "
+                            f"them: no !!python/... or custom !tags)")
+        todo.extend(reversed(_children(node)))
 
 
 def _plain(loader, node, file):

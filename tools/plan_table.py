@@ -6,10 +6,13 @@ plans by default (SGD with momentum), under every policy, on the H100 cost model
     sn-plan NET.yaml [--set depth=D] --batch 32 --policy P --device gpu --json
 
 run in this process (`superneuron.cli.plan.main`); the tables print the command of each row.
-Then how long sn-plan takes on a ResNet of about a thousand layers. ``--json FILE`` also
-writes every figure there.
+Then how long sn-plan takes on a ResNet of about a thousand layers, and on long in-place
+chains (tests/nets/relu_chain.yaml: n ReLUs on one blob, n aliases deep), whose time per
+layer must stay flat as n grows (``--chain``; ``--chain-only`` times those alone). ``--json
+FILE`` also writes every figure there.
 
     python tools/plan_table.py [--batch 32] [--depth 1001] [--json benchmarks/plan_table.json]
+    python tools/plan_table.py --chain-only --chain 2000,20000 [--json benchmarks/plan_chain.json]
 """
 
 import argparse
@@ -120,7 +123,16 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--depth", type=int, default=1001, help="ResNet depth for the timing")
     p.add_argument("--json", metavar="FILE", help="also write every figure here")
+    p.add_argument("--chain", default="2000,20000", help="lengths of the in-place chains timed")
+    p.add_argument("--chain-only", action="store_true", help="time the chains alone")
     args = p.parse_args()
+    chains = chain_timing([int(n) for n in args.chain.split(",") if n])
+    if args.chain_only:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", *sys.argv]),
+                           "machine": platform.machine(), "cores": os.cpu_count(), "chains": chains}, f, indent=1)
+        return
     model = CostModel("gpu")
     nets = []
     for name, path, overrides in NETS:
@@ -183,10 +195,28 @@ def main():
                "size": 224, "dtype": "float32", "optimizer_state": "SGD momentum (sn-plan's default solver)",
                "cost_model": {"device": model.device.name, "flops": model.device.flops,
                               "bandwidth": model.device.bandwidth, "copy": model.device.copy},
-               "nets": nets, "sn_plan_timing": big,
+               "nets": nets, "sn_plan_timing": big, "chains": chains,
                "phases_seconds": {"depth": args.depth, **spent}}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+
+
+def chain_timing(lengths):
+    """sn-plan's seconds (a process of its own, start-up included) on chains of ``lengths``
+    in-place ReLUs, and per layer: flat per layer is near-linear planning."""
+    out = []
+    for n in lengths:
+        cmd = ["sn-plan", "tests/nets/relu_chain.yaml", "--set", f"n={n}"]
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "superneuron.cli.plan", *cmd[1:]], capture_output=True,
+                              text=True)
+        took = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(done.stderr)
+        out.append({"command": " ".join(cmd), "layers": n + 3, "seconds": round(took, 2),
+                    "ms_per_layer": round(1000 * took / (n + 3), 3)})
+        print(f"`{' '.join(cmd)}`: {took:.1f} s, {1000 * took / (n + 3):.2f} ms a layer")
+    return out
 
 
 def phases(args):

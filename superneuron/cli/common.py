@@ -149,6 +149,7 @@ def run_cli(parser, run, argv=None, fail=fail):
     parser.error = lambda message: _usage_error(parser, message, fail)
     args = parser.parse_args(argv)
     try:
+        check_no_blank_values(parser, args)
         status = run(args)
         sys.stdout.flush()  # inside the try: a closed pipe shows here, not at the exit
         return status
@@ -161,6 +162,23 @@ def run_cli(parser, run, argv=None, fail=fail):
         return fail("out of memory (a batch, size or data set too large for this machine?)")
     except KeyboardInterrupt:  # Ctrl-C outside training (which snapshots and says so itself)
         return fail("interrupted", 130)
+
+
+def check_no_blank_values(parser, args):
+    """SNError for an option (or argument) given an empty or blank value (``--policy ""``): it
+    would otherwise mean the default, a file named by spaces, or nothing, silently. The message
+    lists what the option takes: its choices, else its help (the policies, the data sources)."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        given = value if isinstance(value, list) else [value]
+        if not any(isinstance(v, str) and not v.strip() for v in given):
+            continue
+        name = "/".join(action.option_strings) or action.metavar or action.dest
+        if action.choices:
+            raise SNError(f"{name} is empty; expected one of {', '.join(map(str, action.choices))}")
+        what = " ".join((action.help or "").split())
+        raise SNError(f"{name} is empty; expected {action.metavar or action.dest.upper()}"
+                      + (f" ({what})" if what and "%(" not in what else ""))
 
 
 def _usage_error(parser, message, fail):

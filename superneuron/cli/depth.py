@@ -31,6 +31,7 @@ from ..scheduler.policy import POLICIES, SOLVED
 from ..sizes import human_bytes, parse_size
 from ..spec import parse_overrides
 from .common import check_batch, run_cli
+from .progress import Working
 
 
 def build_parser():
@@ -119,19 +120,23 @@ def run(args):
     policies = policies_from(args.policies)
     planner = planner_from_args(args)
     start = time.perf_counter()
-    results = deepest(planner, policies, max_depth=args.max_depth, progress=_progress)
-    seconds = time.perf_counter() - start
-    stats = planner.stats
-    print(f"{stats['probes']} plans of {stats['builds']} depths in {seconds:.1f} s "
-          f"(building {stats['build_seconds']:.1f} s, policies and simulation "
-          f"{stats['plan_seconds']:.1f} s, {stats['floors']} floors for the guesses "
-          f"{stats['floor_seconds']:.1f} s)", file=sys.stderr)
-    checks = {}
-    if args.verify:
-        for r in results:
-            if r.best is not None:
-                print(f"verifying {r.policy} at depth {r.depth} ...", file=sys.stderr)
-                checks[r.policy] = verify(planner, r, device=args.device)
+    # a line per plan; between them, progress (a plan of a deep net takes minutes) and Ctrl-C at once
+    with Working(f"sn-depth: searching {os.path.basename(args.net)} with {', '.join(policies)}",
+                 limit=f"--max-depth {args.max_depth}") as working:
+        results = deepest(planner, policies, max_depth=args.max_depth,
+                          progress=lambda probe: _progress(probe, working))
+        seconds = time.perf_counter() - start
+        stats = planner.stats
+        working.write(f"{stats['probes']} plans of {stats['builds']} depths in {seconds:.1f} s "
+                      f"(building {stats['build_seconds']:.1f} s, policies and simulation "
+                      f"{stats['plan_seconds']:.1f} s, {stats['floors']} floors for the guesses "
+                      f"{stats['floor_seconds']:.1f} s)")
+        checks = {}
+        if args.verify:
+            for r in results:
+                if r.best is not None:
+                    working.write(f"verifying {r.policy} at depth {r.depth} ...")
+                    checks[r.policy] = verify(planner, r, device=args.device)
     if args.json:
         print(json.dumps({
             "net": args.net, "batch": args.batch, "size": args.size, "budget_bytes": planner.budget,
@@ -148,10 +153,11 @@ def run(args):
     return 0 if any(r.best is not None for r in results) else 3
 
 
-def _progress(probe):
+def _progress(probe, working):
     verdict = "fits" if probe.fits else "over"
-    print(f"  {probe.policy:<20} depth {probe.depth:>6}  arena {human_bytes(probe.arena_bytes):>10}  "
-          f"{verdict}  ({probe.seconds:.2f} s)", file=sys.stderr)
+    working.write(f"  {probe.policy:<20} depth {probe.depth:>6}  arena {human_bytes(probe.arena_bytes):>10}  "
+                  f"{verdict}  ({probe.seconds:.2f} s)")
+    working.step(f"{probe.policy} depth {probe.depth} {verdict}")
 
 
 def _seconds(t):

@@ -40,6 +40,7 @@ from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
 from ..sizes import parse_size
 from ..tradeoff import tradeoff
 from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
+from .progress import Working
 
 
 def build_parser():
@@ -262,11 +263,24 @@ def run(args):
         report.timeline_format(args.tradeoff)
         check_output_path(args.tradeoff, "tradeoff")
     keep = {}  # the baseline schedule, for --tradeoff to plan again
-    schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
-    if args.tradeoff:
-        # each policy as the table names it: no lossy encodings, one rank, parameters resident
-        weighed = dataclasses.replace(keep["options"], budget=None, lossy=(), ranks=1, offload_params=False)
-        info["tradeoff"] = tradeoff(keep["base"], weighed, model, info["est_liveness_seconds"])
+    with _working(args):
+        schedule, plan, info, model = plan_from_args(args, keep) if args.tradeoff else plan_from_args(args)
+        if args.tradeoff:
+            # each policy as the table names it: no lossy encodings, one rank, parameters resident
+            weighed = dataclasses.replace(keep["options"], budget=None, lossy=(), ranks=1, offload_params=False)
+            info["tradeoff"] = tradeoff(keep["base"], weighed, model, info["est_liveness_seconds"])
+    return _print(args, schedule, plan, info, model)
+
+
+def _working(args):
+    """Progress while planning (on stderr: stdout may be --json) and Ctrl-C at once."""
+    policy = options_from_args(args).policy
+    solver = policy in ("optimal", "auto") or args.tradeoff
+    cap = f"the solver's time cap: {args.solver_time:g} s" if solver and args.solver_time else None
+    return Working(f"sn-plan: planning {args.net} with policy {policy}", limit=cap)
+
+
+def _print(args, schedule, plan, info, model):
     if args.json:
         print(json.dumps(info, indent=1))
     else:

@@ -1,8 +1,12 @@
 """What sn-train prints while it runs, so that no run is silent for long: the plan of the run
 at the start (iterations, batch, device, tests, an estimated time), then progress (a bar on a
 terminal; otherwise a line at least every ``PERIOD`` seconds, the test passes included) and
-the time measured on the first iterations."""
+the time measured on the first iterations. And for work with no iterations (sn-plan's solver,
+sn-depth's search): :class:`Working`, which also stops the tool at once on Ctrl-C."""
 
+import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -160,3 +164,134 @@ class Progress:
         self.stopped.set()
         if self.bar:
             self.bar.close()
+
+
+INTERRUPTED = 130   # the exit status of a tool Ctrl-C stopped, as a shell reports it
+BAR_DELAY = 1.0     # seconds before a bar shows on a terminal: quick work stays quiet
+
+
+class Working:
+    """Long work that reports no iterations (``with Working("planning (optimal)") as w:``):
+    on a terminal a tqdm counter of the seconds elapsed (or, after :meth:`step`, of the steps
+    done), shown after BAR_DELAY; otherwise a line whenever nothing was printed for ``period``
+    seconds. ``limit``: a text saying when it will stop (the solver's time limit), shown beside.
+
+    Ctrl-C stops the tool at once, with one line on ``out`` and exit status 130, even inside a
+    solver written in C (HiGHS, which releases the GIL but returns only at its time limit): the
+    signal is caught by Python's C-level handler, which writes it to a pipe (signal.set_wakeup_fd)
+    that this class's thread waits on; the main thread's KeyboardInterrupt is not raised, so
+    that the line is said once. Outside the main thread, or where SIGINT is ignored (nohup, a
+    background job of a script), it only reports progress."""
+
+    def __init__(self, what, limit=None, out=None, period=PERIOD, tty=None, clock=time.monotonic):
+        self.what, self.limit, self.out, self.period, self.clock = what, limit, out or sys.stderr, period, clock
+        self.tty = self.out.isatty() if tty is None else tty
+        self.stream = self.out  # a copy of its descriptor once entered: see __enter__
+        self.began = self.last_line = clock()
+        self.steps, self.note = 0, None
+        self.bar, self.thread, self.pipe, self.saved = None, None, None, None
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def __enter__(self):
+        try:  # the solver sends descriptors 1 and 2 to /dev/null while it runs (optimal_model.
+            # silenced_output): progress and the Ctrl-C line go to a copy made before
+            self.out.flush()
+            self.stream = os.fdopen(os.dup(self.out.fileno()), "w", buffering=1)
+        except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+            self.stream = self.out
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):  # ignored: left so
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self.pipe = (read, write)
+            self.saved = (signal.set_wakeup_fd(write, warn_on_full_buffer=False),
+                          signal.signal(signal.SIGINT, lambda signum, frame: None))
+        self.thread = threading.Thread(target=self._watch, name="sn-working", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.saved is not None:
+            signal.set_wakeup_fd(self.saved[0])
+            signal.signal(signal.SIGINT, self.saved[1])
+        if self.pipe is not None:
+            os.close(self.pipe[1])  # the watcher reads the end of the pipe, and ends
+        self.thread.join(timeout=5)
+        if self.pipe is not None:
+            os.close(self.pipe[0])
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+            if self.stream is not self.out:
+                self.stream.close()
+                self.stream = self.out
+        return False
+
+    def step(self, note=None):
+        """One more step done (sn-depth: one more plan), ``note`` saying which."""
+        with self.lock:
+            self.steps += 1
+            self.note = note
+
+    def write(self, line):
+        """Print ``line`` (above the bar on a terminal)."""
+        with self.lock:
+            if self.bar is not None:
+                self.bar.write(line, file=self.stream)
+            else:
+                print(line, file=self.stream)
+            self.stream.flush()
+            self.last_line = self.clock()
+
+    def _status(self):
+        done = f"{self.steps} done, the last {self.note}; " if self.steps else ""
+        limit = f" ({self.limit})" if self.limit else ""
+        return f"{self.what}: {done}{human_seconds(self.clock() - self.began)} elapsed{limit}"
+
+    def _watch(self):
+        read = self.pipe[0] if self.pipe else None
+        while not self.done.is_set():
+            if read is None:
+                self.done.wait(0.25)
+            elif select.select([read], [], [], 0.25)[0]:
+                data = os.read(read, 64)
+                if not data:
+                    return  # the work ended
+                if signal.SIGINT in data:
+                    self._interrupted()
+            if not self.done.is_set():
+                self._report()
+
+    def _report(self):
+        with self.lock:
+            now = self.clock()
+            if self.tty:
+                if self.bar is None and now - self.began >= BAR_DELAY:
+                    from tqdm import tqdm
+                    self.bar = tqdm(desc=self.what, unit="plan" if self.steps else "s", leave=False,
+                                    file=self.stream, dynamic_ncols=True,
+                                    bar_format="{desc}: {n_fmt} {unit} | {elapsed}{postfix}")
+                if self.bar is not None:
+                    self.bar.n = self.steps if self.steps else int(now - self.began)
+                    self.bar.set_postfix_str(self.note or self.limit or "", refresh=False)
+                    self.bar.refresh()
+            elif now - self.last_line >= self.period:
+                print(f"progress: {self._status()}", file=self.stream)
+                self.stream.flush()
+                self.last_line = now
+
+    def _interrupted(self):
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        self.stream.write(f"interrupted: {self._status()}\n")
+        self.stream.flush()
+        os._exit(INTERRUPTED)

@@ -29,6 +29,7 @@ from ..runtime.collective import DEFAULT_TIMEOUT, launched_ranks, world
 from ..scheduler.allreduce import collective_order
 from ..scheduler.steps import ALLREDUCE
 from ..sizes import human_bytes
+from ..snapshot import DEFAULT_KEEP
 from ..train import Trainer
 from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 from .progress import Progress, plan_lines
@@ -64,6 +65,10 @@ def build_parser():
     p.add_argument("--test-interval", type=int, metavar="N", help="test every N iterations (0: only at the end)")
     p.add_argument("--snapshot", metavar="DIR", help="folder for snapshots (enables snapshots)")
     p.add_argument("--snapshot-interval", type=int, metavar="N", help="snapshot every N iterations")
+    p.add_argument("--snapshot-keep", type=int, metavar="N", default=DEFAULT_KEEP,
+                   help=f"keep the N newest snapshots of the net in the --snapshot folder, removing older "
+                        f"ones once a new one is whole (default {DEFAULT_KEEP}; 0 keeps all, as Caffe). "
+                        f"One run at a time may write in a folder: a second is refused")
     p.add_argument("--resume", metavar="FILE", help="continue from a snapshot file, or from a folder's "
                    "newest snapshot of this net that is whole (damaged newer ones are skipped, and said)")
     p.add_argument("--weights", metavar="FILE.caffemodel",
@@ -95,6 +100,8 @@ def main(argv=None):
 def run(args):
     if not 0 <= args.seed <= MAX_SEED:
         raise SNError(f"--seed must be in 0 .. {MAX_SEED} (MAX_SEED), got {args.seed}")
+    if args.snapshot_keep < 0:
+        raise SNError(f"--snapshot-keep must be 0 (keep all) or more, got {args.snapshot_keep}")
     if not args.timeout > 0:
         raise SNError(f"--timeout must be more than 0 seconds, got {args.timeout:g}")
     if args.threads is not None:
@@ -130,6 +137,7 @@ def _train(args, group):
         test_loader, args.log = None, None
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log,
                       group=group)
+    trainer.snapshot_keep = args.snapshot_keep
     if args.weights:
         if args.resume:
             raise SNError("give --weights or --resume, not both (a snapshot holds the weights)")

@@ -1,0 +1,160 @@
+"""A long training on the CPU, sampled as it goes: is memory flat, is time per iteration flat,
+are the snapshot files bounded? Not run by CI (it takes hours at full length).
+
+    nice -n 19 python tools/long_run.py --iters 20000 --minutes 45 --threads 1 \\
+        --json benchmarks/long_run_cpu.json
+
+Trains nets/resnet_cifar.yaml (depth 20 by default, small batch and image side) on synthetic
+CIFAR-shaped data with SGD + momentum through the Trainer, as sn-train does, writing a snapshot
+every ``--snapshot-minutes`` into a scratch folder that keeps ``--snapshot-keep`` of them. Every
+``--every`` iterations it records the process's resident memory (VmRSS, /proc/self/status; the
+high-water mark VmHWM beside it), the arena's real peak and size, the mean seconds of an
+iteration over those iterations, the mean loss, and the count and bytes of the snapshot files
+in the folder. The JSON is rewritten at each sample, so a run stopped early (``--minutes``, a
+kill) leaves its curve; its ``summary`` compares the first sample after warm-up with the last.
+"""
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+NET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "nets", "resnet_cifar.yaml")
+
+
+def proc_status_kib(field):
+    """A ``kB`` field of /proc/self/status (VmRSS, VmHWM), or None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_bytes():
+    """This process's resident memory now (the high-water mark where /proc is missing)."""
+    kib = proc_status_kib("VmRSS")
+    return kib * 1024 if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def folder_files(folder):
+    files = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".npz")]
+    return len(files), sum(os.path.getsize(f) for f in files)
+
+
+def build(args, folder):
+    from superneuron.data import Loader, open_source, source_config
+    from superneuron.layers import parallel
+    from superneuron.net import load_net
+    from superneuron.optim import make_optimizer
+    from superneuron.solver_config import SolverConfig
+    from superneuron.train import Trainer
+
+    parallel.set_threads(args.threads)
+    solver = SolverConfig(type="SGD", base_lr=0.05, momentum=0.9, weight_decay=1e-4, max_iter=args.iters,
+                          display=0, snapshot=0, lr_policy="step", stepsize=max(1, args.iters // 3), gamma=0.1)
+    net = load_net(NET, overrides={"depth": args.depth, "size": args.size}, batch=args.batch,
+                   optimizer=make_optimizer(solver), seed=0, phase="TRAIN", policy=args.policy)
+    cfg = source_config("synthetic", {"batch_size": args.batch})
+    cfg.update(channels=3, size=args.size, classes=10, samples=args.samples)
+    train_set, _ = open_source(cfg)
+    loader = Loader(train_set, args.batch, shuffle=True, seed=0)
+    trainer = Trainer(net, solver, loader, None, snapshot_dir=folder)
+    trainer.snapshot_keep = args.snapshot_keep
+    return trainer
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--minutes", type=float, default=0, help="stop after this long (0: run all --iters)")
+    p.add_argument("--depth", type=int, default=20)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=16, help="image side")
+    p.add_argument("--samples", type=int, default=2048, help="synthetic training samples")
+    p.add_argument("--policy", default="liveness")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--every", type=int, default=100, help="sample every N iterations")
+    p.add_argument("--snapshot-minutes", type=float, default=3.0)
+    p.add_argument("--snapshot-keep", type=int, default=3)
+    p.add_argument("--json", default="benchmarks/long_run_cpu.json")
+    args = p.parse_args(argv)
+
+    folder = tempfile.mkdtemp(prefix="sn-long-run-")
+    trainer = build(args, folder)
+    net = trainer.net
+    samples, window = [], {"seconds": 0.0, "loss": 0.0, "n": 0}
+    state = {"last_snapshot": time.monotonic(), "snapshots": 0}
+    started = time.monotonic()
+    record = {
+        "command": "python tools/long_run.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs (shared), {platform.python_version()}",
+        "net": f"resnet{args.depth}_cifar, batch {args.batch}, {args.size}x{args.size}, policy {net.policy}",
+        "threads": args.threads, "snapshot_minutes": args.snapshot_minutes, "snapshot_keep": args.snapshot_keep,
+        "samples": samples,
+    }
+
+    def save():
+        if len(samples) >= 3:
+            warm, last = samples[1], samples[-1]  # the first window holds the warm-up iteration
+            record["summary"] = {
+                "iterations": last["iter"], "minutes": round(last["minutes"], 1),
+                "rss_growth_after_warmup_MiB": round((last["rss_bytes"] - warm["rss_bytes"]) / 2**20, 2),
+                "arena_peak_change_bytes": last["arena_peak_bytes"] - warm["arena_peak_bytes"],
+                "ms_per_iter_first_last": [warm["ms_per_iter"], last["ms_per_iter"]],
+                "max_snapshot_files": max(s["snapshot_files"] for s in samples),
+                "snapshots_written": state["snapshots"],
+            }
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1)
+        os.replace(tmp, args.json)
+
+    def on_event(event):
+        if event["kind"] != "iter":
+            return
+        window["seconds"] += event["seconds"]
+        window["loss"] += event["loss"]
+        window["n"] += 1
+        now = time.monotonic()
+        if now - state["last_snapshot"] >= args.snapshot_minutes * 60:
+            trainer.snapshot()
+            state["snapshots"] += 1
+            state["last_snapshot"] = now
+        if event["iter"] % args.every == 0:
+            files, nbytes = folder_files(folder)
+            samples.append({
+                "iter": event["iter"], "minutes": round((now - started) / 60, 2),
+                "rss_bytes": rss_bytes(), "rss_hwm_bytes": (proc_status_kib("VmHWM") or 0) * 1024,
+                "arena_peak_bytes": net.peak_bytes, "arena_bytes": net.arena_bytes,
+                "ms_per_iter": round(1000 * window["seconds"] / window["n"], 2),
+                "loss": round(window["loss"] / window["n"], 4),
+                "snapshot_files": files, "snapshot_bytes": nbytes})
+            window.update(seconds=0.0, loss=0.0, n=0)
+            print(json.dumps(samples[-1]), flush=True)
+            save()
+        if args.minutes and now - started >= args.minutes * 60:
+            raise KeyboardInterrupt  # the trainer snapshots and returns, as on Ctrl-C
+
+    try:
+        trainer.run(on_event)
+    finally:
+        save()
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps(record.get("summary", {})))
+
+
+if __name__ == "__main__":
+    main()
