@@ -257,10 +257,25 @@ class Net:
         return sum(n.loss_weight * self.outputs[n.name] for n in self.graph.losses if n.name in self.outputs)
 
     def blob(self, name):
-        """A NumPy copy of top ``name`` after the last run (its last in-place version)."""
+        """A NumPy copy of top ``name`` after the last run: as in pycaffe, the blob's last value,
+        so ``conv1`` on a chain conv1 → BatchNorm → Scale → ReLU, all in place, is the ReLU's
+        output (the graph names the earlier in-place versions ``conv1@bn1`` and the like,
+        which this reads when given them)."""
         if name not in self.graph.tensors or self.graph.tensors[name].kind != "data":
             raise SNError(f"no top '{name}'")
-        return self.runtime.to_host(name)
+        return self.runtime.to_host(self._last_version(name))
+
+    def _last_version(self, name):
+        """The graph's name of the last in-place version of top ``name`` (``name`` itself when
+        no layer writes it in place)."""
+        if "@" in name:
+            return name
+        last = name
+        for node in self.graph.nodes:
+            for top in node.tops:
+                if top.split("@", 1)[0] == name:
+                    last = top
+        return last
 
     def _feeds(self, feed):
         """A training iteration's feed checked: one feed, or with ``iter_size`` K > 1 a list of K."""

@@ -43,3 +43,53 @@ def test_bilinear_filler_is_caffes_upsampling_kernel():
     np.testing.assert_allclose(k[1, 0], np.outer(ramp, ramp))
     # kernel 2: f = 1, c = 0 → 1, 0 (stride 1: a copy)
     np.testing.assert_allclose(bilinear((1, 1, 2, 2))[0, 0], [[1, 0], [0, 0]])
+
+
+CHAIN = """
+name: chain
+input: {data: [2, 3, 6, 6], label: [2]}
+layers:
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 4, kernel_size: 3, pad: 1}
+  - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
+  - {name: sc1, type: Scale, bottom: conv1, top: conv1, bias_term: true}
+  - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
+  - {name: fc, type: InnerProduct, bottom: conv1, top: fc, num_output: 5}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}
+"""
+
+
+def _net(text, tmp_path, name="net.yaml", **kw):
+    from superneuron.net import load_net
+    path = tmp_path / name
+    path.write_text(text)
+    return load_net(str(path), **kw)
+
+
+def test_blob_of_an_in_place_chain_is_its_last_value(tmp_path):
+    # pycaffe: net.blobs['conv1'] after conv1 → BatchNorm → Scale → ReLU in place is the ReLU's output
+    net = _net(CHAIN, tmp_path)
+    x = np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    net.forward({"data": x, "label": np.zeros(2, np.float32)})
+    normed = net.blob("conv1@bn1")  # BatchNorm's output, which Scale and ReLU then overwrite
+    gamma, beta = net.param("sc1/weight"), net.param("sc1/bias")
+    scaled = normed * gamma[None, :, None, None] + beta[None, :, None, None]
+    assert scaled.min() < 0  # so the ReLU changes something
+    np.testing.assert_allclose(net.blob("conv1"), np.maximum(scaled, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_data_layer_with_one_top(tmp_path):
+    # Caffe allows a Data layer of 1 top (images without labels: a segmentation net's masks)
+    net = _net("""
+name: one_top
+layers:
+  - {name: data, type: Data, top: data, source: synthetic, batch_size: 2, channels: 3, size: 8}
+  - {name: mask, type: Data, top: mask, source: synthetic, batch_size: 2, channels: 1, size: 8}
+  - {name: conv, type: Convolution, bottom: data, top: conv, num_output: 1, kernel_size: 1}
+  - {name: loss, type: EuclideanLoss, bottom: [conv, mask], top: loss}
+""", tmp_path)
+    assert net.input_names == ["data", "mask"]
+    assert net.input_shape("data") == (2, 3, 8, 8) and net.input_shape("mask") == (2, 1, 8, 8)
+    x, m = np.ones((2, 3, 8, 8), np.float32), np.zeros((2, 1, 8, 8), np.float32)
+    net.forward({"data": x, "mask": m})
+    conv = net.blob("conv")
+    assert np.isclose(net.outputs["loss"], (conv ** 2).sum() / 4, rtol=1e-5)

@@ -56,7 +56,9 @@ class Input(Layer):
 @register
 class Data(Input):
     """A batch of samples and their labels (float32, one per sample) from a data source:
-    'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder."""
+    'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder.
+    As in Caffe, one top is allowed too: the samples without their labels (a segmentation
+    net's second Data layer carries its masks that way)."""
 
     KEYS = {
         "source": Key("str", doc="'digits', 'synthetic', a .npz file, a CIFAR-10 python directory "
@@ -64,7 +66,7 @@ class Data(Input):
         "batch_size": Key("int", doc="samples per batch, for training and testing"),
         **{key: Key(kind, default, doc=doc) for key, (kind, default, doc) in data.OPTIONS.items()},
     }
-    TOPS = (2, 2)
+    TOPS = (1, 2)
 
     def setup(self, bottom_shapes):
         batch = self.cfg["batch_size"]
@@ -75,5 +77,6 @@ class Data(Input):
         except SNError as e:
             message = str(e)
         else:
-            return self._set_shapes(bottom_shapes, [(batch,) + tuple(sample_shape), (batch,)])
+            shapes = [(batch,) + tuple(sample_shape), (batch,)]
+            return self._set_shapes(bottom_shapes, shapes[:len(self.tops)])
         self.fail(message)
