@@ -93,3 +93,32 @@ layers:
     net.forward({"data": x, "mask": m})
     conv = net.blob("conv")
     assert np.isclose(net.outputs["loss"], (conv ** 2).sum() / 4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("ROIPooling", "layer type 'ROIPooling' (from the Faster R-CNN fork) is not supported"),
+    ("PriorBox", "(from the SSD fork) is not supported"),
+    ("DepthwiseConvolution", "write Convolution with group equal to its channels"),
+    ("RNN", "layer type 'RNN' (from stock Caffe, not implemented here yet) is not supported"),
+])
+def test_fork_layers_are_named_not_misspelt(name, message):
+    from superneuron.layers import layer_class
+    with pytest.raises(KeyError) as e:
+        layer_class(name)
+    assert message in e.value.args[0] and "did you mean" not in e.value.args[0]
+
+
+@pytest.mark.parametrize("name, suggestion", [("Convolutoin", "Convolution"), ("relu", "ReLU"),
+                                              ("Poolling", "Pooling"), ("LRN2", "LRN")])
+def test_misspellings_still_get_a_suggestion(name, suggestion):
+    from superneuron.layers import layer_class
+    with pytest.raises(KeyError, match=f"did you mean '{suggestion}'"):
+        layer_class(name)
+
+
+@pytest.mark.parametrize("name", ["RNNCell", "Attention2D", "GroupNormalization"])
+def test_no_far_fetched_suggestion(name):
+    from superneuron.layers import layer_class
+    with pytest.raises(KeyError) as e:
+        layer_class(name)
+    assert "did you mean" not in e.value.args[0] and "known types:" in e.value.args[0]
