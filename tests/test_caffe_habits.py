@@ -122,3 +122,36 @@ def test_no_far_fetched_suggestion(name):
     with pytest.raises(KeyError) as e:
         layer_class(name)
     assert "did you mean" not in e.value.args[0] and "known types:" in e.value.args[0]
+
+
+TINY = "tests/nets/tiny.yaml"
+
+
+def test_snapshot_prefix_writes_caffes_pair_and_resume_reads_it(tmp_path, capsys):
+    # Caffe: snapshot: N with snapshot_prefix P writes P_iter_N.caffemodel and P_iter_N.solverstate
+    from superneuron.caffe.weights import read_caffemodel
+    from superneuron.cli.train import main
+    prefix = tmp_path / "snaps" / "tiny"
+    solver = tmp_path / "solver.yaml"
+    solver.write_text(f"base_lr: 0.05\nmax_iter: 4\nsnapshot: 2\nsnapshot_prefix: {prefix}\n")
+    assert main([TINY, "--solver", str(solver), "--test-interval", "0"]) == 0
+    names = sorted(p.name for p in (tmp_path / "snaps").iterdir())
+    assert names == ["tiny_iter_2.caffemodel", "tiny_iter_2.solverstate",
+                     "tiny_iter_4.caffemodel", "tiny_iter_4.solverstate"]
+    layers = read_caffemodel(str(prefix) + "_iter_4.caffemodel")
+    assert layers["conv1"][0] == "Convolution" and layers["conv1"][1][0].shape == (4, 3, 3, 3)
+    capsys.readouterr()
+    assert main([TINY, "--solver", str(solver), "--iters", "6", "--test-interval", "0",
+                 "--resume", str(prefix) + "_iter_4.solverstate"]) == 0
+    assert "at iteration 4" in capsys.readouterr().out
+    assert (tmp_path / "snaps" / "tiny_iter_6.caffemodel").exists()
+
+
+def test_net_on_the_command_line_wins_over_the_solvers(tmp_path, capsys):
+    # caffe train --solver S --model NET: the solver's net: need not exist here
+    from superneuron.cli.train import main
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text('net: "examples/nowhere/train_val.prototxt"\nbase_lr: 0.05\nlr_policy: "fixed"\n'
+                      'max_iter: 2\n')
+    assert main([TINY, "--solver", str(solver), "--test-interval", "0"]) == 0
+    assert "trained tiny for 2 iterations" in capsys.readouterr().out
