@@ -155,3 +155,43 @@ def test_net_on_the_command_line_wins_over_the_solvers(tmp_path, capsys):
                       'max_iter: 2\n')
     assert main([TINY, "--solver", str(solver), "--test-interval", "0"]) == 0
     assert "trained tiny for 2 iterations" in capsys.readouterr().out
+
+
+def test_synthetic_data_takes_the_classes_the_net_scores(tmp_path, capsys):
+    # a net that predicts 7 classes from a Data layer that says nothing of classes (default 10)
+    from superneuron.cli.train import main
+    net = tmp_path / "seven.yaml"
+    net.write_text("""
+name: seven
+layers:
+  - {name: data, type: Data, top: [data, label], source: synthetic, batch_size: 4, size: 6, channels: 2}
+  - {name: ip, type: InnerProduct, bottom: data, top: ip, num_output: 7}
+  - {name: loss, type: SoftmaxWithLoss, bottom: [ip, label], top: loss}
+""")
+    assert main([str(net), "--iters", "2", "--test-interval", "0"]) == 0
+    assert "trained seven for 2 iterations" in capsys.readouterr().out
+
+
+def test_synthetic_data_classes_from_a_loss_fed_through_pooling(tmp_path, capsys):
+    # NIN/SqueezeNet's head: the classes are a Convolution's, read through a global Pooling
+    from superneuron.cli.train import main
+    net = tmp_path / "nin.prototxt"
+    net.write_text("""name: "nin"
+layer { name: "data" type: "Data" top: "data" top: "label" transform_param { crop_size: 8 }
+        data_param { source: "nowhere_lmdb" batch_size: 2 backend: LMDB } }
+layer { name: "cccp" type: "Convolution" bottom: "data" top: "cccp" convolution_param { num_output: 5 kernel_size: 1 } }
+layer { name: "pool" type: "Pooling" bottom: "cccp" top: "pool" pooling_param { pool: AVE global_pooling: true } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "pool" bottom: "label" top: "loss" }
+""")
+    assert main([str(net), "--data", "synthetic", "--iters", "2", "--test-interval", "0"]) == 0
+    assert "trained nin for 2 iterations" in capsys.readouterr().out
+
+
+def test_digits_are_replicated_over_the_channels_the_net_expects(tmp_path, capsys):
+    from superneuron.data import open_source, source_config
+    grey, _ = open_source(source_config("digits", {"size": 8}))
+    colour, _ = open_source(source_config("digits", {"size": 8, "channels": 3}))
+    assert grey.sample_shape == (1, 8, 8) and colour.sample_shape == (3, 8, 8)
+    from superneuron.cli.train import main
+    assert main([TINY, "--data", "digits", "--set", "classes=10", "--iters", "2", "--test-interval", "0"]) == 0
+    assert "sample 3x8x8" in capsys.readouterr().out
