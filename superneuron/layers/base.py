@@ -44,11 +44,12 @@ class Key:
     tuple of two ints), ``floats`` (a number or list of numbers, converted to a tuple of floats),
     ``shapes`` (one shape or a list of shapes, each a list of positive ints → tuple of tuples),
     ``ints`` (an int or a list of ints → a tuple: Reshape's ``shape``, Slice's ``slice_point``),
+    ``fillers`` (one filler or a list of them → a tuple of dicts: DummyData's ``data_filler``),
     ``filler`` (a name such as ``msra`` or a mapping ``{type: gaussian, std: 0.01}``, converted to
     a dict), ``strs`` (a string or list of strings, converted to a tuple).
     """
 
-    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "strs", "shapes", "ints")
+    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "fillers", "strs", "shapes", "ints")
 
     def __init__(self, kind, default=REQUIRED, choices=None, doc=""):
         assert kind in self.KINDS, kind
@@ -110,6 +111,9 @@ class Key:
             value = tuple(tuple(s) for s in value)
         elif kind == "filler":
             value = parse_filler(value)
+        elif kind == "fillers":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            value = tuple(parse_filler(v) for v in items)
         if kind in ("int", "pair", "ints", "shapes"):
             _check_ints(value)
         if self.choices is not None and value not in self.choices:
