@@ -101,7 +101,8 @@ class HingeLoss(_Loss):
                                                 ((self.nd[0],), self.dtype)))]
 
     def _margins(self, ctx, bottoms):
-        """``(t, positions)``: the (N, D) margins ``max(0, 1 + x)``, ``max(0, 1 - x)`` at the labels."""
+        """``(t, positions, room)``: the (N, D) margins ``max(0, 1 + x)``, ``max(0, 1 - x)`` at
+        the labels, and an (N,) scratch."""
         xp = ctx.xp
         where = self._positions(ctx, bottoms[1])
         t = ctx.scratch(self.nd, self.dtype)
@@ -112,10 +113,10 @@ class HingeLoss(_Loss):
         xp.put(flat, where, picked)
         t += 1
         xp.maximum(t, 0, out=t)
-        return t, where
+        return t, where, picked
 
     def forward(self, ctx, bottoms, tops, params):
-        t, _ = self._margins(ctx, bottoms)
+        t, _, _ = self._margins(ctx, bottoms)
         if self.cfg["norm"] == "L2":
             t *= t
         tops[0][...] = t.sum() / self.nd[0]
@@ -125,12 +126,12 @@ class HingeLoss(_Loss):
         if dx is None:
             return
         xp = ctx.xp
-        t, where = self._margins(ctx, bottoms)
+        t, where, picked = self._margins(ctx, bottoms)
         if self.cfg["norm"] == "L2":
             t *= 2
         else:
             xp.sign(t, out=t)
-        flat, picked = t.reshape(-1), ctx.scratch((self.nd[0],), self.dtype)
+        flat = t.reshape(-1)
         xp.take(flat, where, out=picked)
         picked *= -1
         xp.put(flat, where, picked)
