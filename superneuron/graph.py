@@ -190,7 +190,7 @@ class Graph:
             for b in ls.bottoms:
                 if b in version:
                     bottoms.append(version[b])
-                elif b in producers:
+                elif b in producers and any(other is not ls for _, other in producers[b]):
                     cycle = _cycle(ls, b, producers)
                     if cycle:
                         self._problem(ls, "cycle: " + " → ".join(cycle))

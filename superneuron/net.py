@@ -328,7 +328,8 @@ class Net:
 DTYPES = ("float32", "float64")
 
 
-def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype="float32", **kw):
+def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype="float32", stages=(),
+             level=0, **kw):
     """Load ``path`` (YAML) with ``--set``-style ``overrides`` and ``batch``; see :class:`Net`
     for the other keywords.
 
@@ -337,7 +338,10 @@ def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype
     ``'TRAIN'`` (the TRAIN layers, Dropout dropping, BatchNorm with the batch's statistics).
     ``dropout`` overrides the phase for Dropout layers: None (as the phase says), True (drop in
     both: Monte-Carlo dropout) or False (never: a deterministic training step). ``dtype`` is
-    ``'float32'`` or ``'float64'`` for the activations, parameters and gradients."""
+    ``'float32'`` or ``'float64'`` for the activations, parameters and gradients. ``stages``
+    and ``level``: Caffe's NetState, which chooses the layers whose include/exclude rules name
+    stages or levels (pycaffe's ``caffe.Net(file, phase, stages=[...], level=N)``)."""
+    from .rules import net_states
     phase = str(phase).upper()
     if phase not in ("TRAIN", "TEST"):
         raise SNError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
@@ -349,7 +353,8 @@ def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, dtype
         name = str(dtype)
     if name not in DTYPES:
         raise SNError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    net = Net(load_spec(path, overrides=overrides, batch=batch), dtype=name, **kw)
+    states = net_states(stages, level) if stages or level else None
+    net = Net(load_spec(path, overrides=overrides, batch=batch, states=states), dtype=name, **kw)
     net.phase = phase
     for node in net.graph.nodes:
         if node.layer.type == "Dropout":
