@@ -20,13 +20,13 @@ UNSUPPORTED = {
                      "SmoothL1Loss"), "the SSD fork"),
     **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign"), "the Faster R-CNN fork"),
     **dict.fromkeys(("PSROIPooling",), "the R-FCN fork"),
-    **dict.fromkeys(("DenseCRF", "Interp", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),
-    **dict.fromkeys(("Upsample", "BN"), "the SegNet fork"),
+    **dict.fromkeys(("DenseCRF", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),
+    **dict.fromkeys(("BN",), "the SegNet fork"),
     **dict.fromkeys(("Region", "Reorg", "Yolo", "YoloLoss"), "a YOLO fork"),
     **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
     **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),
                     "a MobileNet fork; write Convolution with group equal to its channels"),
-    **dict.fromkeys(("Normalize", "Permute"), "the SSD fork"),
+    **dict.fromkeys(("Permute",), "the SSD fork"),
     **dict.fromkeys(("LSTM", "RNN", "Python", "HDF5Data", "HDF5Output", "MemoryData", "WindowData",
                      "Im2col", "SPP", "Filter", "Embed", "Parameter", "Recurrent", "LSTMUnit"),
                     "stock Caffe, not implemented here yet"),
@@ -51,4 +51,4 @@ def layer_class(type_name):
 
 
 from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, shape  # noqa: E402,F401
-from . import caffe_loss, caffe_misc  # noqa: E402,F401
+from . import caffe_fork, caffe_loss, caffe_misc  # noqa: E402,F401
