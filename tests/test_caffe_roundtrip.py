@@ -97,3 +97,10 @@ layers:
     spec.layers[-1].cfg["made_up"] = 3
     with pytest.raises(SpecError, match="'made_up' has no Caffe field"):
         spec_to_prototxt(spec)
+
+
+@pytest.mark.parametrize("name", ["FCN", "SEGNET"])
+def test_fork_files_round_trip(name):
+    import test_caffe_fork_files as files
+    original, again = _round_trip(getattr(files, name), f"{name.lower()}.prototxt")
+    _same(_figures(original), _figures(again))

@@ -22,7 +22,8 @@ LAYER = caffe_pb2.LayerParameter.DESCRIPTOR
 # Layer types whose parameter block is not spelt as the type in snake case
 PARAM_BLOCKS = {"ReLU": "relu_param", "PReLU": "prelu_param", "TanH": "tanh_param", "LRN": "lrn_param",
                 "ELU": "elu_param", "ArgMax": "argmax_param", "MVN": "mvn_param", "SPP": "spp_param",
-                "Deconvolution": "convolution_param", "SoftmaxWithLoss": "softmax_param"}
+                "Deconvolution": "convolution_param", "SoftmaxWithLoss": "softmax_param",
+                "Normalize": "norm_param"}
 POOLING_PAIRS = ("kernel", "stride", "pad")  # Pooling's per-dim fields are kernel_h/kernel_w, ...
 
 
