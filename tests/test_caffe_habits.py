@@ -99,7 +99,7 @@ layers:
     ("ROIPooling", "layer type 'ROIPooling' (from the Faster R-CNN fork) is not supported"),
     ("PriorBox", "(from the SSD fork) is not supported"),
     ("DepthwiseConvolution", "write Convolution with group equal to its channels"),
-    ("RNN", "layer type 'RNN' (from stock Caffe, not implemented here yet) is not supported"),
+    ("RNN", "layer type 'RNN' (stock Caffe) is not implemented here yet"),
 ])
 def test_fork_layers_are_named_not_misspelt(name, message):
     from superneuron.layers import layer_class

@@ -12,13 +12,14 @@ def register(cls):
     return cls
 
 
+STOCK = "stock Caffe"
 # Layer types of Caffe's forks (and stock types) that are not implemented here, with where a
 # user's file got them: the error says so in one line, rather than suggesting a near spelling
 # ("ROIPooling" is not a misspelt "Pooling").
 UNSUPPORTED = {
     **dict.fromkeys(("PriorBox", "DetectionOutput", "MultiBoxLoss", "AnnotatedData", "DetectionEvaluate",
-                     "SmoothL1Loss"), "the SSD fork"),
-    **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign"), "the Faster R-CNN fork"),
+                     "Permute"), "the SSD fork"),
+    **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign", "SmoothL1Loss"), "the Faster R-CNN fork"),
     **dict.fromkeys(("PSROIPooling",), "the R-FCN fork"),
     **dict.fromkeys(("DenseCRF", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),
     **dict.fromkeys(("BN",), "the SegNet fork"),
@@ -26,10 +27,9 @@ UNSUPPORTED = {
     **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
     **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),
                     "a MobileNet fork; write Convolution with group equal to its channels"),
-    **dict.fromkeys(("Permute",), "the SSD fork"),
     **dict.fromkeys(("LSTM", "RNN", "Python", "HDF5Data", "HDF5Output", "MemoryData", "WindowData",
                      "Im2col", "SPP", "Filter", "Embed", "Parameter", "Recurrent", "LSTMUnit"),
-                    "stock Caffe, not implemented here yet"),
+                    STOCK),
 }
 CLOSE_ENOUGH = 0.85  # difflib's ratio for a suggestion: a misspelling, not another layer's name
 
@@ -41,6 +41,8 @@ def layer_class(type_name):
         return REGISTRY[type_name]
     except KeyError:
         pass
+    if UNSUPPORTED.get(type_name) == STOCK:
+        raise KeyError(f"layer type '{type_name}' (stock Caffe) is not implemented here yet")
     if type_name in UNSUPPORTED:
         raise KeyError(f"layer type '{type_name}' (from {UNSUPPORTED[type_name]}) is not supported")
     known = sorted(t for t in REGISTRY if not REGISTRY[t].__dict__.get("INTERNAL", False))
