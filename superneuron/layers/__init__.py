@@ -53,4 +53,4 @@ def layer_class(type_name):
 
 
 from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, shape  # noqa: E402,F401
-from . import caffe_fork, caffe_loss, caffe_misc  # noqa: E402,F401
+from . import caffe_fork, caffe_loss, caffe_misc, caffe_neuron  # noqa: E402,F401

@@ -265,7 +265,7 @@ class InfogainLoss(_Loss):
         dx = bottom_grads[0]
         if dx is None:
             return
-        xp, (n, c) = ctx.xp, self.nd
+        xp, n = ctx.xp, self.nd[0]
         logp, rows = self._parts(ctx, bottoms)
         dx = dx.reshape(self.nd)
         xp.exp(logp, out=dx)
