@@ -210,3 +210,38 @@ def test_kernels_allocate_little(rng, name, cfg):
     layer, params = build(name, [shape], dtype=np.float32, **cfg)
     x = rng.standard_normal(shape).astype(np.float32)
     assert peak_allocation(layer, [x], params) < x.nbytes // 8
+
+
+@pytest.mark.parametrize("height, size", [(3, (9, 7)), (2, (8, 8)), (1, (5, 6))])
+def test_spp_is_caffes_pyramid_of_max_poolings(rng, height, size):
+    shape = (2, 3) + size
+    layer, params = build("SPP", [shape], pyramid_height=height)
+    x = rng.standard_normal(shape)
+    (y,) = forward(layer, [x], params)
+    parts = []
+    for level in range(height):  # Caffe's windows, written out: rows o*k - pad .. + k, clipped
+        bins = 2 ** level
+        k = [-(-d // bins) for d in size]
+        pad = [(kk * bins - d + 1) // 2 for kk, d in zip(k, size)]
+        outs = [-(-(d + 2 * p - kk) // kk) + 1 for d, p, kk in zip(size, pad, k)]
+        outs = [o - 1 if (o - 1) * kk >= d + p else o for o, d, p, kk in zip(outs, size, pad, k)]
+        level_out = np.empty((2, 3, *outs))
+        for i in range(outs[0]):
+            for j in range(outs[1]):
+                r0, c0 = max(i * k[0] - pad[0], 0), max(j * k[1] - pad[1], 0)
+                r1, c1 = min(i * k[0] - pad[0] + k[0], size[0]), min(j * k[1] - pad[1] + k[1], size[1])
+                level_out[:, :, i, j] = x[:, :, r0:r1, c0:c1].max((2, 3))
+        parts.append(torch.tensor(level_out.reshape(2, -1)))
+    want = torch.cat(parts, 1).numpy()
+    assert y.shape == (2, 3 * sum(4 ** level for level in range(height)))
+    np.testing.assert_array_equal(y, want)
+    gradcheck(layer, [x], params)
+
+
+def test_spp_average(rng):
+    layer, params = build("SPP", [(2, 3, 8, 8)], pyramid_height=3, pool="AVE")
+    x = rng.standard_normal((2, 3, 8, 8))
+    (y,) = forward(layer, [x], params)
+    np.testing.assert_allclose(y[:, :3], x.mean((2, 3)), rtol=1e-13)  # level 0: the global mean
+    np.testing.assert_allclose(y[:, 3 + 4 * 1], x[:, 1, :4, :4].mean((1, 2)), rtol=1e-13)  # level 1, bin 0 of channel 1
+    gradcheck(layer, [x], params)
