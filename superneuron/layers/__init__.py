@@ -27,7 +27,7 @@ UNSUPPORTED = {
     **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
     **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),
                     "a MobileNet fork; write Convolution with group equal to its channels"),
-    **dict.fromkeys(("LSTM", "RNN", "Python", "HDF5Data", "HDF5Output", "MemoryData", "WindowData",
+    **dict.fromkeys(("LSTM", "RNN", "HDF5Data", "HDF5Output", "MemoryData", "WindowData",
                      "Im2col", "Filter", "Embed", "Parameter", "Recurrent", "LSTMUnit"),
                     STOCK),
 }
@@ -53,4 +53,4 @@ def layer_class(type_name):
 
 
 from . import activation, conv, deconv, inner_product, input, join, loss, lrn, neuron, norm, pool, shape  # noqa: E402,F401
-from . import caffe_fork, caffe_loss, caffe_misc, caffe_neuron, spp  # noqa: E402,F401
+from . import caffe_fork, caffe_loss, caffe_misc, caffe_neuron, python_layer, spp  # noqa: E402,F401

@@ -317,6 +317,7 @@ class Layer:
     INPLACE = False
     CHEAP = False
     LOSS = False       # its top is a scalar loss, weighted by ``loss_weight``
+    ANY_TOP_LOSS = False  # a ``loss_weight`` written on it makes it a loss (Caffe's Python layers)
     BACKWARD = True    # False: never differentiated (Accuracy, Input, Data)
     ALIAS_TOPS = False  # tops are views of bottom 0 (Split, Flatten, Reshape): forward does nothing
     ALIAS_GRADS = False  # bottom 0's gradient is a view of top 0's (Flatten, Reshape): backward does nothing
