@@ -104,3 +104,9 @@ def test_fork_files_round_trip(name):
     import test_caffe_fork_files as files
     original, again = _round_trip(getattr(files, name), f"{name.lower()}.prototxt")
     _same(_figures(original), _figures(again))
+
+
+def test_batchnorm_left_to_its_phase_is_not_written_false():
+    # Caffe: use_global_stats unset follows the phase; written false, TEST uses batch statistics
+    text = spec_to_prototxt(load_spec("tests/nets/tiny.yaml"))
+    assert "use_global_stats" not in text and "batch_norm_param" in text

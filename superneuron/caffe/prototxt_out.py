@@ -24,7 +24,10 @@ PARAM_BLOCKS = {"ReLU": "relu_param", "PReLU": "prelu_param", "TanH": "tanh_para
                 "ELU": "elu_param", "ArgMax": "argmax_param", "MVN": "mvn_param", "SPP": "spp_param",
                 "Deconvolution": "convolution_param", "SoftmaxWithLoss": "softmax_param",
                 "Normalize": "norm_param"}
-POOLING_PAIRS = ("kernel", "stride", "pad")  # Pooling's per-dim fields are kernel_h/kernel_w, ...
+# (key, value)s that mean "as Caffe does when the field is not written": left out, since
+# writing them would say something else (BatchNorm's use_global_stats: false would make Caffe
+# normalise a TEST pass by the batch's statistics)
+CAFFES_UNSET = {("use_global_stats", False)}
 
 
 def _snake(name):
@@ -123,7 +126,7 @@ def spec_to_prototxt(spec):
         blocks = {}
         names = param_blocks(ls.type, cls.LOSS)
         for key, value in ls.cfg.items():
-            if value is None:
+            if value is None or (isinstance(value, bool) and (key, value) in CAFFES_UNSET):
                 continue
             if ls.type == "Pooling" and key == "ceil_mode":
                 blocks.setdefault("pooling_param", []).append(f"    round_mode: {'CEIL' if value else 'FLOOR'}")
