@@ -35,7 +35,8 @@ OPTIONS = {
     "shuffle": ("bool", True, "reshuffle the training set every epoch"),
     "test_fraction": ("float", 0.2, "test share for sources without a test split"),
     "classes": ("int", 10, "number of classes (synthetic)"),
-    "channels": ("int", 3, "number of channels (synthetic)"),
+    "channels": ("int", 0, "number of channels: synthetic data's (0 = 3), or digits' grey replicated "
+                 "over them (0 = 1)"),
     "samples": ("int", 1024, "number of samples, train and test together (synthetic)"),
     "seed": ("int", 0, "seed of the synthetic data and of train/test splits"),
     "mean_file": ("str", "", "a Caffe .binaryproto mean image subtracted before cropping (LMDB sources)"),
@@ -94,8 +95,10 @@ def _config(cfg):
             raise SNError(f"data source '{src}': {key} must be >= 0, got {cfg[key]}")
         if cfg[key] > MAX_DATA_SIDE:
             raise SNError(f"data source '{src}': " + over(key, cfg[key], MAX_DATA_SIDE, "MAX_DATA_SIDE"))
+    if cfg["channels"] < 0:
+        raise SNError(f"data source '{src}': channels must be >= 0, got {cfg['channels']}")
     for key in ("classes", "channels", "samples"):
-        if cfg[key] < 1:
+        if cfg[key] < (0 if key == "channels" else 1):
             raise SNError(f"data source '{src}': {key} must be >= 1, got {cfg[key]}")
         if cfg[key] > MAX_SPEC_INT:  # the Python API does not pass Key.convert
             raise SNError(f"data source '{src}': " + over(key, cfg[key], MAX_SPEC_INT, "MAX_SPEC_INT"))
@@ -119,7 +122,7 @@ def describe(cfg):
     if kind == "text":
         return describe_text(cfg)
     if kind == "digits":
-        shape, classes = (1, size or 8, size or 8), 10
+        shape, classes = (cfg["channels"] or 1, size or 8, size or 8), 10
         check_memory(src, 1797 * math.prod(shape) * 4, "its 1797 images at this size")
     elif kind == "lmdb":
         # here, not at the top: Caffe's formats load protobuf, which costs start-up time
@@ -130,7 +133,7 @@ def describe(cfg):
         from .caffe.image_data import describe as describe_list
         shape, classes = describe_list(cfg)
     elif kind == "synthetic":
-        shape, classes = (cfg["channels"], size or 32, size or 32), cfg["classes"]
+        shape, classes = (cfg["channels"] or 3, size or 32, size or 32), cfg["classes"]
         # the samples, and one pattern per class
         check_memory(src, (cfg["samples"] + classes) * math.prod(shape) * 4,
                       f"{cfg['samples']} samples of {classes} classes at this size")
@@ -233,6 +236,8 @@ def open_source(cfg):
         return open_image_list(cfg)
     if kind == "digits":
         x, y = _digits(cfg["size"])
+        if cfg["channels"] > 1:  # a net that expects colour: the grey in every channel
+            x = np.repeat(x, cfg["channels"], axis=1)
         x_test = y_test = None
         unit, classes = 1.0, 10
     elif kind == "synthetic":
@@ -286,7 +291,7 @@ def _synthetic(cfg):
     """Each class is a smooth random pattern (4×4 cells per channel, upsampled) plus pixel noise
     of the same strength: learnable by a linear model or a convolutional net."""
     rng = np.random.default_rng(cfg["seed"])
-    c, s, k, n = cfg["channels"], cfg["size"] or 32, cfg["classes"], cfg["samples"]
+    c, s, k, n = cfg["channels"] or 3, cfg["size"] or 32, cfg["classes"], cfg["samples"]
     g = min(4, s)
     cells = np.arange(s) * g // s
     coarse = rng.standard_normal((k, c, g, g)).astype(np.float32)

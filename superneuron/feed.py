@@ -54,8 +54,8 @@ def data_config(spec, source=None):
             raise SNError(f"{source}: {kind} data is made square, but the net's input "
                           f"'{first.tops[0]}' is {shape[2]}x{shape[3]}")
         base["size"] = shape[2]  # images: the shorter side resized to it, the centre (or a random) square cut
-        if kind == "synthetic":
-            base["channels"] = shape[1]
+        if kind in ("synthetic", "digits"):
+            base["channels"] = shape[1]  # digits: the grey replicated over the channels the net expects
     return source_config(source, base)
 
 
@@ -90,6 +90,8 @@ def open_data(net, cfg):
     classes = net.classes
     if cfg is None:  # an Input net: synthetic data shaped like its input, with its classes
         cfg = synthetic_like(net, classes)
+    elif source_kind(cfg["source"]) == "synthetic" and classes is not None:
+        cfg = dict(cfg, classes=classes)  # made to fit the net: as many classes as its loss scores
     train_set, test_set = open_source(cfg)
     if classes is not None:
         check_labels(train_set, classes, cfg["source"])

@@ -190,7 +190,7 @@ class Graph:
             for b in ls.bottoms:
                 if b in version:
                     bottoms.append(version[b])
-                elif b in producers:
+                elif b in producers and any(other is not ls for _, other in producers[b]):
                     cycle = _cycle(ls, b, producers)
                     if cycle:
                         self._problem(ls, "cycle: " + " → ".join(cycle))
@@ -332,7 +332,7 @@ class Graph:
                                              "param" if p.learnable else "state")
             node.params[p.name] = tname
             node.param_specs[p.name] = p
-        if layer.LOSS:
+        if layer.LOSS or (layer.ANY_TOP_LOSS and ls is not None and ls.loss_weight):
             node.loss_weight = 1.0 if ls is None or ls.loss_weight is None else float(ls.loss_weight)
         elif ls is not None and ls.loss_weight:
             self._problem(ls, "loss_weight is only allowed on loss layers")

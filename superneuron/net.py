@@ -20,6 +20,7 @@ from .limits import host_memory_bytes
 from .options import PlanOptions
 from .planning import min_memory, plan
 from .report import overflow_line
+from .rules import net_states
 from .runtime.executor import Runtime, rank_seed
 from .runtime.profile import load_or_measure
 from .scheduler.cost import LINKS, CostModel, cached_table
@@ -275,10 +276,25 @@ class Net:
         return sum(n.loss_weight * self.outputs[n.name] for n in self.graph.losses if n.name in self.outputs)
 
     def blob(self, name):
-        """A NumPy copy of top ``name`` after the last run (its last in-place version)."""
+        """A NumPy copy of top ``name`` after the last run: as in pycaffe, the blob's last value,
+        so ``conv1`` on a chain conv1 → BatchNorm → Scale → ReLU, all in place, is the ReLU's
+        output (the graph names the earlier in-place versions ``conv1@bn1`` and the like,
+        which this reads when given them)."""
         if name not in self.graph.tensors or self.graph.tensors[name].kind != "data":
             raise SNError(f"no top '{name}'")
-        return self.runtime.to_host(name)
+        return self.runtime.to_host(self._last_version(name))
+
+    def _last_version(self, name):
+        """The graph's name of the last in-place version of top ``name`` (``name`` itself when
+        no layer writes it in place)."""
+        if "@" in name:
+            return name
+        last = name
+        for node in self.graph.nodes:
+            for top in node.tops:
+                if top.split("@", 1)[0] == name:
+                    last = top
+        return last
 
     def _feeds(self, feed):
         """A training iteration's feed checked: one feed, or with ``iter_size`` K > 1 a list of K."""
@@ -327,7 +343,7 @@ class Net:
         return self.runtime.arena.capacity
 
 
-def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, **kw):
+def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, stages=(), level=0, **kw):
     """Load ``path`` (YAML) with ``--set``-style ``overrides`` and ``batch``; see :class:`Net`
     for the other keywords (``memory="5MiB"``, ``policy="gist"``, ``dtype``, ``optimizer``, ...).
 
@@ -336,13 +352,16 @@ def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, **kw)
     ``'TRAIN'`` (the TRAIN layers, Dropout dropping, BatchNorm with the batch's statistics).
     ``dropout`` overrides the phase for Dropout layers: None (as the phase says), True (drop in
     both: Monte-Carlo dropout) or False (never: a deterministic training step). ``dtype`` is
-    ``'float32'`` or ``'float64'`` for the activations, parameters and gradients."""
+    ``'float32'`` or ``'float64'`` for the activations, parameters and gradients. ``stages``
+    and ``level``: Caffe's NetState, which chooses the layers whose include/exclude rules name
+    stages or levels (pycaffe's ``caffe.Net(file, phase, stages=[...], level=N)``)."""
     phase = str(phase).upper()
     if phase not in ("TRAIN", "TEST"):
         raise SNError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
     if dropout not in (None, True, False):
         raise SNError(f"dropout must be None, True or False, got {dropout!r}")
-    net = Net(load_spec(path, overrides=overrides, batch=batch), **kw)
+    states = net_states(stages, level) if stages or level else None
+    net = Net(load_spec(path, overrides=overrides, batch=batch, states=states), **kw)
     net.phase = phase
     for node in net.graph.nodes:
         if node.layer.type == "Dropout":

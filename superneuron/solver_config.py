@@ -242,12 +242,13 @@ def solver_from_mapping(mapping, file="<solver>", lines=None):
     raise SpecError(problems)
 
 
-def load_solver_prototxt(path):
+def load_solver_prototxt(path, find_net=True):
     """``(SolverConfig, net path or None)`` from a Caffe ``solver.prototxt`` (translated by
-    :mod:`superneuron.caffe.solver`); SpecError listing every problem as ``file:line:col: ...``."""
+    :mod:`superneuron.caffe.solver`); SpecError listing every problem as ``file:line:col: ...``.
+    ``find_net=False``: the net is given elsewhere; the solver's ``net:`` is not looked for."""
     # here, not at the top: Caffe's formats load protobuf, which costs start-up time
     from .caffe.solver import solver_mapping
-    mapping, lines, net = solver_mapping(path)
+    mapping, lines, net = solver_mapping(path, find_net)
     return solver_from_mapping(mapping, str(path), lines), net
 
 
@@ -256,7 +257,7 @@ def load_solver(path):
     as ``file:line: what is wrong``. A Caffe ``solver.prototxt`` is read by
     :mod:`superneuron.caffe.solver`."""
     if str(path).lower().endswith(".prototxt"):
-        return load_solver_prototxt(path)[0]
+        return load_solver_prototxt(path, find_net=False)[0]  # the net was named: it wins
     if not os.path.lexists(path):
         raise SpecError(f"{path}: no such solver file")
     text = read_text_capped(path, MAX_SOLVER_FILE_BYTES, "solver file", "MAX_SOLVER_FILE_BYTES", SpecError)

@@ -41,6 +41,7 @@ class LayerSpec:
     lr_mult: tuple = ()       # per parameter, in param_specs order; missing → 1.0
     decay_mult: tuple = ()
     phases: frozenset = PHASES  # the phases it runs in (Caffe's include/exclude)
+    rules: tuple = ()         # its include/exclude rules as written: (("include", [rule, ...]), ...)
 
 
 @dataclass
@@ -83,27 +84,29 @@ def parse_overrides(items):
     return out
 
 
-def load_spec(path, overrides=None, batch=None, data=None):
+def load_spec(path, overrides=None, batch=None, data=None, states=None):
     """Read, expand and check the network file at ``path``; a :class:`NetSpec` or SpecError.
 
     ``overrides`` (name → value, from ``--set``) replace entries of ``params:``; ``batch``
     replaces the first dimension of every input (and a Data layer's ``batch_size``).
     A Caffe ``.prototxt`` is read by :mod:`superneuron.caffe.prototxt` into the same spec;
-    ``data="synthetic"`` replaces its Data layers with synthetic data of their shape."""
+    ``data="synthetic"`` replaces its Data layers with synthetic data of their shape.
+    ``states`` (``{phase: rules.NetState}``, from ``--stage`` or a solver's ``train_state``
+    and ``test_state``) chooses the layers whose include/exclude rules name stages or levels."""
     if str(path).lower().endswith(".prototxt"):
         # here, not at the top: Caffe's formats load protobuf, which costs start-up time
         from .caffe.textproto import read_text
-        return prototxt_spec(read_text(path), str(path), overrides, batch, data)
+        return prototxt_spec(read_text(path), str(path), overrides, batch, data, states=states)
     text = read_text_capped(path, MAX_NET_FILE_BYTES, "network file", error=SpecError)
-    return loads_spec(text, str(path), overrides, batch)
+    return loads_spec(text, str(path), overrides, batch, states)
 
 
-def loads_spec(text, file="<net>", overrides=None, batch=None):
+def loads_spec(text, file="<net>", overrides=None, batch=None, states=None):
     """Like :func:`load_spec`, for YAML given as a string."""
-    return _Loader(file, overrides, batch).load(text)
+    return _Loader(file, overrides, batch, states).load(text)
 
 
-def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, loss=False):
+def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, loss=False, states=None):
     """The :class:`NetSpec` of a Caffe ``.prototxt``'s text, translated by
     :mod:`superneuron.caffe.prototxt` into the YAML layout and given every check a YAML net gets
     (``data``: ``synthetic[:CxHxW]`` replaces its Data layers; ``loss``: see ``add_loss``)."""
@@ -112,13 +115,13 @@ def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, los
     root = prototxt_tree(text, file, data)
     if loss:
         add_loss(root)
-    return spec_from_tree(root, file, overrides, batch)
+    return spec_from_tree(root, file, overrides, batch, states)
 
 
-def spec_from_tree(root, file, overrides=None, batch=None):
+def spec_from_tree(root, file, overrides=None, batch=None, states=None):
     """A :class:`NetSpec` from an already-read file: a :class:`Map` of the YAML layout (the
     Caffe reader builds one, with the positions of its own file)."""
-    return _Loader(file, overrides, batch).load_root(root)
+    return _Loader(file, overrides, batch, states).load_root(root)
 
 
 def _plain(value):
@@ -166,8 +169,9 @@ def _arity(what, count, bounds):
 class _Loader:
     """One pass over a file: params, templates, input and layers, collecting every problem."""
 
-    def __init__(self, file, overrides, batch):
+    def __init__(self, file, overrides, batch, states=None):
         self.file, self.overrides, self.batch = file, dict(overrides or {}), batch
+        self.states = states  # {phase: NetState}; None: level 0, no stage
         self.problems = {}          # dict as an ordered set: a repeat may repeat a message
         self.layers, self.first_line = [], {}
         self.prev = None            # first top of the last layer emitted
@@ -457,9 +461,13 @@ class _Loader:
         cfg, common, suggested = {}, {}, set()
         phases = PHASES
         try:
-            phases = phases_of(values.get("include"), values.get("exclude"))
+            phases = phases_of(values.get("include"), values.get("exclude"), self.states)
         except ValueError as e:
             problem("include" if "include" in values else "exclude", str(e))
+        if not phases:
+            return  # another stage's or level's layer (Caffe's FilterNet leaves it out)
+        rules = tuple((k, values[k] if isinstance(values[k], list) else [values[k]])
+                      for k in ("include", "exclude") if k in values)
         if "param" in values:
             if "lr_mult" in values or "decay_mult" in values:
                 problem("param", "write either 'param:' blocks or 'lr_mult'/'decay_mult', not both")
@@ -506,6 +514,7 @@ class _Loader:
                                               " layers"), chain)
             self.layers.append(LayerSpec(lname, tname, conns["bottom"], conns["top"], cfg,
                                          self.file, item.mark[0], item.mark[1], loss_weight,
-                                         common.get("lr_mult", ()), common.get("decay_mult", ()), phases))
+                                         common.get("lr_mult", ()), common.get("decay_mult", ()), phases,
+                                         rules))
         if conns["top"]:
             self.prev = conns["top"][0]

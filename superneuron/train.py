@@ -62,6 +62,9 @@ class Trainer:
         self.writes = group is None or group.rank == 0
         self.train_loader, self.test_loader = train_loader, test_loader
         self.snapshot_dir, self.log_path = snapshot_dir, log_path
+        # Caffe's snapshot_prefix: PREFIX_iter_N.caffemodel (weights Caffe reads) and
+        # PREFIX_iter_N.solverstate (our snapshot format, which --resume reads), as Caffe names them
+        self.prefix = getattr(solver, "snapshot_prefix", "") or None
         self.iteration = 0
         self.run_images, self.run_seconds = 0, 0.0
         self.run_id = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -76,6 +79,8 @@ class Trainer:
             # folder is refused before it removes the .tmp the first one is writing
             weakref.finalize(self, snap.unlock_folder, snap.lock_folder(snapshot_dir))
             snap.remove_stale_tmp(snapshot_dir, net.graph.name)
+        if self.prefix is not None and self.writes:
+            _check_writable(os.path.dirname(os.path.abspath(self.prefix)))
         if log_path is not None:
             check_output_path(log_path, "log")
             _check_writable(os.path.dirname(os.path.abspath(log_path)))
@@ -156,14 +161,14 @@ class Trainer:
                         last_test = dict(result, iter=self.iteration)
                         on_event(dict(last_test, kind="test"))
                         self._log(log, "test", **last_test)
-                if (self.snapshot_dir and s.snapshot and self.iteration % s.snapshot == 0
+                if (self.snapshots and s.snapshot and self.iteration % s.snapshot == 0
                         and self.iteration != s.max_iter):
                     on_event({"kind": "snapshot", "path": self.snapshot()})
-            if self.snapshot_dir:
+            if self.snapshots:
                 on_event({"kind": "snapshot", "path": self.snapshot()})
         except KeyboardInterrupt:
             ctrl_c.restore()  # a second Ctrl-C during the snapshot stops at once
-            if self.snapshot_dir:
+            if self.snapshots:
                 on_event({"kind": "interrupted", "iter": self.iteration, "path": self.snapshot()})
             else:
                 on_event({"kind": "interrupted", "iter": self.iteration, "path": None})
@@ -249,16 +254,35 @@ class Trainer:
         return {"net": self.net.graph.name, "fingerprint": snap.fingerprint(self.net),
                 "solver": self.solver.type}
 
+    @property
+    def snapshots(self):
+        """Whether this run writes snapshots: a snapshot folder, or the solver's snapshot_prefix."""
+        return bool(self.snapshot_dir or self.prefix)
+
     def snapshot(self, path=None):
-        """Write the state of training to ``path`` (default: the snapshot folder) atomically;
-        its path. With ranks, every rank calls it and rank 0 writes (the others return None),
-        once they all agree on the iteration (else SNError, and nothing is written)."""
+        """Write the state of training to ``path`` (default: the snapshot folder, and with the
+        solver's ``snapshot_prefix`` Caffe's pair ``PREFIX_iter_N.caffemodel`` and
+        ``.solverstate``) atomically; its path (the folder's snapshot, else the solverstate).
+        With ranks, every rank calls it and rank 0 writes (the others return None), once they
+        all agree on the iteration (else SNError, and nothing is written)."""
         if self.group is not None:
             if not self.group.agree(self.iteration, f"the snapshot of iteration {self.iteration}"):
                 raise SNError(f"the ranks are not all at iteration {self.iteration}: "
                               f"no snapshot written")
             if not self.writes:
                 return None
+        written = None
+        if path is not None or self.snapshot_dir:
+            written = self._snapshot(path)
+        if path is None and self.prefix is not None:
+            from .caffe.weights import write_caffemodel  # late: protobuf's start-up cost
+            stem = f"{self.prefix}_iter_{self.iteration}"
+            state = self._snapshot(stem + ".solverstate")
+            write_caffemodel(self.net, stem + ".caffemodel")
+            written = written or state
+        return written
+
+    def _snapshot(self, path=None):
         path = path or os.path.join(self.snapshot_dir, f"{self.net.graph.name}_iter_{self.iteration}.npz")
         # the resident arrays themselves (under parameter offload, the masters on the host): a
         # device copy left placed by a test pass that Ctrl-C cut short may be half copied

@@ -145,6 +145,7 @@ def test_lenet_prototxt_and_solver_learn_the_digits_from_an_lmdb_as_our_yaml_len
     net = open("tests/caffe/lenet_train_test.prototxt").read().replace("examples/mnist/", f"{tmp_path}/")
     (tmp_path / "lenet_train_test.prototxt").write_text(net)
     solver = open("tests/caffe/lenet_solver.prototxt").read().replace("max_iter: 10000", "max_iter: 80")
+    solver = solver.replace("examples/mnist/", f"{tmp_path}/")  # its snapshot_prefix too
     (tmp_path / "lenet_solver.prototxt").write_text(solver)
     results = []
     for args in (["--solver", str(tmp_path / "lenet_solver.prototxt")],

@@ -404,7 +404,7 @@ def test_input_layer_copies_the_feed():
 
 
 def test_data_layer_shapes_and_forward(tmp_path):
-    layer, params = build("Data", [], dtype=np.float32, source="synthetic", batch_size=4, size=6, channels=2,
+    layer, params = build("Data", [], dtype=np.float32, n_tops=2, source="synthetic", batch_size=4, size=6, channels=2,
                           crop=4, classes=3)
     assert layer.top_shapes == [(4, 2, 4, 4), (4,)] and layer.num_classes == 3
     train, _ = data.open_source(layer.cfg)
@@ -412,7 +412,7 @@ def test_data_layer_shapes_and_forward(tmp_path):
     tops = forward(layer, [], params, feed={"t0": x, "t1": y})
     np.testing.assert_array_equal(tops[0], x)
     np.testing.assert_array_equal(tops[1], y)
-    layer, _ = build("Data", [], source="digits", batch_size=3, size=12)
+    layer, _ = build("Data", [], n_tops=2, source="digits", batch_size=3, size=12)
     assert layer.top_shapes == [(3, 1, 12, 12), (3,)]
     for bad, match in ((dict(source=str(tmp_path / "gone.npz")), "gone.npz"),
                        (dict(source=str(tmp_path)), "size or crop"),  # an empty folder read as images

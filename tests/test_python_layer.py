@@ -1,10 +1,11 @@
 """Caffe's `Python` layer: a user's pycaffe module (`import caffe`, `caffe.Layer`, blobs with
 data/diff/reshape) runs as it would under Caffe, with no Caffe installed; its gradient is the
 finite difference of its forward; every policy gives baseline's bits on a net that uses one; it
-is never recomputed; and a module that cannot be imported, or a top reshaped after set-up, is a
-one-line error naming the layer."""
+is never recomputed; Caffe's own pyloss example is a loss as Caffe has it; and a module that
+cannot be imported, or a top reshaped after set-up, is a one-line error naming the layer."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import pytest
 from superneuron import SpecError
 from superneuron.net import Net
 from superneuron.scheduler.recompute import recomputable_roots
-from superneuron.spec import loads_spec
+from superneuron.spec import loads_spec, prototxt_spec
 
 MODULE = '''
 import caffe
@@ -202,3 +203,49 @@ def test_sn_train_on_a_net_that_makes_its_own_data_says_how_to_train_it(tmp_path
                          capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "makes its own data (layer 'data')" in out.stderr and "Net.train_step" in out.stderr
+
+
+LAYERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "python_layers")
+PYLOSS_NET = '''name: "pyloss"
+input: "data" input_shape { dim: 4 dim: 3 }
+input: "target" input_shape { dim: 4 dim: 2 }
+layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 2 } }
+layer { name: "scaled" type: "Python" bottom: "ip" top: "scaled"
+        python_param { module: "scaled" layer: "Scaled" param_str: "3" } }
+layer { name: "loss" type: "%s" bottom: "scaled" bottom: "target" top: "loss" %s }
+'''
+
+
+@pytest.fixture
+def layers_path(monkeypatch):
+    monkeypatch.syspath_prepend(LAYERS)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "liveness", "superneurons"])
+def test_caffes_pyloss_example_is_euclidean_loss(layers_path, policy):
+    """Caffe's examples/pycaffe/layers/pyloss.py, weighted by ``loss_weight: 1``: the loss and
+    every gradient of our EuclideanLoss, under each policy."""
+    rng = np.random.default_rng(0)
+    feed = {"data": rng.standard_normal((4, 3)).astype(np.float32),
+            "target": rng.standard_normal((4, 2)).astype(np.float32)}
+    ours = Net(prototxt_spec(PYLOSS_NET % ("EuclideanLoss", ""), "net.prototxt"), seed=1)
+    theirs = Net(prototxt_spec(PYLOSS_NET % ("Python", 'python_param { module: "pyloss" '
+                                             'layer: "EuclideanLossLayer" } loss_weight: 1'),
+                               "net.prototxt"), seed=1, policy=policy)
+    assert np.isclose(theirs.forward_backward(feed), ours.forward_backward(feed), rtol=1e-6)
+    for name in ours.learnable_names:
+        np.testing.assert_allclose(theirs.grad(name), ours.grad(name), rtol=1e-5)
+    assert np.abs(ours.grad("ip/weight")).max() > 0
+
+
+def test_a_python_loss_reads_its_weight_from_the_top_diff(layers_path):
+    text = PYLOSS_NET.replace('''layer { name: "loss" type: "%s" bottom: "scaled" bottom: "target" top: "loss" %s }''',
+                              '''layer { name: "loss" type: "Python" bottom: "ip" top: "loss" loss_weight: 0.25
+        python_param { module: "scaled" layer: "HalfSquareLoss" } }
+layer { name: "silence" type: "Silence" bottom: "scaled" bottom: "target" }''')
+    net = Net(prototxt_spec(text, "net.prototxt"), seed=1)
+    x = np.random.default_rng(2).standard_normal((4, 3)).astype(np.float32)
+    loss = net.forward_backward({"data": x, "target": np.zeros((4, 2), np.float32)})
+    ip = net.blob("ip")
+    assert np.isclose(loss, 0.25 * 0.5 * (ip.astype(np.float64) ** 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(net.grad("ip/bias"), 0.25 * ip.sum(0), rtol=1e-5)  # the weight reached it

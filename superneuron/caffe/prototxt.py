@@ -230,8 +230,6 @@ class _Translator:
                 continue
             if name == "round_mode":  # BVLC's spelling of the forks' ceil_mode
                 name, value = "ceil_mode", value == "CEIL"
-            if name == "normalization" and ltype == "SoftmaxWithLoss" and value in ("VALID", "BATCH_SIZE"):
-                name, value = "normalize", value == "VALID"
             name = RENAMED.get(name, name)
             if name in item:
                 self.problem(mpos.at(field.name), item.get("name"), ltype,

@@ -29,8 +29,11 @@ TYPES = {"SGD": "SGD", "Nesterov": "Nesterov", "Adam": "Adam", "AdaGrad": "AdaGr
 NO_MOMENTUM = ("AdaGrad", "RMSProp")  # Caffe's CHECK: "Momentum cannot be used with AdaGrad"
 
 
-def solver_mapping(path):
-    """``(mapping of our solver keys, their lines, net path or None)`` of a Caffe solver file."""
+def solver_mapping(path, find_net=True):
+    """``(mapping of our solver keys, their lines, net path or None)`` of a Caffe solver file.
+    ``find_net=False``: the net is named elsewhere (on the command line, which wins over the
+    solver's ``net:``, as in ``caffe train``), so a ``net:`` path missing here is no error
+    and None is returned for it."""
     file = str(path)
     param = caffe_pb2.SolverParameter()
     pos = parse(read_text(path, "solver file"), param, file)
@@ -56,8 +59,8 @@ def solver_mapping(path):
                                 "(SGD, Nesterov, Adam, AdaGrad, RMSProp, AdaDelta)")
                 continue
             mapping["type"] = TYPES.get(spelled, "SGD")
-        elif name in ("net", "random_seed") or name in NO_EFFECT:
-            continue
+        elif name in ("net", "random_seed", "train_state", "test_state") or name in NO_EFFECT:
+            continue  # train_state/test_state choose the net's layers: solver_states
         else:
             problems.append(at(name) + f"'{name}' is not supported (give the net with 'net:')")
         if name in mapping or name in ("type", "solver_type"):
@@ -71,7 +74,18 @@ def solver_mapping(path):
             mapping[key] = default  # Caffe's defaults where they differ from ours
     if "lr_policy" not in mapping:
         raise SpecError(where(file, 1) + "lr_policy is required (Caffe has no default): fixed, step, ...")
-    return mapping, lines, (resolve_net(param.net, file, pos.at("net")) if param.HasField("net") else None)
+    found = param.HasField("net") and find_net
+    return mapping, lines, (resolve_net(param.net, file, pos.at("net")) if found else None)
+
+
+def solver_states(path):
+    """``(train, test)``: the solver's ``train_state`` and first ``test_state`` as
+    ``(level, frozenset of stages)``, each None where not given (Caffe's NetState)."""
+    param = caffe_pb2.SolverParameter()
+    parse(read_text(path, "solver file"), param, str(path))
+    train = (param.train_state.level, frozenset(param.train_state.stage)) if param.HasField("train_state") else None
+    test = param.test_state[0] if param.test_state else None
+    return train, test and (test.level, frozenset(test.stage))
 
 
 def resolve_net(net, solver_file, mark):

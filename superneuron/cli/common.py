@@ -6,6 +6,7 @@ import sys
 from ..errors import SNError
 from ..limits import MAX_BATCH, over
 from ..options import LISTED, PLACEMENTS, PlanOptions
+from ..rules import NetState, net_states
 from ..solver_config import SolverConfig, load_solver, load_solver_prototxt, solver_from_mapping
 from ..spec import load_spec, parse_overrides
 
@@ -19,6 +20,12 @@ def net_arguments(parser):
     parser.add_argument("--batch", type=int, metavar="N", help="batch size (overrides the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="K=V",
                         help="override a network parameter, e.g. --set depth=152 (repeatable)")
+    parser.add_argument("--stage", action="append", default=[], metavar="NAME",
+                        help="a stage of Caffe's NetState, for both phases (repeatable): layers whose "
+                             "include/exclude rules name stages are chosen by it (default: the solver's "
+                             "train_state/test_state, else none)")
+    parser.add_argument("--level", type=int, default=None, metavar="N",
+                        help="the level of Caffe's NetState, for both phases (default: the solver's, else 0)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where to run (default cpu)")
     parser.add_argument("--memory", metavar="SIZE",
                         help="device memory budget for the arena, e.g. 12GiB or 500MB (default: the plan's peak)")
@@ -70,12 +77,29 @@ def load_spec_from_args(args):
         args.net = _solver_net(args)
     check_batch(args.batch)
     data = getattr(args, "data", None)
+    states = net_states_from_args(args)
     if data and str(args.net).lower().endswith(".prototxt"):
         # a Caffe net's Data layers read datasets we do not: they become synthetic data
-        spec = load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch, data=data)
+        spec = load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch, data=data,
+                         states=states)
         args.data = "synthetic"
         return spec
-    return load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch)
+    return load_spec(args.net, overrides=parse_overrides(args.set), batch=args.batch, states=states)
+
+
+def net_states_from_args(args):
+    """``{phase: NetState}`` from --stage and --level, else a Caffe solver.prototxt's
+    ``train_state``/``test_state``, else None (level 0, no stage)."""
+    stages, level = getattr(args, "stage", None) or (), getattr(args, "level", None)
+    if stages or level is not None:
+        return net_states(stages, level or 0)
+    solver = getattr(args, "solver", None)
+    if solver and str(solver).lower().endswith(".prototxt"):
+        from ..caffe.solver import solver_states  # late: protobuf's start-up cost
+        train, test = solver_states(solver)
+        if train or test:
+            return net_states(train=train and NetState(*train), test=test and NetState(*test))
+    return None
 
 
 def check_batch(batch):

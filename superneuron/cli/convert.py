@@ -5,6 +5,7 @@ can start from a model-zoo file and go on with our templates and ``${}`` paramet
     sn-convert ResNet-50-deploy.prototxt --add-loss -o resnet50.yaml
     sn-convert lenet_solver.prototxt -o lenet_solver.yaml    # a file named *solver*: a solver
     sn-convert snaps/LeNet_iter_500.npz --net lenet.yaml -o lenet.caffemodel
+    sn-convert lenet.yaml -o lenet.prototxt                  # and back: a YAML net as a prototxt
 
 The YAML plans and trains exactly as the prototxt does (``sn-plan`` prints the same figures).
 """
@@ -15,11 +16,13 @@ import sys
 
 from .. import snapshot as snap
 from ..caffe.prototxt import add_loss, is_prototxt, prototxt_tree
+from ..caffe.prototxt_out import spec_to_prototxt
 from ..caffe.solver import solver_mapping
 from ..caffe.textproto import read_text
 from ..caffe.weights import write_caffemodel
 from ..caffe.yaml_out import tree_to_yaml
 from ..errors import SNError
+from ..graph import Graph
 from ..net import Net
 from ..optim import make_optimizer
 from ..solver_config import SolverConfig, solver_from_mapping
@@ -28,9 +31,11 @@ from .common import run_cli
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="sn-convert", description="Write a Caffe .prototxt net as a YAML net file.")
+    p = argparse.ArgumentParser(prog="sn-convert", description="Write a Caffe .prototxt net as a YAML net file, "
+                                "or a YAML net as a .prototxt.")
     p.add_argument("net", metavar="MODEL.prototxt",
-                   help="Caffe net (NetParameter text format), a solver.prototxt, or a snapshot .npz")
+                   help="Caffe net (NetParameter text format), a solver.prototxt, a YAML net (written as "
+                        "a .prototxt), or a snapshot .npz")
     p.add_argument("--net", dest="from_net", metavar="NET",
                    help="with a snapshot SNAPSHOT.npz: the net it was trained from (then -o MODEL.caffemodel)")
     p.add_argument("-o", "--output", metavar="MODEL.yaml", help="where to write (default: standard output)")
@@ -50,8 +55,11 @@ def run(args):
         return _snapshot_to_caffemodel(args)
     if args.from_net:
         raise SNError("--net is for converting a snapshot (.npz) to a .caffemodel")
+    if str(args.net).lower().endswith((".yaml", ".yml")):
+        text, count = _yaml_to_prototxt(args)
+        return _write(args, text, count)
     if not is_prototxt(args.net):
-        raise SNError(f"{args.net}: sn-convert reads Caffe .prototxt files and our snapshots (.npz)")
+        raise SNError(f"{args.net}: sn-convert reads Caffe .prototxt files, YAML nets and our snapshots (.npz)")
     if "solver" in os.path.basename(args.net).lower():
         text, count = _solver_yaml(args.net), None
     else:
@@ -60,6 +68,19 @@ def run(args):
             add_loss(root)
         spec_from_tree(root, args.net)  # every check a YAML net gets, before anything is written
         text, count = tree_to_yaml(root, source=args.net), len(root["layers"])
+    return _write(args, text, count)
+
+
+def _yaml_to_prototxt(args):
+    """A YAML net (templates, repeats and ${} expanded) as a Caffe .prototxt's text."""
+    if args.add_loss or args.data:
+        raise SNError("--add-loss and --data are for converting a .prototxt to YAML")
+    spec = load_spec(args.net)
+    Graph(spec)  # every check a net gets, before anything is written
+    return spec_to_prototxt(spec), len(spec.layers)
+
+
+def _write(args, text, count):
     if args.output is None:
         sys.stdout.write(text)
         return 0

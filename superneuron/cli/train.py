@@ -284,7 +284,9 @@ def _with_caffemodels(net, printer):
 
     def on_event(event):
         if event["kind"] in ("snapshot", "interrupted") and event.get("path"):
-            path = write_caffemodel(net, event["path"][:-len(".npz")] + ".caffemodel")
+            path = os.path.splitext(event["path"])[0] + ".caffemodel"
+            if not os.path.exists(path):  # a snapshot_prefix's .solverstate has its own already
+                write_caffemodel(net, path)
             printer(event)
             printer.write(f"weights: {path}")
             return

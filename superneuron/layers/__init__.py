@@ -1,9 +1,13 @@
 """The layers, one module per family; importing the package registers every layer class under
 its Caffe type name (registry.py)."""
 
-from . import (  # noqa: F401  (registers each)  # noqa: F401  (registers each)  # noqa: F401  (registers each: transformers)
+from . import (  # noqa: F401  (registers each)
     activation,
     attention,
+    caffe_fork,
+    caffe_loss,
+    caffe_misc,
+    caffe_neuron,
     conv,
     deconv,
     embed,
@@ -20,5 +24,6 @@ from . import (  # noqa: F401  (registers each)  # noqa: F401  (registers each) 
     python_layer,
     recurrent,
     shape,
+    spp,
 )
 from .registry import REGISTRY, layer_class, register  # noqa: F401  (the package's names)

@@ -25,6 +25,7 @@ overwriting, never accumulating. Scratch memory comes from ``ctx.scratch`` (a vi
 step's workspace), never from a hidden allocation proportional to the tensors.
 """
 
+import difflib
 import math
 from dataclasses import dataclass, field
 
@@ -45,11 +46,12 @@ class Key:
     tuple of two ints), ``floats`` (a number or list of numbers, converted to a tuple of floats),
     ``shapes`` (one shape or a list of shapes, each a list of positive ints → tuple of tuples),
     ``ints`` (an int or a list of ints → a tuple: Reshape's ``shape``, Slice's ``slice_point``),
+    ``fillers`` (one filler or a list of them → a tuple of dicts: DummyData's ``data_filler``),
     ``filler`` (a name such as ``msra`` or a mapping ``{type: gaussian, std: 0.01}``, converted to
     a dict), ``strs`` (a string or list of strings, converted to a tuple).
     """
 
-    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "strs", "shapes", "ints")
+    KINDS = ("int", "float", "bool", "str", "pair", "floats", "filler", "fillers", "strs", "shapes", "ints")
 
     def __init__(self, kind, default=REQUIRED, choices=None, doc=""):
         assert kind in self.KINDS, kind
@@ -111,6 +113,9 @@ class Key:
             value = tuple(tuple(s) for s in value)
         elif kind == "filler":
             value = parse_filler(value)
+        elif kind == "fillers":
+            items = value if isinstance(value, (list, tuple)) else [value]
+            value = tuple(parse_filler(v) for v in items)
         if kind in ("int", "pair", "ints", "shapes"):
             _check_ints(value)
         if self.choices is not None and value not in self.choices:
@@ -119,29 +124,43 @@ class Key:
 
 
 FILLERS = {"constant": {"value": 0.0}, "gaussian": {"std": 0.01, "mean": 0.0},
-           "uniform": {"min": 0.0, "max": 1.0}, "xavier": {}, "msra": {}}
+           "uniform": {"min": 0.0, "max": 1.0}, "xavier": {"variance_norm": "FAN_IN"},
+           "msra": {"variance_norm": "FAN_IN"}, "bilinear": {}}
+# Every field of Caffe's FillerParameter: Caffe reads them all for every filler and ignores what
+# that filler does not use (bvlc_googlenet's xavier fillers carry a std), so we do too.
+FILLER_FIELDS = ("type", "value", "min", "max", "mean", "std", "sparse", "variance_norm")
+VARIANCE_NORMS = ("FAN_IN", "FAN_OUT", "AVERAGE")
 
 
 def parse_filler(value):
-    """``'msra'`` or ``{type: gaussian, std: 0.01}`` → a complete filler dict."""
+    """``'msra'`` or ``{type: gaussian, std: 0.01}`` → a complete filler dict holding the
+    options that filler uses. As in Caffe, no ``type`` means ``constant``, and a
+    FillerParameter field the filler does not use is accepted and ignored."""
     if isinstance(value, str):
         value = {"type": value}
-    if not isinstance(value, dict) or "type" not in value:
+    if not isinstance(value, dict):
         raise ValueError(f"expected a filler name or {{type: ..., ...}}, got {value!r}")
-    kind = value["type"]
+    kind = value.get("type", "constant")
     if kind not in FILLERS:
         raise ValueError(f"unknown filler {kind!r}; known: {', '.join(FILLERS)}")
     out = dict(FILLERS[kind], type=kind)
     for k, v in value.items():
         if k == "type":
             continue
-        if k not in FILLERS[kind]:
-            raise ValueError(f"filler {kind!r} has no option {k!r}")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if k not in FILLER_FIELDS:
+            close = difflib.get_close_matches(str(k), FILLER_FIELDS, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(FILLER_FIELDS[1:])}"
+            raise ValueError(f"filler {kind!r} has no option {k!r}{hint}")
+        if k == "variance_norm":
+            if v not in VARIANCE_NORMS:
+                raise ValueError(f"filler option 'variance_norm' expects one of {', '.join(VARIANCE_NORMS)}, "
+                                 f"got {v!r}")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"filler option {k!r} expects a number, got {v!r}")
-        if not math.isfinite(v):
+        elif not math.isfinite(v):
             raise ValueError(f"filler option {k!r} expects a finite number, got {v!r}")
-        out[k] = float(v)
+        if k in FILLERS[kind]:  # what this filler does not use is ignored, as Caffe does
+            out[k] = v if k == "variance_norm" else float(v)
     return out
 
 
@@ -167,7 +186,8 @@ def _finite(value):
 
 
 def fill(rng, shape, filler, fan_in, fan_out, dtype):
-    """Initial values for a parameter (Caffe's fillers; xavier and msra use fan-in)."""
+    """Initial values for a parameter (Caffe's fillers; xavier and msra scale by the fan their
+    ``variance_norm`` names: FAN_IN, FAN_OUT or their AVERAGE)."""
     kind = filler["type"]
     if kind == "constant":
         return np.full(shape, filler["value"], dtype=dtype)
@@ -175,12 +195,28 @@ def fill(rng, shape, filler, fan_in, fan_out, dtype):
         return (filler["mean"] + filler["std"] * rng.standard_normal(shape)).astype(dtype)
     if kind == "uniform":
         return rng.uniform(filler["min"], filler["max"], shape).astype(dtype)
+    fan = {"FAN_IN": fan_in, "FAN_OUT": fan_out,
+           "AVERAGE": (fan_in + fan_out) / 2.0}.get(filler.get("variance_norm", "FAN_IN"))
     if kind == "xavier":
-        scale = np.sqrt(3.0 / max(fan_in, 1))
+        scale = np.sqrt(3.0 / max(fan, 1))
         return rng.uniform(-scale, scale, shape).astype(dtype)
     if kind == "msra":
-        return (np.sqrt(2.0 / max(fan_in, 1)) * rng.standard_normal(shape)).astype(dtype)
+        return (np.sqrt(2.0 / max(fan, 1)) * rng.standard_normal(shape)).astype(dtype)
+    if kind == "bilinear":
+        return bilinear(shape).astype(dtype)
     raise AssertionError(kind)
+
+
+def bilinear(shape):
+    """Caffe's bilinear filler: every (k, k) kernel of a 4-D weight the bilinear-interpolation
+    kernel of an upsampling Deconvolution (FCN's, with stride ``f`` and kernel ``2f - f % 2``)."""
+    if len(shape) != 4 or shape[-1] != shape[-2]:
+        raise ValueError(f"the bilinear filler needs square 4-D weights, got {tuple(shape)}")
+    k = shape[-1]
+    f = math.ceil(k / 2.0)
+    c = (2 * f - 1 - f % 2) / (2.0 * f)
+    ramp = 1 - np.abs(np.arange(k) / f - c)
+    return np.broadcast_to(ramp[:, None] * ramp[None, :], shape).copy()
 
 
 @dataclass
@@ -290,6 +326,7 @@ class Layer:
     INPLACE = False
     CHEAP = False
     LOSS = False       # its top is a scalar loss, weighted by ``loss_weight``
+    ANY_TOP_LOSS = False  # a ``loss_weight`` written on it makes it a loss (Caffe's Python layers)
     BACKWARD = True    # False: never differentiated (Accuracy, Input, Data)
     ALIAS_TOPS = False  # tops are views of bottom 0 (Split, Flatten, Reshape): forward does nothing
     ALIAS_GRADS = False  # bottom 0's gradient is a view of top 0's (Flatten, Reshape): backward does nothing

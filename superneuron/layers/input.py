@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import data
 from ..errors import SNError
-from .base import Cost, Key, Layer
+from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .registry import register
 
 
@@ -56,7 +56,9 @@ class Input(Layer):
 @register
 class Data(Input):
     """A batch of samples and their labels (float32, one per sample) from a data source:
-    'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder."""
+    'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder.
+    As in Caffe, one top is allowed too: the samples without their labels (a segmentation
+    net's second Data layer carries its masks that way)."""
 
     KEYS = {
         "source": Key("str", doc="'digits', 'synthetic', a .npz file, a CIFAR-10 python directory "
@@ -64,7 +66,7 @@ class Data(Input):
         "batch_size": Key("int", doc="samples per batch, for training and testing"),
         **{key: Key(kind, default, doc=doc) for key, (kind, default, doc) in data.OPTIONS.items()},
     }
-    TOPS = (2, 2)
+    TOPS = (1, 2)
 
     def setup(self, bottom_shapes):
         batch = self.cfg["batch_size"]
@@ -76,5 +78,78 @@ class Data(Input):
             message = str(e)
         else:
             labels = (batch,) + data.label_shape(self.cfg, sample_shape)  # text: a target per token
-            return self._set_shapes(bottom_shapes, [(batch,) + tuple(sample_shape), labels])
+            shapes = [(batch,) + tuple(sample_shape), labels]
+            return self._set_shapes(bottom_shapes, shapes[:len(self.tops)])
         self.fail(message)
+
+
+@register
+class DummyData(Layer):
+    """Tops of the given shapes filled by ``data_filler`` (one for every top, or one per top;
+    Caffe's default: constant 0) at every forward: constant, uniform, or gaussian drawn from
+    the step's seed (the same numbers on recompute). The old form gives the shapes as
+    ``num``, ``channels``, ``height`` and ``width``, one each per top."""
+
+    KEYS = {"shape": Key("shapes", None, doc="one shape per top (or one for all)"),
+            "data_filler": Key("fillers", (), doc="one filler per top (or one for all); default constant 0"),
+            **{k: Key("ints", (), doc="the old form of shape, one per top") for k in ("num", "channels", "height", "width")}}
+    BOTTOMS = (0, 0)
+    TOPS = (1, None)
+    BACKWARD = False
+    CHEAP = True
+
+    def setup(self, bottom_shapes):
+        n = len(self.tops)
+        shapes = self.cfg["shape"]
+        if shapes is None:
+            old = [self.cfg[k] for k in ("num", "channels", "height", "width")]
+            if not all(old) or len({len(v) for v in old}) != 1:
+                self.fail("give shape, or num, channels, height and width (one of each per top)")
+            shapes = tuple(zip(*old))
+        if len(shapes) == 1:
+            shapes = shapes * n
+        fillers = self.cfg["data_filler"] or ({"type": "constant", "value": 0.0},)
+        if len(fillers) == 1:
+            fillers = fillers * n
+        if len(shapes) != n or len(fillers) != n:
+            self.fail(f"{len(shapes)} shapes and {len(fillers)} fillers for {n} tops: give one, or one per top")
+        for f in fillers:
+            if f["type"] not in ("constant", "uniform", "gaussian"):
+                self.fail(f"data_filler {f['type']!r}: constant, uniform or gaussian")
+        self.fillers = fillers
+        return [tuple(s) for s in shapes]
+
+    def backward_reads(self):
+        return (), ()
+
+    def algorithms(self, phase):
+        gaussian = [s for s, f in zip(self.top_shapes, self.fillers) if f["type"] == "gaussian"]
+        largest = max((int(np.prod(s)) for s in gaussian), default=0)
+        return [Algo("default", workspace_bytes(((largest,), self.dtype)) if largest else 0)]
+
+    def forward(self, ctx, bottoms, tops, params):
+        for i, (top, f) in enumerate(zip(tops, self.fillers)):
+            if f["type"] == "constant":
+                top.fill(f["value"])
+            elif f["type"] == "uniform":
+                ctx.uniform(top, salt=i)
+                top *= f["max"] - f["min"]
+                top += f["min"]
+            else:  # Box-Muller: sqrt(-2 ln u1) cos(2 pi u2), from two uniform draws
+                xp, flat = ctx.xp, top.reshape(-1)
+                u2 = ctx.scratch(flat.shape, self.dtype)
+                ctx.uniform(flat, salt=2 * i + 1000)
+                ctx.uniform(u2, salt=2 * i + 1001)
+                xp.subtract(1.0, flat, out=flat)  # (0, 1]: the log is finite
+                xp.log(flat, out=flat)
+                flat *= -2.0
+                xp.sqrt(flat, out=flat)
+                u2 *= 2 * np.pi
+                xp.cos(u2, out=u2)
+                flat *= u2
+                flat *= f["std"]
+                flat += f["mean"]
+                ctx._used = 0  # the next gaussian top reuses the same scratch
+
+    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
+        pass

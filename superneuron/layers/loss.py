@@ -170,10 +170,22 @@ class SoftmaxWithLoss(_ScoresAndLabels):
     KEYS = {
         "axis": Key("int", 1, doc="the axis of the classes: 2 for (N, T, V) scores of a sequence"),
         "ignore_label": Key("int", -1, doc="a label left out of the loss (negatives always are)"),
-        "normalize": Key("bool", True, doc="divide by the number of labels that count, else by N"),
+        "normalize": Key("bool", True, doc="Caffe's older switch: true divides by the labels that "
+                         "count (VALID), false by N (BATCH_SIZE)"),
+        "normalization": Key("str", None, choices=("FULL", "VALID", "BATCH_SIZE", "NONE"),
+                             doc="what the summed loss is divided by: every label (FULL, ignored "
+                             "ones too), those that count (VALID), N (BATCH_SIZE) or 1 (NONE); "
+                             "wins over normalize"),
     }
     LOSS = True
     CHEAP = True
+
+    @property
+    def mode(self):
+        """The normalization in force: ``normalization``, else ``normalize``'s (Caffe's rule)."""
+        if self.cfg.get("normalization") is not None:
+            return self.cfg["normalization"]
+        return "VALID" if self.cfg["normalize"] else "BATCH_SIZE"
 
     def backward_reads(self):
         return (0, 1), ()
@@ -186,9 +198,11 @@ class SoftmaxWithLoss(_ScoresAndLabels):
         return [Algo("default", workspace_bytes(*self._label_room(), room))]
 
     def _denominator(self, xp, valid):
-        if self.cfg["normalize"]:
+        mode = self.mode
+        if mode == "VALID":
             return xp.maximum(valid.sum(), 1.0)  # stays on the device: no sync
-        return float(self.ncl[0])
+        n, _, l = self.ncl
+        return float({"FULL": max(n * l, 1), "BATCH_SIZE": n, "NONE": 1}[mode])
 
     def forward(self, ctx, bottoms, tops, params):
         xp, (n, _, l) = ctx.xp, self.ncl

@@ -68,7 +68,9 @@ def window_sizes(n, k, s, p, n_out):
 
 @register
 class Pooling(Layer):
-    """Max or average pooling over kh x kw windows, or over the whole map (``global_pooling``)."""
+    """Max or average pooling over kh x kw windows, or over the whole map (``global_pooling``).
+    A MAX pooling may have a second top, Caffe's mask: the index (h * W + w, as a number) in
+    its input map of each output's first maximum in scan order, which SegNet's Upsample reads."""
 
     KEYS = {
         "pool": Key("str", "MAX", choices=("MAX", "AVE")),
@@ -76,6 +78,7 @@ class Pooling(Layer):
         "global_pooling": Key("bool", False, doc="one window covering the whole map"),
         "ceil_mode": Key("bool", True, doc="round the output size up (Caffe); false: down"),
     }
+    TOPS = (1, 2)
     CHEAP = True
     CHUNK_BYTES = 8 << 20  # the backward's ``chunked``: the most bytes of its gradient room (whole samples)
     CHUNKED_SPEED = 0.9    # its relative speed: more, smaller calls (the cost model's weighing)
@@ -111,7 +114,14 @@ class Pooling(Layer):
         self._tiles = kernel == stride and pad == (0, 0) and (ho * stride[0], wo * stride[1]) == (h, w)
         self._sizes = [np.array(window_sizes((h, w)[a], kernel[a], stride[a], pad[a], (ho, wo)[a]),
                                 dtype=self.dtype) for a in (0, 1)]
-        self.bottom_shapes, self.top_shapes = [shape], [(n, c, ho, wo)]
+        self.bottom_shapes, self.top_shapes = [shape], [(n, c, ho, wo)] * len(self.tops)
+        if len(self.tops) == 2:
+            if cfg["pool"] != "MAX":
+                self.fail("a second top (the mask) is MAX pooling's only")
+            self._places = [None if out_index is None else
+                            (np.arange(in_index[1].start, in_index[1].stop, in_index[1].step)[:, None] * w
+                             + np.arange(in_index[2].start, in_index[2].stop, in_index[2].step)[None, :])
+                            for _, _, out_index, in_index in self._taps]
         self.chunk = min(n, max(1, self.CHUNK_BYTES // (c * ho * wo * self.dtype.itemsize)))
         return list(self.top_shapes)
 
@@ -151,7 +161,8 @@ class Pooling(Layer):
 
     def algorithms(self, phase):
         if phase == "forward":
-            return [Algo("default", 0)]
+            mask = len(self.tops) == 2
+            return [Algo("default", workspace_bytes(*[(self.top_shapes[0], np.bool_)] * 2) if mask else 0)]
         # the backward: ``default`` takes the batch at once, ``chunked`` (where a chunk is less)
         # a few samples at a time (CHUNK_BYTES of routed gradient), with the room of a chunk
         # only: the same operations on the same values, bit for bit, fewer to a call
@@ -182,6 +193,23 @@ class Pooling(Layer):
         xp.divide(out, cols, out=out)
 
     def forward(self, ctx, bottoms, tops, params):
+        self._pool(ctx, bottoms, tops)
+        if len(tops) == 2:
+            self._mask(ctx, bottoms[0], tops[0], tops[1])
+
+    def _mask(self, ctx, x, top, mask):
+        """Caffe's mask top: each output's first maximum's index h * W + w in its input map."""
+        xp, shape = ctx.xp, self.top_shapes[0]
+        hit, todo = ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_)
+        mask.fill(-1)  # a window with no maximum (all NaN): no place
+        todo.fill(True)
+        for (_, _, out_index, in_index), places in zip(self._taps, self._places):
+            if out_index is None:
+                continue
+            h, _ = self._first_hits(xp, x, top, hit, todo, out_index, in_index)
+            xp.copyto(mask[out_index], xp.asarray(places, dtype=mask.dtype), where=h)
+
+    def _pool(self, ctx, bottoms, tops):
         xp, is_max = ctx.xp, self.cfg["pool"] == "MAX"
         if is_max and cuda.on_gpu(xp):
             self._max_pool_gpu(bottoms[0], tops[0], ctx.encoded)

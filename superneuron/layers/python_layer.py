@@ -14,7 +14,9 @@ so do we. The blobs hold host (NumPy) arrays; on a GPU the operands are copied t
 back. Shapes are planned ahead, so a ``reshape`` that changes a top's shape after set-up is an
 error naming the layer. The layer is opaque to the scheduler: its backward reads every bottom
 and top (they stay live until it has run), it never runs in place and is never recomputed (a
-second forward of a data layer would read the next batch).
+second forward of a data layer would read the next batch). A ``loss_weight`` on its top makes
+it a loss, as in Caffe's ``pyloss`` example: the ``(1,)`` top that example reshapes to is our
+0-d loss value, and its backward finds the weight in the top's diff, as Caffe's layers do.
 """
 
 import importlib
@@ -58,6 +60,7 @@ class Python(Layer):
     BOTTOMS = (0, None)
     TOPS = (0, None)
     RECOMPUTABLE = False
+    ANY_TOP_LOSS = True  # a loss_weight on its top makes it a loss (Caffe's pyloss)
 
     def setup(self, bottom_shapes):
         module, name = self.cfg["module"], self.cfg["layer"]
@@ -83,7 +86,7 @@ class Python(Layer):
         for i, s in enumerate(shapes):
             if s == (0,):
                 self.fail(f"'{module}.{name}' did not reshape top {i} ('{self.tops[i]}') in setup or reshape")
-        return shapes
+        return [() if s == (1,) else s for s in shapes]  # pyloss's reshape(1): a loss's 0-d value
 
     def _call(self, method, *args):
         """``self.user.method(*args)``; a LayerError naming the layer for whatever it raises."""
@@ -100,13 +103,13 @@ class Python(Layer):
     def forward(self, ctx, bottoms, tops, params):
         self.user.phase = pycaffe.TRAIN if ctx.train else pycaffe.TEST
         bottom = [pycaffe.Blob(_host(b)) for b in bottoms]
-        top = [pycaffe.Blob(np.empty(t.shape, self.dtype)) for t in tops]
+        top = [pycaffe.Blob(np.empty(_caffe_shape(t.shape), self.dtype)) for t in tops]
         self._call("reshape", bottom, top)
         self._check_shapes(top, tops)
         self._call("forward", bottom, top)
         self._check_shapes(top, tops)
         for blob, t in zip(top, tops):
-            ctx.load(t, blob.data)
+            ctx.load(t, blob.data.reshape(t.shape))
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         bottom = [pycaffe.Blob(_host(b), np.zeros(b.shape, self.dtype)) for b in bottoms]
@@ -119,11 +122,17 @@ class Python(Layer):
 
     def _check_shapes(self, blobs, arrays):
         for i, (blob, array) in enumerate(zip(blobs, arrays)):
-            if tuple(blob.shape) != tuple(array.shape):
+            if tuple(blob.shape) != _caffe_shape(array.shape):
                 self.fail(f"Python layer '{self.name}' reshaped top {i} ('{self.tops[i]}') from {tuple(array.shape)} to {tuple(blob.shape)}: "
                           f"shapes are planned ahead, so a Python layer's tops keep the shape of set-up")
 
 
+def _caffe_shape(shape):
+    """The shape Caffe gives an array of ``shape``: a single value is ``(1,)``."""
+    return tuple(shape) or (1,)
+
+
 def _host(array):
-    """A host (NumPy) copy of a device array, or the NumPy array itself."""
-    return array if isinstance(array, np.ndarray) else array.get()
+    """A host (NumPy) copy of a device array, or the NumPy array itself, in Caffe's shape."""
+    host = array if isinstance(array, np.ndarray) else array.get()
+    return host.reshape(_caffe_shape(host.shape))

@@ -14,12 +14,40 @@ def register(cls):
     return cls
 
 
+STOCK = "stock Caffe"
+# Layer types of Caffe's forks (and stock types) that are not implemented here, with where a
+# user's file got them: the error says so in one line, rather than suggesting a near spelling
+# ("ROIPooling" is not a misspelt "Pooling").
+UNSUPPORTED = {
+    **dict.fromkeys(("PriorBox", "DetectionOutput", "MultiBoxLoss", "AnnotatedData", "DetectionEvaluate"),
+                    "the SSD fork"),
+    **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign", "SmoothL1Loss"), "the Faster R-CNN fork"),
+    **dict.fromkeys(("PSROIPooling",), "the R-FCN fork"),
+    **dict.fromkeys(("DenseCRF", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),
+    **dict.fromkeys(("BN",), "the SegNet fork"),
+    **dict.fromkeys(("Region", "Reorg", "Yolo", "YoloLoss"), "a YOLO fork"),
+    **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
+    **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),
+                    "a MobileNet fork; write Convolution with group equal to its channels"),
+    **dict.fromkeys(("HDF5Data", "HDF5Output", "MemoryData", "WindowData", "Im2col", "Filter",
+                     "Recurrent", "LSTMUnit"), STOCK),
+}
+CLOSE_ENOUGH = 0.85  # difflib's ratio for a suggestion: a misspelling, not another layer's name
+
+
 def layer_class(type_name):
-    """The class registered as ``type_name``; KeyError with a suggestion when it is unknown."""
+    """The class registered as ``type_name``; KeyError with a suggestion when it is unknown:
+    a near spelling (case aside), or where a known fork's layer type comes from."""
     try:
         return REGISTRY[type_name]
     except KeyError:
-        known = sorted(t for t in REGISTRY if not REGISTRY[t].__dict__.get("INTERNAL", False))
-        close = difflib.get_close_matches(str(type_name), known, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else f"; known types: {', '.join(known)}"
-        raise KeyError(f"unknown layer type '{type_name}'{hint}") from None
+        pass
+    if UNSUPPORTED.get(type_name) == STOCK:
+        raise KeyError(f"layer type '{type_name}' (stock Caffe) is not implemented here")
+    if type_name in UNSUPPORTED:
+        raise KeyError(f"layer type '{type_name}' (from {UNSUPPORTED[type_name]}) is not supported")
+    known = sorted(t for t in REGISTRY if not REGISTRY[t].__dict__.get("INTERNAL", False))
+    lower = {t.lower(): t for t in known}
+    close = difflib.get_close_matches(str(type_name).lower(), list(lower), n=1, cutoff=CLOSE_ENOUGH)
+    hint = f"; did you mean '{lower[close[0]]}'?" if close else f"; known types: {', '.join(known)}"
+    raise KeyError(f"unknown layer type '{type_name}'{hint}") from None
