@@ -1,6 +1,7 @@
-"""The README's memory tables come out of the commands it prints beside them: for the fast
-rows (AlexNet), each `sn-plan` command written in the README is run (`--json`) and every cell
-of the row in all three tables is compared with what the README says."""
+"""The memory tables of benchmarks/README.md (which the README's headline figures link to) come
+out of the commands printed beside them: for the fast rows (AlexNet), each `sn-plan` command
+written there is run (`--json`) and every cell of the row in all three tables is compared with
+what the file says."""
 
 import contextlib
 import importlib.util
@@ -25,9 +26,9 @@ def plan_table_tool():
 
 
 def memory_section():
-    text = (ROOT / "README.md").read_text()
-    start = text.index("### Memory of one training iteration")
-    return text[start:text.index("\n### ", start + 1)]
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    start = text.index("## Memory of one training iteration")
+    return text[start:text.index("\n## ", start + 1)]
 
 
 def readme_rows(section, net):
@@ -48,7 +49,7 @@ def run_sn_plan(argv, monkeypatch):
 def test_memory_tables_match_the_commands_they_print(net, monkeypatch):
     section = memory_section()
     found = re.search(rf"^- {re.escape(net)}: `(sn-plan [^`]*--policy P[^`]*)`$", section, re.M)
-    assert found, f"no command for {net} in the README's memory section"
+    assert found, f"no command for {net} in the memory section of benchmarks/README.md"
     tool = plan_table_tool()
     figures = {p: run_sn_plan(found.group(1).replace("--policy P", f"--policy {p}").split()[1:], monkeypatch)
                for p in tool.POLICIES}

@@ -1,4 +1,4 @@
-"""The memory tables of the README, each figure as `sn-plan` prints it: for classic ImageNet
+"""The memory tables of benchmarks/README.md, each figure as `sn-plan` prints it: for classic ImageNet
 networks at batch 32 and 224x224, one training iteration with the optimiser state sn-plan
 plans by default (SGD with momentum), under every policy, on the H100 cost model
 (`--device gpu`, which sets only the estimated times). Each cell comes from one command,
