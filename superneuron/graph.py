@@ -310,8 +310,11 @@ class Graph:
         return node
 
     def _add_node(self, ls, layer, bottoms, tops, inplace=False, kept=None):
+        # an Input or Data layer runs in both phases: a train_val file's TEST input was dropped
+        # for it (_instantiate), so the test forward reads its tensors, fed by the test loader
+        both = ls is None or ls.type in ("Input", "Data")
         node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops), inplace=inplace, kept=kept,
-                    phases=PHASES if ls is None else ls.phases)
+                    phases=PHASES if both else ls.phases)
         for t, s in zip(tops, layer.top_shapes):
             if t in self.tensors:  # only a parameter's name can be taken already
                 self._problem(ls, f"top '{t}' has the name of a parameter ('layer/param'); rename it")

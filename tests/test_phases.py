@@ -82,3 +82,20 @@ def test_phase_and_param_errors_name_the_line_and_layer(layers, message):
         loads_spec(HEAD + layers, "net.yaml")
     text = one_line(str(e.value))
     assert message in text and text.startswith("net.yaml:"), text
+
+
+def test_the_test_forward_of_a_train_val_net_reads_the_feed():
+    """The TEST Data layer gives way to the TRAIN one, whose step then runs in both phases: a
+    test forward reads what it is fed, not what an earlier step left in the arena (it once ran
+    on whatever memory held, and two forwards of one feed differed)."""
+    net = Net(load_spec(TRAIN_VAL), seed=1)
+    rng = np.random.default_rng(0)
+    feed = {}
+    for name in net.input_names:
+        shape = net.input_shape(name)
+        feed[name] = (rng.integers(0, 2, shape) if len(shape) == 1 else rng.standard_normal(shape)).astype(np.float32)
+    net.forward_backward({k: v * 3 for k, v in feed.items()})  # leaves other values in the arena
+    first = dict(net.forward(feed, train=False))
+    np.testing.assert_array_equal(net.blob(net.input_names[0]), feed[net.input_names[0]])
+    net.forward({k: np.zeros_like(v) for k, v in feed.items()}, train=False)
+    assert net.forward(feed, train=False) == first
