@@ -59,10 +59,10 @@ from .backend import planning_kernels
 from .errors import SNError
 from .graph import Graph
 from .net import Net
-from .optim import make_optimizer
+from .netfile.spec import load_spec
 from .scheduler.cost import CostModel
-from .solver_config import SolverConfig
-from .spec import load_spec
+from .train.optim import make_optimizer
+from .train.solver_config import SolverConfig
 
 MIN_BLOCKS = 16          # depth 50: stages [3, 8, 2, 3]
 MAX_DEPTH = 5000         # the default cap on the search: 1666 blocks, some 400 000 steps to plan

@@ -36,7 +36,7 @@ from .errors import LayerError, SpecError, where
 from .layers import layer_class
 from .layers.base import Layer
 from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
-from .rules import PHASES
+from .netfile.rules import PHASES
 
 # Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
 # step will make; "accum" a parameter gradient's sum over an iteration's rounds (iter_size);

@@ -17,17 +17,17 @@ from .errors import SNError
 from .graph import Graph
 from .layers.base import fill
 from .limits import host_memory_bytes
+from .netfile.rules import net_states
+from .netfile.spec import load_spec
 from .options import PlanOptions
 from .planning import min_memory, plan
 from .report import overflow_line
-from .rules import net_states
 from .runtime.executor import Runtime, rank_seed
 from .runtime.profile import load_or_measure
 from .scheduler.cost import LINKS, CostModel, cached_table
 from .scheduler.simulate import compute_step, overflow_at
 from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
 from .sizes import human_bytes
-from .spec import load_spec
 
 
 class Net:

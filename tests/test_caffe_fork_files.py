@@ -8,7 +8,7 @@ import numpy as np
 
 from superneuron.graph import Graph
 from superneuron.net import Net
-from superneuron.spec import prototxt_spec
+from superneuron.netfile.spec import prototxt_spec
 
 FCN = '''name: "fcn_head"
 input: "data" input_shape { dim: 1 dim: 3 dim: 32 dim: 32 }
@@ -61,8 +61,8 @@ def test_segnet_upsample_normalize_interp_train_with_ignored_pixels():
     spec = prototxt_spec(SEGNET, "segnet.prototxt")
     graph = Graph(spec)
     assert _learnable(graph) == 3 * 4 * 9 + 4 + 4 + 4 * 3 + 3  # conv1, Normalize's scale, score
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
     net = Net(spec, optimizer=make_optimizer(SolverConfig(base_lr=0.1)), policy="superneurons")
     assert (net.param("norm/scale") == 20).all()
     rng = np.random.default_rng(0)

@@ -129,8 +129,8 @@ TINY = "tests/nets/tiny.yaml"
 
 def test_snapshot_prefix_writes_caffes_pair_and_resume_reads_it(tmp_path, capsys):
     # Caffe: snapshot: N with snapshot_prefix P writes P_iter_N.caffemodel and P_iter_N.solverstate
-    from superneuron.caffe.weights import read_caffemodel
     from superneuron.cli.train import main
+    from superneuron.netfile.caffe.weights import read_caffemodel
     prefix = tmp_path / "snaps" / "tiny"
     solver = tmp_path / "solver.yaml"
     solver.write_text(f"base_lr: 0.05\nmax_iter: 4\nsnapshot: 2\nsnapshot_prefix: {prefix}\n")
@@ -188,7 +188,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "pool" bottom: "label" top:
 
 
 def test_digits_are_replicated_over_the_channels_the_net_expects(tmp_path, capsys):
-    from superneuron.data import open_source, source_config
+    from superneuron.data.sources import open_source, source_config
     grey, _ = open_source(source_config("digits", {"size": 8}))
     colour, _ = open_source(source_config("digits", {"size": 8, "channels": 3}))
     assert grey.sample_shape == (1, 8, 8) and colour.sample_shape == (3, 8, 8)

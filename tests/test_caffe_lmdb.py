@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from superneuron.caffe import caffe_pb2
-from superneuron.caffe.lmdb_data import decode, index
 from superneuron.cli import train
 from superneuron.cli.make_lmdb import main as make_lmdb
-from superneuron.data import Loader, _digits, _split, open_source
+from superneuron.data.lmdb_data import decode, index
+from superneuron.data.readahead import ReadAhead
+from superneuron.data.sources import Loader, _digits, _split, open_source
 from superneuron.errors import SpecError
-from superneuron.readahead import ReadAhead
-from superneuron.spec import prototxt_spec
+from superneuron.netfile.caffe import caffe_pb2
+from superneuron.netfile.spec import prototxt_spec
 
 
 def make(tmp_path, x, y, x_test=None, y_test=None):

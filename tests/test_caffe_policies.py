@@ -7,8 +7,8 @@ import pytest
 from test_net import feed_for
 
 from superneuron.net import Net, load_net
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 NET = "tests/nets/caffe_misc.yaml"
 POLICIES = ("liveness", "recompute", "offload", "superneurons", "gist")

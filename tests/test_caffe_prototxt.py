@@ -11,7 +11,7 @@ import pytest
 from superneuron.cli import convert, plan, train
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
-from superneuron.spec import prototxt_spec
+from superneuron.netfile.spec import prototxt_spec
 
 sys.path.insert(0, "tests/caffe")
 import zoo  # noqa: E402

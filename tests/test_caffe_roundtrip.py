@@ -8,14 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from superneuron.caffe.prototxt import prototxt_tree
-from superneuron.caffe.prototxt_out import spec_to_prototxt
-from superneuron.caffe.yaml_out import tree_to_yaml
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
 from superneuron.net import Net
+from superneuron.netfile.caffe.prototxt import prototxt_tree
+from superneuron.netfile.caffe.prototxt_out import spec_to_prototxt
+from superneuron.netfile.caffe.yaml_out import tree_to_yaml
+from superneuron.netfile.spec import load_spec, loads_spec, prototxt_spec
 from superneuron.planning import plan
-from superneuron.spec import load_spec, loads_spec, prototxt_spec
 
 sys.path.insert(0, "tests/caffe")
 import zoo  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 
 from superneuron.cli import convert, train
 from superneuron.errors import SpecError
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig, learning_rate, load_solver, load_solver_prototxt
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig, learning_rate, load_solver, load_solver_prototxt
 
 SOLVER = "tests/caffe/lenet_solver.prototxt"
 

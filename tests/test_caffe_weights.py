@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
-from superneuron.caffe import caffe_pb2
-from superneuron.caffe.weights import load_weights, read_caffemodel
 from superneuron.cli import convert, train
 from superneuron.errors import SNError
 from superneuron.net import load_net
+from superneuron.netfile.caffe import caffe_pb2
+from superneuron.netfile.caffe.weights import load_weights, read_caffemodel
 
 NET = "tests/nets/digits_bn.yaml"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from one_line import raises_one_line
 
-from superneuron import data
+from superneuron.data import sources as data
 from superneuron.errors import SNError
 
 

@@ -9,7 +9,7 @@ import numpy as np
 from one_line import raises_one_line
 from PIL import Image
 
-from superneuron import data
+from superneuron.data import sources as data
 from superneuron.errors import LayerError, SNError
 from tests.layer_harness import build, forward
 

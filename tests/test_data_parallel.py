@@ -26,15 +26,15 @@ import time
 import numpy as np
 import pytest
 
-from superneuron.data import Loader, open_source
-from superneuron.feed import data_config
-from superneuron.optim import make_optimizer
+from superneuron.data.feed import data_config
+from superneuron.data.sources import Loader, open_source
+from superneuron.netfile.spec import load_spec
 from superneuron.planning import plan
 from superneuron.scheduler.allreduce import buckets_of, collective_order
 from superneuron.scheduler.cost import Link
 from superneuron.scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, OFFLOAD, RECOMPUTE, UPDATE, WAIT_REDUCE
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MPIEXEC = shutil.which("mpiexec", path=str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])

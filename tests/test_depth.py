@@ -14,14 +14,14 @@ from superneuron.cli.depth import main
 from superneuron.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of, search
 from superneuron.errors import SNError
 from superneuron.graph import Graph
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import POLICIES, SOLVED, apply_policy
 from superneuron.scheduler.simulate import simulate
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = "nets/resnet.yaml"

@@ -22,12 +22,12 @@ from one_line import raises_one_line
 from test_memory_passes import CHAIN, assert_same_results, baseline, check_copies, execute, graph_of, tiny
 from test_net import feed_for
 
-from superneuron.allocator import aligned
 from superneuron.errors import SNError
 from superneuron.layers import codecs
 from superneuron.layers.base import Context
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.context import Context as PlanContext
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.encode import encode, summary
@@ -39,8 +39,8 @@ from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.steps import Encode
 from superneuron.scheduler.workspace import fit
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 3.0, -2.0], np.float32)
 

@@ -5,9 +5,9 @@ refuse a source the net cannot take."""
 import numpy as np
 import pytest
 
+from superneuron.data.feed import data_config, fixed_side
 from superneuron.errors import SNError
-from superneuron.feed import data_config, fixed_side
-from superneuron.spec import load_spec
+from superneuron.netfile.spec import load_spec
 
 LENET = "nets/lenet.yaml"  # its size parameter is 32
 TINY = "tests/nets/tiny.yaml"  # an Input net

@@ -14,8 +14,8 @@ from superneuron.cli.plan import main as plan_main
 from superneuron.cli.train import main
 from superneuron.errors import SNError, SpecError
 from superneuron.net import load_net
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")

@@ -54,7 +54,7 @@ def _room(name):
 def test_the_import_reader_sees_relative_and_nested_imports():
     # a control: the reader must find what these modules are known to import
     assert "superneuron.scheduler.liveness" in imports_of("superneuron.scheduler.offload")
-    assert "superneuron.allocator" in imports_of("superneuron.scheduler.simulate")
+    assert "superneuron.scheduler.allocator" in imports_of("superneuron.scheduler.simulate")
     assert "superneuron.scheduler.simulate" in imports_of("superneuron.scheduler.workspace")  # in a function
 
 
@@ -70,7 +70,7 @@ def test_layers_know_shapes_and_kernels_never_the_schedule(name):
     assert not bad, f"{name} imports {sorted(bad)}"
 
 
-@pytest.mark.parametrize("name", ["superneuron.allocator", "superneuron.sizes", "superneuron.errors",
+@pytest.mark.parametrize("name", ["superneuron.scheduler.allocator", "superneuron.sizes", "superneuron.errors",
                                   "superneuron.limits"])
 def test_the_ground_floor_imports_only_errors_and_limits(name):
     assert imports_of(name) <= {"superneuron.errors", "superneuron.limits"}

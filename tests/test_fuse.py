@@ -10,6 +10,7 @@ from test_memory_passes import assert_same_results
 from superneuron.graph import Graph
 from superneuron.layers import parallel
 from superneuron.layers.base import Context
+from superneuron.netfile.spec import load_spec
 from superneuron.scheduler import fuse
 from superneuron.scheduler.context import Context as Planning
 from superneuron.scheduler.cost import CostModel
@@ -18,7 +19,6 @@ from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal_stashes import stashes_of
 from superneuron.scheduler.policy import LAST, LIVENESS, apply_policy
 from superneuron.scheduler.recompute import recompute_joins
-from superneuron.spec import load_spec
 
 CASES = [("Scale", [(4, 6, 5, 7)], {"bias_term": True}), ("Scale", [(4, 6, 5, 7)], {"bias_term": False}),
          ("Scale", [(4, 6)], {"bias_term": True}), ("Scale", [(3, 4, 6, 5)], {"axis": 2, "bias_term": True}),

@@ -13,7 +13,7 @@ from fuzz_helpers import HOSTILE, assert_clean, guard, rng, run_main
 
 from superneuron.cli.plan import main as plan_main
 from superneuron.cli.train import main as train_main
-from superneuron.expr import ExprError, evaluate
+from superneuron.netfile.expr import ExprError, evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASES = ["tests/nets/tiny.yaml", "tests/nets/shape.yaml", "tests/nets/neuron.yaml", "tests/nets/train_val.yaml",

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from fuzz_helpers import assert_clean, rng, run_main
 
-from superneuron import snapshot
 from superneuron.cli.train import main as train_main
+from superneuron.train import snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")

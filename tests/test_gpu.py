@@ -222,8 +222,8 @@ def test_policies_on_gpu_match_baseline_and_plan_equals_run(policy):
     with no stall, and every parameter after three training steps."""
     from test_net import feed_for, small_net
 
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
     nets = {p: small_net("nets/resnet.yaml", device="gpu", policy=p,
                          optimizer=make_optimizer(SolverConfig(type="Adam", base_lr=1e-3)))
             for p in ("baseline", policy)}
@@ -280,8 +280,8 @@ def test_an_iteration_allocates_almost_nothing_outside_the_arena():
     allocator) is a few scalars, far under one feature map (4 MiB here)."""
     from test_net import feed_for, small_net
 
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
     net = small_net("nets/resnet.yaml", batch=16, device="gpu", policy="liveness",
                     optimizer=make_optimizer(SolverConfig()))
     feed = feed_for(net)

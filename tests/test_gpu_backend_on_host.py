@@ -11,8 +11,8 @@ import pytest
 
 from superneuron import backend
 from superneuron.graph import Graph
+from superneuron.netfile.spec import loads_spec
 from superneuron.scheduler.cost import cache_path
-from superneuron.spec import loads_spec
 
 GIB = 1 << 30
 

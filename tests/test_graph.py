@@ -9,7 +9,7 @@ from one_line import one_line
 
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
-from superneuron.spec import load_spec
+from superneuron.netfile.spec import load_spec
 
 
 def graph_of(tmp_path, text, name="net.yaml"):

@@ -17,12 +17,12 @@ from test_net import feed_for, small_net
 from superneuron.backend import Backend
 from superneuron.errors import SNError
 from superneuron.layers.base import Context
-from superneuron.optim import make_optimizer
 from superneuron.runtime.executor import Runtime
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
-from superneuron.solver_config import SolverConfig
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 FINITE = "the losses' finiteness, before the update"
 END = "the outputs, at the end of the iteration"

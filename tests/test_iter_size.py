@@ -14,17 +14,17 @@ import pytest
 from one_line import cli_error, one_line
 
 from superneuron import load_net
-from superneuron.allocator import aligned
 from superneuron.cli import convert
 from superneuron.cli import plan as plan_cli
 from superneuron.cli import train as train_cli
-from superneuron.data import Loader, open_source, source_config
+from superneuron.data.sources import Loader, open_source, source_config
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import loads_spec
 from superneuron.planning import plan
-from superneuron.solver_config import SolverConfig, load_solver
-from superneuron.spec import loads_spec
-from superneuron.train import Trainer
+from superneuron.scheduler.allocator import aligned
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig, load_solver
+from superneuron.train.trainer import Trainer
 
 LENET = "nets/lenet.yaml"
 TINY = "tests/nets/tiny.yaml"  # BatchNorm and Dropout

@@ -22,15 +22,15 @@ from test_net import feed_for
 from torch_ref import lrn_within_channel
 
 from superneuron import planning
-from superneuron.allocator import aligned
 from superneuron.graph import Graph
 from superneuron.layers.base import workspace_bytes
 from superneuron.layers.lrn import LRN
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec, loads_spec
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.cost import CostModel
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec, loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 RNG_SEED = 23
 

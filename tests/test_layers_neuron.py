@@ -18,7 +18,7 @@ from test_net import feed_for
 from superneuron.errors import LayerError
 from superneuron.layers import layer_class
 from superneuron.net import Net, load_net
-from superneuron.spec import loads_spec
+from superneuron.netfile.spec import loads_spec
 
 NET = "tests/nets/neuron.yaml"
 RNG_SEED = 23  # the seed of each test's own generator (the rng fixture, conftest.py)
@@ -325,8 +325,8 @@ def test_net_is_bit_identical_under_baseline_and_superneurons():
     """Losses and every parameter gradient are the same bits under superneurons (offload and
     recomputation of the cheap neuron layers) as under baseline, and so are three training
     steps; plan equals run for both."""
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
     nets = {p: load_net(NET, policy=p) for p in ("baseline", "superneurons")}
     feed = feed_for(nets["baseline"])
     losses = {p: net.forward_backward(feed) for p, net in nets.items()}

@@ -10,7 +10,7 @@ from layer_harness import build, forward, gradcheck, peak_allocation
 
 from superneuron.layers.base import Context
 from superneuron.net import Net
-from superneuron.spec import loads_spec
+from superneuron.netfile.spec import loads_spec
 
 T, N, D, H = 5, 3, 4, 6
 

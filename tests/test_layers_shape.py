@@ -21,8 +21,8 @@ from superneuron.graph import Graph
 from superneuron.layers import layer_class
 from superneuron.layers.base import Context
 from superneuron.net import Net, load_net
+from superneuron.netfile.spec import loads_spec
 from superneuron.scheduler.lower import lower
-from superneuron.spec import loads_spec
 
 KIB = 1024
 RNG_SEED = 23  # the seed of each test's own generator (the rng fixture, conftest.py)

@@ -14,8 +14,8 @@ from superneuron.cli.depth import main as depth_main
 from superneuron.cli.plan import main as plan_main
 from superneuron.cli.train import main as train_main
 from superneuron.errors import SNError
-from superneuron.expr import ExprError, evaluate
 from superneuron.files import read_text_capped
+from superneuron.netfile.expr import ExprError, evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")

@@ -14,12 +14,12 @@ import pytest
 from test_net import SMALL
 
 from superneuron import planning
-from superneuron.allocator import aligned
 from superneuron.cli.plan import main as sn_plan
 from superneuron.graph import Graph, storage_root
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec, loads_spec
+from superneuron.netfile.spec import load_spec, loads_spec
+from superneuron.scheduler.allocator import aligned
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 PRESETS = ("baseline", "liveness", "recompute", "offload", "superneurons")
 NETS = [(path, overrides) for path, overrides in SMALL.items()] + \

@@ -19,7 +19,7 @@ from superneuron.graph import Graph
 from superneuron.graph import storage_root as root
 from superneuron.layers.base import fill
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec, loads_spec
 from superneuron.runtime.executor import Runtime
 from superneuron.scheduler.cost import CostModel, DeviceModel
 from superneuron.scheduler.inplace import inplace
@@ -29,8 +29,8 @@ from superneuron.scheduler.policy import POLICIES, apply_policy
 from superneuron.scheduler.recompute import recompute, with_recomputes
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.steps import COPY, MEMORY, Free, Offload, Wait
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec, loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 TINY = "tests/nets/tiny.yaml"
 HEAD = """\

@@ -14,13 +14,13 @@ from test_memory_passes import CHAIN, feed_of, graph_of, params_of
 
 from superneuron.backend import Backend
 from superneuron.errors import SNError
-from superneuron.optim import make_optimizer
 from superneuron.runtime.collective import NoAnswer, SoloNccl, nccl_module
 from superneuron.runtime.executor import Runtime
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
-from superneuron.solver_config import SolverConfig
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 
 def _run(backend, ranks, group=None, sync_bn=False):

@@ -7,8 +7,8 @@ import pytest
 
 from superneuron.cli import plan as plan_cli
 from superneuron.graph import Graph
-from superneuron.rules import NetState, net_states, phases_of
-from superneuron.spec import load_spec, loads_spec
+from superneuron.netfile.rules import NetState, net_states, phases_of
+from superneuron.netfile.spec import load_spec, loads_spec
 
 STAGED = """
 name: staged
@@ -65,7 +65,7 @@ layer { name: "accuracy" type: "Accuracy" bottom: "fc" bottom: "label" top: "acc
     solver = tmp_path / "solver.prototxt"
     solver.write_text('net: "net.prototxt"\nbase_lr: 0.1\nlr_policy: "fixed"\nmax_iter: 2\n'
                       'train_state { stage: "tune" }\ntest_state { stage: "tune" stage: "val" }\n')
-    from superneuron.caffe.solver import solver_states
+    from superneuron.netfile.caffe.solver import solver_states
     assert solver_states(str(solver)) == ((0, frozenset({"tune"})), (0, frozenset({"tune", "val"})))
     import types
 

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 from one_line import cli_error, one_line, raises_one_line
 
-from superneuron import data
 from superneuron.cli.train import main
+from superneuron.data import sources as data
 from superneuron.errors import SNError, SpecError
-from superneuron.solver_config import SolverConfig, load_solver
-from superneuron.spec import loads_spec
+from superneuron.netfile.spec import loads_spec
+from superneuron.train.solver_config import SolverConfig, load_solver
 from tests.test_train import TINY, tiny_trainer
 
 HEAD = """name: n

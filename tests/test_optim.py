@@ -12,8 +12,8 @@ from one_line import raises_one_line
 
 from superneuron.errors import SNError, SpecError
 from superneuron.layers.base import Context, workspace_bytes
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig, learning_rate, load_solver, solver_from_mapping
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig, learning_rate, load_solver, solver_from_mapping
 
 SHAPES = [(3, 4), (5,), (2, 2, 3)]
 
@@ -156,7 +156,7 @@ def test_slots_state_names_and_workspace():
 def test_a_parameter_updated_a_span_at_a_time_gets_the_same_bits(kind, monkeypatch):
     """optim.SPAN values at a time (a ragged last span, parameters smaller than one): the same
     bits as the whole parameter at once, with a span's scratch."""
-    from superneuron import optim
+    from superneuron.train import optim
     params, steps = problem_data(np.float32, seed=5, shapes=[(7, 143), (5,), (64,)])
     cfg = SolverConfig(type=kind, momentum=0.9 if kind != "AdaGrad" else 0.0, weight_decay=1e-2, base_lr=0.1)
     whole = run_ours(cfg, params, steps)

@@ -11,13 +11,13 @@ from test_optim import problem_data, run_ours
 from test_param_offload import feed_of
 from test_train import losses, tiny_trainer
 
-from superneuron.caffe.solver import solver_mapping
 from superneuron.errors import SpecError
 from superneuron.layers.base import workspace_bytes
 from superneuron.net import load_net
-from superneuron.optim import make_optimizer
-from superneuron.snapshot import expected_arrays
-from superneuron.solver_config import SolverConfig, load_solver, load_solver_prototxt
+from superneuron.netfile.caffe.solver import solver_mapping
+from superneuron.train.optim import make_optimizer
+from superneuron.train.snapshot import expected_arrays
+from superneuron.train.solver_config import SolverConfig, load_solver, load_solver_prototxt
 
 KINDS = ("AdaGrad", "RMSProp", "AdaDelta")
 

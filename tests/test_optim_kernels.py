@@ -1,4 +1,4 @@
-"""The GPU's one-kernel SGD update (superneuron/optim_kernels.py) on the CPU: its element code,
+"""The GPU's one-kernel SGD update (superneuron/train/optim_kernels.py) on the CPU: its element code,
 compiled for the host as C++ (without fused multiply-adds, as the GPU kernel is built), run
 over the table the GPU kernel reads, gives the NumPy per-parameter update's bits for plain,
 momentum and Nesterov SGD with and without weight decay, learning-rate and decay multipliers
@@ -13,11 +13,11 @@ import types
 import numpy as np
 import pytest
 
-from superneuron import optim_kernels
 from superneuron.backend import address
 from superneuron.layers.base import Context
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
+from superneuron.train import optim_kernels
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
 

@@ -17,6 +17,7 @@ from test_memory_passes import CAFFE_CHAIN, CHAIN, assert_same_results, check_co
 
 from superneuron.graph import Graph
 from superneuron.layers.base import Algo
+from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
@@ -25,7 +26,6 @@ from superneuron.scheduler.optimal import HEURISTICS, realise, smallest_budget
 from superneuron.scheduler.optimal_model import Choice, Model, Stash, solve
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
-from superneuron.spec import load_spec
 
 CPU = CostModel("cpu")
 

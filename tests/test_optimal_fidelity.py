@@ -14,7 +14,7 @@ import dataclasses
 
 from superneuron.backend import planning_kernels
 from superneuron.graph import Graph
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.planning import lowered, plan
 from superneuron.scheduler.context import Context
@@ -23,8 +23,8 @@ from superneuron.scheduler.optimal import _placed, realise
 from superneuron.scheduler.optimal_model import build, solve
 from superneuron.scheduler.steps import OFFLOAD, PREFETCH, WAIT
 from superneuron.scheduler.update import update_in_backward
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 
 def test_the_realised_plan_takes_the_time_the_program_counts():

@@ -17,7 +17,7 @@ import pytest
 from test_memory_passes import assert_same_results, check_copies, graph_of
 from test_optimal import CPU, budgets, optimal_within_budget_and_fastest, same_algorithms
 
-from superneuron.allocator import aligned
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.liveness import Roots, liveness
 from superneuron.scheduler.lower import lower

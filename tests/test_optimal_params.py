@@ -16,7 +16,7 @@ from test_memory_passes import CHAIN, assert_same_results, check_copies, feed_of
 from test_optimal import CPU, planned, same_algorithms
 
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import loads_spec
 from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.lower import lower
@@ -24,8 +24,8 @@ from superneuron.scheduler.optimal import HEURISTICS, smallest_budget
 from superneuron.scheduler.optimal_model import build, solve
 from superneuron.scheduler.params import offload_params
 from superneuron.scheduler.policy import passes_of
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 
 @pytest.mark.parametrize("fraction", [0.9, 0.8, 0.7])

@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 from superneuron.graph import Graph
+from superneuron.netfile.spec import load_spec
 from superneuron.scheduler import optimal
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal_monotone import SMALLER
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
-from superneuron.spec import load_spec
 
 CPU = CostModel("cpu")
 
@@ -24,7 +24,7 @@ from superneuron.graph import Graph
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy
-from superneuron.spec import load_spec
+from superneuron.netfile.spec import load_spec
 g = Graph(load_spec("nets/resnet_cifar.yaml", overrides={"depth": 8}, batch=4))
 memo = {}
 s = apply_policy(lower(g), "optimal", budget=int(sys.argv[1]), costs=CostModel("cpu"), memo=memo)

@@ -15,15 +15,15 @@ from test_memory_passes import CHAIN, check_copies, feed_of, graph_of
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.scheduler.liveness import liveness
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.params import APPLY_LAG, offload_params
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 TINY = "tests/nets/tiny.yaml"
 
@@ -96,7 +96,7 @@ def _train(spec, policy, solver, iters=3):
 ], ids=["sgd", "adam-clipped"])
 @pytest.mark.parametrize("policy", ["liveness+params", "superneurons+params"])
 def test_training_with_parameters_on_the_host_matches_baseline_bit_for_bit(policy, solver):
-    from superneuron.spec import loads_spec
+    from superneuron.netfile.spec import loads_spec
     spec = loads_spec(CHAIN)
     base, base_losses = _train(spec, "baseline", solver)
     net, losses = _train(spec, policy, solver)

@@ -8,10 +8,10 @@ from one_line import one_line, raises_one_line
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec, loads_spec
 from superneuron.scheduler.lower import lower
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec, loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 TRAIN_VAL = "tests/nets/train_val.yaml"
 

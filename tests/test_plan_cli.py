@@ -7,10 +7,10 @@ from one_line import cli_error
 
 from superneuron.cli.plan import main
 from superneuron.graph import Graph
+from superneuron.netfile.spec import load_spec
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
-from superneuron.spec import load_spec
 
 TINY = "tests/nets/tiny.yaml"
 
@@ -34,8 +34,8 @@ def test_json_agrees_with_the_simulator(capsys):
                          "--memory", "1GiB")
     info = json.loads(out)
     # sn-plan counts the optimiser's state, as sn-train allocates it (default: SGD with momentum)
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
     optimizer = make_optimizer(SolverConfig())
     plan = simulate(apply_policy(lower(Graph(load_spec(TINY, batch=2)), optimizer=optimizer), "liveness"))
     assert status == 0 and info["fits"] is True and info["overflow"] is None
@@ -136,8 +136,8 @@ def test_trace_is_json_with_spans_and_counters(capsys, tmp_path):
 
 def test_trace_has_a_track_per_stream_timed_by_the_device_and_marks_stalls(capsys, tmp_path):
     from superneuron.graph import Graph
+    from superneuron.netfile.spec import load_spec
     from superneuron.scheduler.cost import CostModel
-    from superneuron.spec import load_spec
     graph_bytes = {t.name: t.nbytes for t in Graph(load_spec(TINY)).tensors.values()}
     names = {}
     for device in ("cpu", "gpu"):

@@ -17,9 +17,9 @@ from test_net import SMALL, feed_for
 
 from superneuron import load_net
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import loads_spec
+from superneuron.netfile.spec import loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 TINY = "tests/nets/tiny.yaml"  # in-place BatchNorm and ReLU, Dropout, Concat, Eltwise, fan-out
 TEXTS = {"chain": CHAIN,               # conv → BatchNorm → Scale → ReLU blocks: BatchNorm recomputed

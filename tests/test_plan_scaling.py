@@ -7,10 +7,10 @@ import os
 import time
 
 from superneuron.graph import Graph
+from superneuron.netfile.spec import load_spec
 from superneuron.planning import lowered, plan
 from superneuron.scheduler.liveness import Roots
 from superneuron.scheduler.placement import arena_bytes, lifetimes, live_peak, plan_offsets
-from superneuron.spec import load_spec
 
 CHAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nets", "relu_chain.yaml")
 

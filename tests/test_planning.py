@@ -7,15 +7,15 @@ import os
 
 import pytest
 
-from superneuron.allocator import aligned
 from superneuron.cli.plan import build_parser, main, plan_from_args
 from superneuron.errors import SNError
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec
 from superneuron.planning import fits, min_memory, plan
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.simulate import compute_step
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")

@@ -12,11 +12,11 @@ import pytest
 
 from superneuron.cli.progress import PERIOD, Progress, count_tests
 from superneuron.cli.train import build_parser, main
-from superneuron.data import Loader, open_source, source_config
+from superneuron.data.sources import Loader, open_source, source_config
 from superneuron.net import load_net
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
-from superneuron.train import Trainer
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
+from superneuron.train.trainer import Trainer
 
 TINY = os.path.join(os.path.dirname(__file__), "nets", "tiny.yaml")
 

@@ -1,5 +1,5 @@
 """The Python API as a first door (issue 31): the same options value, defaults and checks as
-the command-line tools, sizes as text, and ``superneuron.optim`` reachable after ``import
+the command-line tools, sizes as text, and ``superneuron.train.optim`` reachable after ``import
 superneuron``."""
 
 import os
@@ -15,9 +15,9 @@ from superneuron import planning
 from superneuron.cli.common import options_from_args
 from superneuron.cli.train import build_parser
 from superneuron.errors import SNError
+from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.sizes import parse_size
-from superneuron.spec import load_spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")
@@ -25,7 +25,7 @@ TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")
 
 def test_optim_is_reachable_after_import_superneuron():
     # a fresh interpreter: within the test session some other test may have imported it already
-    code = "import superneuron; print(superneuron.optim.make_optimizer({'type': 'Adam', 'base_lr': 0.001}).cfg.type)"
+    code = "import superneuron; print(superneuron.train.optim.make_optimizer({'type': 'Adam', 'base_lr': 0.001}).cfg.type)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr

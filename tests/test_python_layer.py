@@ -15,8 +15,8 @@ import pytest
 
 from superneuron import SpecError
 from superneuron.net import Net
+from superneuron.netfile.spec import loads_spec, prototxt_spec
 from superneuron.scheduler.recompute import recomputable_roots
-from superneuron.spec import loads_spec, prototxt_spec
 
 MODULE = '''
 import caffe

@@ -17,7 +17,7 @@ def python_example():
 
 
 def test_python_api_example_runs_as_written_in_a_fresh_interpreter():
-    # as a user runs it: nothing imported before (`superneuron.optim` must be reachable after
+    # as a user runs it: nothing imported before (`superneuron.train.optim` must be reachable after
     # `import superneuron` alone), from the repository's folder
     done = subprocess.run([sys.executable, "-c", python_example()], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)

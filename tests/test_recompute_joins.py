@@ -14,14 +14,14 @@ import pytest
 from test_memory_passes import feed_of
 
 from superneuron import planning
-from superneuron.allocator import aligned
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import loads_spec
 from superneuron.scheduler import policy
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.params import offload_params
 from superneuron.scheduler.recompute import recompute
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 BATCH, SIZE, WIDTH = 4, 16, 8
 RESIDUAL = """

@@ -8,11 +8,11 @@ import time
 import pytest
 from one_line import cli_error
 
-from superneuron import spec as spec_module
 from superneuron.cli.plan import main as plan_main
 from superneuron.errors import SpecError
 from superneuron.limits import MAX_REPEAT_ROUNDS
-from superneuron.spec import load_spec
+from superneuron.netfile import spec as spec_module
+from superneuron.netfile.spec import load_spec
 
 HEAD = "name: t\ninput: {data: [2, 3, 4, 4], label: [2]}\n"
 TAIL = "  - {name: fc, type: InnerProduct, bottom: data, top: fc, num_output: 3}\n"

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from one_line import cli_error, raises_one_line
 
-from superneuron import snapshot
 from superneuron.cli.train import main
 from superneuron.errors import SNError
+from superneuron.train import snapshot
 from tests.test_train import TINY, tiny_trainer
 
 

@@ -17,9 +17,9 @@ import pytest
 from fuzz_helpers import assert_clean, run_main
 from one_line import one_line, raises_one_line
 
-from superneuron import snapshot
 from superneuron.cli.train import main as train_main
 from superneuron.errors import SNError
+from superneuron.train import snapshot
 from tests.test_train import TINY, tiny_trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -184,7 +184,7 @@ def test_the_display_window_holds_one_interval_at_most(display, most, tmp_path, 
     """What a display averages is kept for one interval only; with display 0 (none), nothing:
     before, every loss of the run was kept (a float and an accuracy an iteration, for ever:
     the slow growth of tools/long_run.py's first curve)."""
-    from superneuron import train
+    from superneuron.train import trainer as train
 
     longest = []
 

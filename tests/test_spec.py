@@ -15,9 +15,9 @@ from one_line import raises_one_line
 import superneuron.layers as layers_module
 import superneuron.layers.registry as registry_module
 from superneuron.errors import SpecError
-from superneuron.expr import ExprError, evaluate, interpolate, substitute
 from superneuron.layers.base import Key, Layer
-from superneuron.spec import load_spec, parse_overrides
+from superneuron.netfile.expr import ExprError, evaluate, interpolate, substitute
+from superneuron.netfile.spec import load_spec, parse_overrides
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NETS = ROOT / "nets"

@@ -1,12 +1,12 @@
-"""The text source (superneuron/text.py): windows of bytes with next-byte targets, a held-out
+"""The text source (superneuron/data/text.py): windows of bytes with next-byte targets, a held-out
 tail, folders read in sorted order, the standard library by default, and errors in one line."""
 
 import numpy as np
 import pytest
 
-from superneuron import data
+from superneuron.data import sources as data
+from superneuron.data.text import read_tokens, unigram_entropy
 from superneuron.errors import SNError
-from superneuron.text import read_tokens, unigram_entropy
 
 
 def test_windows_targets_and_held_out_tail(tmp_path):

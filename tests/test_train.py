@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from one_line import raises_one_line
 
-from superneuron.data import Loader, open_source, source_config
+from superneuron.data.sources import Loader, open_source, source_config
 from superneuron.errors import SNError
 from superneuron.net import load_net
-from superneuron.optim import make_optimizer
-from superneuron.snapshot import expected_arrays
-from superneuron.solver_config import SolverConfig
-from superneuron.train import Trainer
+from superneuron.train.optim import make_optimizer
+from superneuron.train.snapshot import expected_arrays
+from superneuron.train.solver_config import SolverConfig
+from superneuron.train.trainer import Trainer
 
 TINY = os.path.join(os.path.dirname(__file__), "nets", "tiny.yaml")
 

@@ -9,8 +9,8 @@ import pytest
 from kernel_trace import ALIGN, KernelTrace
 
 from superneuron import load_net
-from superneuron.optim import make_optimizer
-from superneuron.solver_config import SolverConfig
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 GPT = "nets/gpt.yaml"
 TINY_GPT = dict(layers=2, d_model=8, heads=2, seq=6, vocab=11, batch=2, query_block=2)
@@ -183,7 +183,7 @@ def test_sn_train_gpt_on_a_text_file_learns(tmp_path, capsys):
     labels, the classes on the scores' axis 2): on a repetitive text the test loss falls below
     the bytes' unigram entropy, which a model that ignores context cannot do."""
     from superneuron.cli.train import main
-    from superneuron.text import unigram_entropy
+    from superneuron.data.text import unigram_entropy
     text = b"abcdefgh" * 64  # each byte predicts the next exactly; unigram entropy ln 8
     path = tmp_path / "abc.txt"
     path.write_bytes(text)

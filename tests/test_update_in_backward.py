@@ -16,19 +16,19 @@ import pytest
 from one_line import raises_one_line
 from test_memory_passes import CHAIN, feed_of, graph_of
 
-from superneuron.allocator import aligned
 from superneuron.errors import SNError
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import load_spec, loads_spec
 from superneuron.options import PlanOptions
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.update import update_in_backward
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import load_spec, loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 CIFAR = "nets/resnet_cifar.yaml"
 

@@ -7,11 +7,11 @@ from test_encode import RELU_POOL
 from test_net import feed_for
 
 from superneuron import load_net
-from superneuron.allocator import Allocator, aligned
 from superneuron.graph import TensorInfo
 from superneuron.net import Net
-from superneuron.optim import make_optimizer
+from superneuron.netfile.spec import loads_spec
 from superneuron.runtime.executor import Execution
+from superneuron.scheduler.allocator import Allocator, aligned
 from superneuron.scheduler.barrier import barrier_before_update
 from superneuron.scheduler.cost import Clock, CostModel, Link
 from superneuron.scheduler.encode import _Summary
@@ -32,8 +32,8 @@ from superneuron.scheduler.steps import (
 )
 from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
 from superneuron.scheduler.workspace import _LiveAtSteps
-from superneuron.solver_config import SolverConfig
-from superneuron.spec import loads_spec
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
 
 
 class Recording(Allocator):

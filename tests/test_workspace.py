@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 from one_line import cli_error, raises_one_line
 
-from superneuron.allocator import aligned
 from superneuron.cli.plan import main
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.layers.base import Algo
 from superneuron.net import Net
+from superneuron.netfile.spec import load_spec
 from superneuron.runtime.profile import measure_costs
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.cost import CostModel, entry_key
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import POLICIES, SOLVED, apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.workspace import choose, choose_workspaces
-from superneuron.spec import load_spec
 
 # Three 3x3 convolutions: the second's im2col workspace (72 rows x 512 columns) is the
 # iteration's largest buffer; the third, after pooling, works on a quarter of the pixels.
@@ -245,9 +245,9 @@ def test_a_workspace_no_layout_leaves_room_for_is_pinned_under_the_limit_first()
     workspace takes all the limit leaves at its step."""
     import types
 
-    from superneuron.allocator import ALIGN
     from superneuron.graph import TensorInfo
     from superneuron.scheduler import placement
+    from superneuron.scheduler.allocator import ALIGN
     from superneuron.scheduler.steps import Alloc, Forward, Free
     tensors_ = [(0, 5, 4), (5, 7, 5), (0, 4, 3), (3, 4, 2), (2, 4, 4)]  # (first step, last step, units)
     workspaces = {4: 2, 6: 10, 7: 10}  # step: units

@@ -7,8 +7,8 @@ from one_line import cli_error
 
 from superneuron.cli.plan import main as plan_main
 from superneuron.errors import SpecError
-from superneuron.solver_config import load_solver
-from superneuron.spec import load_spec, parse_overrides
+from superneuron.netfile.spec import load_spec, parse_overrides
+from superneuron.train.solver_config import load_solver
 
 NET = """
 name: t

@@ -25,8 +25,8 @@ from threadpoolctl import threadpool_limits
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from superneuron import load_net  # noqa: E402
 from superneuron.layers import parallel  # noqa: E402
-from superneuron.optim import make_optimizer  # noqa: E402
-from superneuron.solver_config import SolverConfig  # noqa: E402
+from superneuron.train.optim import make_optimizer  # noqa: E402
+from superneuron.train.solver_config import SolverConfig  # noqa: E402
 
 SETTLE_SECONDS = 0.2  # idle BLAS threads spin after a GEMM; let them stop before the next block
 

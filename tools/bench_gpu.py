@@ -39,8 +39,8 @@ NETS = {  # ours (file, --set) and torchvision's constructor
 
 
 def solver():
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
     return make_optimizer(SolverConfig(type="SGD", base_lr=0.01, momentum=0.9, weight_decay=5e-4))
 
 
@@ -69,7 +69,7 @@ def time_ours(net, feed, iters, warmup):
 
 def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
     from superneuron.net import Net
-    from superneuron.spec import load_spec
+    from superneuron.netfile.spec import load_spec
     path, overrides, _ = NETS[name]
     t0 = time.perf_counter()
     net = Net(load_spec(path, overrides=dict(overrides, size=size), batch=batch), device="gpu",
@@ -161,8 +161,8 @@ def torch_fits(make, batch, budget):
 
 def plan_fits(name, batch, policy, budget, kernels, overrides=None):
     from superneuron.graph import Graph
+    from superneuron.netfile.spec import load_spec
     from superneuron.planning import plan
-    from superneuron.spec import load_spec
     path, base, _ = NETS[name]
     graph = Graph(load_spec(path, overrides=dict(overrides or base, size=224), batch=batch),
                   kernels=kernels)

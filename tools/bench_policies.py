@@ -23,9 +23,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from superneuron import load_net  # noqa: E402
-from superneuron.optim import make_optimizer  # noqa: E402
 from superneuron.report import human_bytes  # noqa: E402
-from superneuron.solver_config import SolverConfig  # noqa: E402
+from superneuron.train.optim import make_optimizer  # noqa: E402
+from superneuron.train.solver_config import SolverConfig  # noqa: E402
 
 POLICIES = ("liveness", "recompute", "offload", "superneurons")
 

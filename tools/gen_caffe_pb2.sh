@@ -1,6 +1,6 @@
 #!/bin/sh
-# Regenerate superneuron/caffe/caffe_pb2.py from superneuron/caffe/caffe.proto.
+# Regenerate superneuron/netfile/caffe/caffe_pb2.py from superneuron/netfile/caffe/caffe.proto.
 # Needs grpcio-tools (pip install grpcio-tools), whose protoc must match the protobuf major
 # version pinned in setup.cfg. Run from the repository root.
 set -e
-python -m grpc_tools.protoc -Isuperneuron/caffe --python_out=superneuron/caffe superneuron/caffe/caffe.proto
+python -m grpc_tools.protoc -Isuperneuron/caffe --python_out=superneuron/caffe superneuron/netfile/caffe/caffe.proto

@@ -53,12 +53,12 @@ def folder_files(folder):
 
 
 def build(args, folder):
-    from superneuron.data import Loader, open_source, source_config
+    from superneuron.data.sources import Loader, open_source, source_config
     from superneuron.layers import parallel
     from superneuron.net import load_net
-    from superneuron.optim import make_optimizer
-    from superneuron.solver_config import SolverConfig
-    from superneuron.train import Trainer
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
+    from superneuron.train.trainer import Trainer
 
     parallel.set_threads(args.threads)
     solver = SolverConfig(type="SGD", base_lr=0.05, momentum=0.9, weight_decay=1e-4, max_iter=args.iters,

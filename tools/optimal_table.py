@@ -26,15 +26,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from superneuron.backend import planning_kernels  # noqa: E402
 from superneuron.errors import SNError  # noqa: E402
 from superneuron.graph import Graph  # noqa: E402
-from superneuron.optim import make_optimizer  # noqa: E402
+from superneuron.netfile.spec import load_spec  # noqa: E402
 from superneuron.planning import lowered, plan  # noqa: E402
 from superneuron.report import human_bytes, table  # noqa: E402
 from superneuron.scheduler.context import Context  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 from superneuron.scheduler.optimal import smallest_budget  # noqa: E402
 from superneuron.scheduler.policy import passes_of  # noqa: E402
-from superneuron.solver_config import SolverConfig  # noqa: E402
-from superneuron.spec import load_spec  # noqa: E402
+from superneuron.train.optim import make_optimizer  # noqa: E402
+from superneuron.train.solver_config import SolverConfig  # noqa: E402
 
 NETS = {"resnet50": ("nets/resnet.yaml", {"depth": 50}), "resnet101": ("nets/resnet.yaml", {"depth": 101}),
         "resnet152": ("nets/resnet.yaml", {"depth": 152}), "vgg16": ("nets/vgg16.yaml", {}),

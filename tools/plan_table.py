@@ -27,13 +27,13 @@ import time
 
 from superneuron.cli.plan import main as sn_plan_main
 from superneuron.graph import Graph
+from superneuron.netfile.spec import load_spec
 from superneuron.report import human_bytes
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.placement import arena_bytes
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate
-from superneuron.spec import load_spec
 
 NETS = [("AlexNet", "nets/alexnet.yaml", {}), ("VGG-16", "nets/vgg16.yaml", {}),
         ("GoogLeNet", "nets/googlenet.yaml", {}),

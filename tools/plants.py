@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name → (file, text to find, replacement, what the bug is)
 PLANTS = {
     "snapshot_in_place": (
-        "superneuron/snapshot.py", 'tmp = path + ".tmp"', "tmp = path",
+        "superneuron/train/snapshot.py", 'tmp = path + ".tmp"', "tmp = path",
         "a snapshot written in place: no temporary file, so a failed write destroys the last snapshot"),
     "liveness_frees_early": (
         "superneuron/scheduler/liveness.py", "ends.setdefault(b, []).append(r)",

@@ -5,10 +5,10 @@ import sys
 
 from ..errors import SNError
 from ..limits import MAX_BATCH, over
+from ..netfile.rules import NetState, net_states
+from ..netfile.spec import load_spec, parse_overrides
 from ..options import LISTED, PLACEMENTS, PlanOptions
-from ..rules import NetState, net_states
-from ..solver_config import SolverConfig, load_solver, load_solver_prototxt, solver_from_mapping
-from ..spec import load_spec, parse_overrides
+from ..train.solver_config import SolverConfig, load_solver, load_solver_prototxt, solver_from_mapping
 
 
 def net_arguments(parser):
@@ -95,7 +95,7 @@ def net_states_from_args(args):
         return net_states(stages, level or 0)
     solver = getattr(args, "solver", None)
     if solver and str(solver).lower().endswith(".prototxt"):
-        from ..caffe.solver import solver_states  # late: protobuf's start-up cost
+        from ..netfile.caffe.solver import solver_states  # late: protobuf's start-up cost
         train, test = solver_states(solver)
         if train or test:
             return net_states(train=train and NetState(*train), test=test and NetState(*test))

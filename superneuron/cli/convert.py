@@ -14,19 +14,19 @@ import argparse
 import os
 import sys
 
-from .. import snapshot as snap
-from ..caffe.prototxt import add_loss, is_prototxt, prototxt_tree
-from ..caffe.prototxt_out import spec_to_prototxt
-from ..caffe.solver import solver_mapping
-from ..caffe.textproto import read_text
-from ..caffe.weights import write_caffemodel
-from ..caffe.yaml_out import tree_to_yaml
 from ..errors import SNError
 from ..graph import Graph
 from ..net import Net
-from ..optim import make_optimizer
-from ..solver_config import SolverConfig, solver_from_mapping
-from ..spec import load_spec, spec_from_tree
+from ..netfile.caffe.prototxt import add_loss, is_prototxt, prototxt_tree
+from ..netfile.caffe.prototxt_out import spec_to_prototxt
+from ..netfile.caffe.solver import solver_mapping
+from ..netfile.caffe.textproto import read_text
+from ..netfile.caffe.weights import write_caffemodel
+from ..netfile.caffe.yaml_out import tree_to_yaml
+from ..netfile.spec import load_spec, spec_from_tree
+from ..train import snapshot as snap
+from ..train.optim import make_optimizer
+from ..train.solver_config import SolverConfig, solver_from_mapping
 from .common import run_cli
 
 

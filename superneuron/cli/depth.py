@@ -25,11 +25,11 @@ import time
 from ..depth import MAX_DEPTH, Planner, deepest, verify
 from ..errors import SNError
 from ..limits import MAX_DATA_SIDE, MAX_SEARCH_DEPTH, over
+from ..netfile.spec import parse_overrides
 from ..options import PlanOptions
 from ..report import table
 from ..scheduler.policy import POLICIES, SOLVED
 from ..sizes import human_bytes, parse_size
-from ..spec import parse_overrides
 from .common import check_batch, run_cli
 from .progress import Working
 

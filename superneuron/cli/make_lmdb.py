@@ -1,5 +1,5 @@
 """sn-make-lmdb: write a Caffe LMDB of ``Datum`` records from an ``.npz`` or an image folder, as
-Caffe's ``convert_imageset`` does (:mod:`superneuron.caffe.make_lmdb` writes it).
+Caffe's ``convert_imageset`` does (:mod:`superneuron.data.make_lmdb` writes it).
 
     sn-make-lmdb digits.npz digits_train_lmdb --split train
     sn-make-lmdb photos/ photos_lmdb --encoded          # JPEG/PNG bytes kept as they are
@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from ..caffe.make_lmdb import folder_records, npz_records, write_lmdb
+from ..data.make_lmdb import folder_records, npz_records, write_lmdb
 from .common import run_cli
 
 

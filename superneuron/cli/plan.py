@@ -23,14 +23,13 @@ import math
 import sys
 
 from .. import report
-from ..allocator import aligned
 from ..backend import get_backend, gpu_available, planning_kernels
 from ..errors import SNError
 from ..files import check_output_path
 from ..graph import Graph
-from ..optim import make_optimizer
 from ..planning import lowered, min_memory, plan
 from ..runtime.profile import load_or_measure
+from ..scheduler.allocator import aligned
 from ..scheduler.allreduce import sync_bn_sums
 from ..scheduler.cost import LINKS, CostModel
 from ..scheduler.encode import summary
@@ -39,6 +38,7 @@ from ..scheduler.simulate import compute_step, overflow_at
 from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
 from ..sizes import parse_size
 from ..tradeoff import tradeoff
+from ..train.optim import make_optimizer
 from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 from .progress import Working
 

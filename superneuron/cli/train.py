@@ -19,18 +19,18 @@ import time
 
 from .. import __version__
 from ..backend import free_device_bytes
+from ..data.feed import data_config, fixed_side, loaders, open_data
 from ..errors import SNError
-from ..feed import data_config, fixed_side, loaders, open_data
 from ..layers import parallel
 from ..limits import MAX_SEED
 from ..net import Net
-from ..optim import make_optimizer
 from ..runtime.collective import DEFAULT_TIMEOUT, launched_ranks, world
 from ..scheduler.allreduce import collective_order
 from ..scheduler.steps import ALLREDUCE
 from ..sizes import human_bytes
-from ..snapshot import DEFAULT_KEEP
-from ..train import Trainer
+from ..train.optim import make_optimizer
+from ..train.snapshot import DEFAULT_KEEP
+from ..train.trainer import Trainer
 from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 from .progress import Progress, plan_lines
 from .ranks import main as main_of_a_rank
@@ -267,7 +267,7 @@ def _with_fault(on_event, rank, fault):
 def _load_weights(net, path):
     """Copy a .caffemodel into ``net`` by layer name and say what happened to each layer."""
     # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-    from ..caffe.weights import load_weights
+    from ..netfile.caffe.weights import load_weights
     report = load_weights(net, path)
     print(f"weights: {path}: copied {len(report['copied'])} layers, skipped {len(report['skipped'])} "
           f"(not in the file), refused {len(report['refused'])}, unused {len(report['unused'])}")
@@ -280,7 +280,7 @@ def _load_weights(net, path):
 def _with_caffemodels(net, printer):
     """``printer`` that also writes the weights as NAME_iter_N.caffemodel beside each snapshot."""
     # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-    from ..caffe.weights import write_caffemodel
+    from ..netfile.caffe.weights import write_caffemodel
 
     def on_event(event):
         if event["kind"] in ("snapshot", "interrupted") and event.get("path"):

@@ -2,13 +2,13 @@
 
 Neither computes anything: the trainer puts host arrays in ``ctx.feed`` under the layer's top
 names and the forward copies them into the tops (``ctx.load``: a host→device copy on GPU).
-``Input`` declares its top shapes directly; ``Data`` names a source (see :mod:`superneuron.data`)
+``Input`` declares its top shapes directly; ``Data`` names a source (see :mod:`superneuron.data.sources`)
 and takes its sample shape from it.
 """
 
 import numpy as np
 
-from .. import data
+from ..data import sources as data
 from ..errors import SNError
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .registry import register

@@ -1,6 +1,6 @@
 """The arena: one block of device memory; every tensor is a view at an offset into it.
 
-Where each tensor goes is the allocator model's (superneuron/allocator.py), which the
+Where each tensor goes is the allocator model's (superneuron/scheduler/allocator.py), which the
 Simulator plans with too: the Runtime's arena is that Allocator with a buffer behind it, so
 a plan's peak is the run's peak to the byte.
 """
@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 
-from ..allocator import ALIGN, Allocator, OutOfMemory, aligned  # noqa: F401  (the arena's words)
+from ..scheduler.allocator import ALIGN, Allocator, OutOfMemory, aligned  # noqa: F401  (the arena's words)
 
 
 class Arena(Allocator):
-    """An :class:`~superneuron.allocator.Allocator` over a real block of ``capacity`` bytes
+    """An :class:`~superneuron.scheduler.allocator.Allocator` over a real block of ``capacity`` bytes
     on ``backend``; ``host``: the block is host memory (pinned on a GPU) for offloaded
     tensors. Without a backend it only plans, as an Allocator does."""
 

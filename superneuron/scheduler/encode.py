@@ -38,8 +38,8 @@ rewrite: linear in the steps.
 
 import numpy as np
 
-from ..allocator import aligned
 from ..graph import TensorInfo
+from .allocator import aligned
 from .inplace import inplace
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace

@@ -21,8 +21,8 @@ before that backward. Resident tensors (parameters, their gradients, optimiser s
 never scheduled.
 """
 
-from ..allocator import aligned
 from ..graph import KINDS
+from .allocator import aligned
 from .steps import KINDS as STEP_KINDS
 from .steps import MEMORY, Alloc, Free
 

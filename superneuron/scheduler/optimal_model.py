@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..allocator import aligned
 from . import optimal_encode, optimal_highs
+from .allocator import aligned
 from .cost import phase_of
 from .inplace import inplace
 from .liveness import Roots, intervals, liveness

@@ -3,7 +3,7 @@
 Two allocators behind one interface (a schedule's ``offsets``):
 
 - ``dynamic``: no plan (``offsets=None``); the arena places each Alloc as it comes, best fit
-  with coalescing (superneuron/allocator.py), as a caching allocator would.
+  with coalescing (superneuron/scheduler/allocator.py), as a caching allocator would.
 - ``planned``: offsets computed ahead from the lifetimes the steps give (Zhang et al. 2019's
   lifetime-aware pool, also TFLite's greedy-by-size): tensors are taken largest first and each
   goes in the smallest gap that is free for its whole lifetime, else above the tensors it
@@ -24,9 +24,9 @@ import bisect
 import dataclasses
 import functools
 
-from ..allocator import ALIGN, aligned
 from ..errors import SNError
 from ..options import PLACEMENTS
+from .allocator import ALIGN, aligned
 from .packing import FLOOR_SPANS, OffsetTree, best_fit, pack_from_floor
 from .simulate import replay
 from .steps import ALLOC, FREE, MEMORY

@@ -5,8 +5,8 @@ with every tensor it touches and where the resident ones live. A pass is a funct
 
 from dataclasses import dataclass, field
 
-from ..allocator import aligned
 from ..graph import TensorInfo
+from .allocator import aligned
 from .steps import MEMORY
 
 

@@ -9,7 +9,7 @@ byte (plan equals run)."""
 import copy
 from dataclasses import dataclass, field
 
-from ..allocator import Allocator, aligned
+from .allocator import Allocator, aligned
 from .cost import phase_of, step_seconds  # noqa: F401  (step_seconds: the trace imports it here)
 from .liveness import Roots, step_roots
 from .steps import FORWARD, FREE, LAYER_STEPS, MEMORY

@@ -18,9 +18,9 @@ One sweep over the steps: linear in their number.
 import dataclasses
 import functools
 
-from ..allocator import aligned
 from ..errors import SNError
 from ..sizes import human_bytes
+from .allocator import aligned
 from .cost import as_model, phase_of
 from .liveness import Roots
 from .placement import place, tensors_first, with_placement

@@ -4,7 +4,7 @@ A file has ``name``, ``params`` (defaults, replaced by ``--set``; each may use t
 it), ``input`` (top name → shape, batch first), ``templates`` (name → list of layers) and
 ``layers``. An item of a layer list is a layer (Caffe's keys, flattened), ``{use: template,
 with: {args}}``, or ``{repeat: n, as: i, use: ... | layers: [...]}``. Strings may hold
-``${expr}`` (see :mod:`superneuron.expr`); ``prev`` names the first top of the layer emitted
+``${expr}`` (see :mod:`superneuron.netfile.expr`); ``prev`` names the first top of the layer emitted
 last. Every problem in a file is reported at once, each as
 ``file:line:col: layer 'name' (Type): what is wrong``. Graph-level checks (dangling bottoms,
 shapes) belong to :mod:`superneuron.graph`, which reads the positions kept on each LayerSpec.
@@ -15,12 +15,12 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .errors import SpecError, where
+from ..errors import SpecError, where
+from ..files import read_text_capped
+from ..layers import layer_class
+from ..layers.base import Key
+from ..limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, MAX_REPEAT_ROUNDS, over
 from .expr import ExprError, substitute
-from .files import read_text_capped
-from .layers import layer_class
-from .layers.base import Key
-from .limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, MAX_REPEAT_ROUNDS, over
 from .rules import PHASES, param_blocks, phases_of
 from .yaml_read import Map, Seq, parse_yaml
 
@@ -89,7 +89,7 @@ def load_spec(path, overrides=None, batch=None, data=None, states=None):
 
     ``overrides`` (name → value, from ``--set``) replace entries of ``params:``; ``batch``
     replaces the first dimension of every input (and a Data layer's ``batch_size``).
-    A Caffe ``.prototxt`` is read by :mod:`superneuron.caffe.prototxt` into the same spec;
+    A Caffe ``.prototxt`` is read by :mod:`superneuron.netfile.caffe.prototxt` into the same spec;
     ``data="synthetic"`` replaces its Data layers with synthetic data of their shape.
     ``states`` (``{phase: rules.NetState}``, from ``--stage`` or a solver's ``train_state``
     and ``test_state``) chooses the layers whose include/exclude rules name stages or levels."""
@@ -108,7 +108,7 @@ def loads_spec(text, file="<net>", overrides=None, batch=None, states=None):
 
 def prototxt_spec(text, file="<net>", overrides=None, batch=None, data=None, loss=False, states=None):
     """The :class:`NetSpec` of a Caffe ``.prototxt``'s text, translated by
-    :mod:`superneuron.caffe.prototxt` into the YAML layout and given every check a YAML net gets
+    :mod:`superneuron.netfile.caffe.prototxt` into the YAML layout and given every check a YAML net gets
     (``data``: ``synthetic[:CxHxW]`` replaces its Data layers; ``loss``: see ``add_loss``)."""
     # here, not at the top: Caffe's formats load protobuf, which costs start-up time
     from .caffe.prototxt import add_loss, prototxt_tree

@@ -8,9 +8,9 @@ sources themselves).
     train_loader, test_loader = loaders(cfg, train_set, test_set, net.batch, seed=0)
 """
 
-from .data import Loader, check_labels, describe, open_source, source_config, source_kind
-from .errors import SNError
+from ..errors import SNError
 from .readahead import ReadAhead
+from .sources import Loader, check_labels, describe, open_source, source_config, source_kind
 
 FIXED_SIZE = ("npz", "cifar")        # sources whose samples have one size, which size cannot change
 RESIZED = ("digits", "synthetic", "folder")   # sources that make samples of any size

@@ -13,8 +13,8 @@ plan and compute the same. Read back by :mod:`.prototxt`, the file gives the sam
 same parameters and the same plan.
 """
 
-from ..errors import SpecError, where
-from ..layers import layer_class
+from ...errors import SpecError, where
+from ...layers import layer_class
 from ..rules import PHASES
 from . import caffe_pb2
 

@@ -13,9 +13,9 @@ import os
 
 import numpy as np
 
-from ..dataset import Dataset, crop_mirror, one_line
 from ..errors import SNError
-from . import caffe_pb2
+from ..netfile.caffe import caffe_pb2
+from .dataset import Dataset, crop_mirror, one_line
 
 
 def is_lmdb(path):

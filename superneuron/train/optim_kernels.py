@@ -20,7 +20,7 @@ it as C++ and checks it against the NumPy path bit for bit.
 
 import numpy as np
 
-from .backend import address
+from ..backend import address
 
 ELEMENT = r"""
 __device__ inline void sgd_element(float* W, float* G, float* V, long long i, float lr, float decay,

@@ -4,7 +4,7 @@ depth search and conversion to YAML are shared with YAML nets.
 A NetParameter (``layer {}`` blocks, or the old V1 ``layers { type: CONVOLUTION }``) is read by
 :mod:`.textproto` and rewritten as the mapping a YAML net file would hold (Caffe's keys
 flattened out of their ``*_param`` blocks, as our YAML writes them), carrying the positions of
-the prototxt, and handed to the YAML loader's checks (:func:`superneuron.spec.spec_from_tree`).
+the prototxt, and handed to the YAML loader's checks (:func:`superneuron.netfile.spec.spec_from_tree`).
 So every problem is reported as ``file:line:col: layer 'name' (Type): ...`` in the prototxt.
 
 ``data="synthetic"`` (or ``"synthetic:CxHxW"``) replaces Data and ImageData layers with
@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from ..errors import SpecError, where
+from ...errors import SpecError, where
 from ..yaml_read import Map, Seq
 from . import caffe_pb2
 from .textproto import parse

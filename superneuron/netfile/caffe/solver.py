@@ -1,4 +1,4 @@
-"""Caffe ``solver.prototxt`` → our :class:`~superneuron.solver_config.SolverConfig`, and the net file
+"""Caffe ``solver.prototxt`` → our :class:`~superneuron.train.solver_config.SolverConfig`, and the net file
 it names (``net:``, resolved beside the solver file).
 
 Keys that change training map onto ours (``base_lr``, ``lr_policy`` with ``inv``, ``exp`` and
@@ -14,7 +14,7 @@ never silently dropped.
 
 import os
 
-from ..errors import SpecError, where
+from ...errors import SpecError, where
 from . import caffe_pb2
 from .textproto import parse, read_text
 

@@ -32,7 +32,7 @@ import zipfile
 
 import numpy as np
 
-from .errors import SNError
+from ..errors import SNError
 
 FORMAT = 2
 DEFAULT_KEEP = 5  # snapshots kept per net and folder (0: all, as Caffe, which fills disks)

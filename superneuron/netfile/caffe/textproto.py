@@ -11,9 +11,9 @@ import difflib
 
 from google.protobuf import text_format
 
-from ..errors import SpecError, where
-from ..files import read_text_capped
-from ..limits import MAX_NET_FILE_BYTES, MAX_SOLVER_FILE_BYTES
+from ...errors import SpecError, where
+from ...files import read_text_capped
+from ...limits import MAX_NET_FILE_BYTES, MAX_SOLVER_FILE_BYTES
 
 
 def read_text(path, what="network file"):

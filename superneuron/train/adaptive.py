@@ -1,5 +1,5 @@
 """Caffe's adaptive solvers, AdaGrad, RMSProp and AdaDelta, as in-place updates of one
-parameter (called by :class:`superneuron.optim.Optimizer` after clipping and weight decay).
+parameter (called by :class:`superneuron.train.optim.Optimizer` after clipping and weight decay).
 
 Each follows the formula of Caffe's ``sgd_solvers`` (``adagrad_solver``, ``rmsprop_solver``,
 ``adadelta_solver``), which torch.optim's ``Adagrad`` (``lr_decay`` 0), ``RMSprop``

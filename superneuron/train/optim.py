@@ -1,6 +1,6 @@
 """Solvers in Caffe's vocabulary: SGD (with momentum), Nesterov, Adam, and Caffe's AdaGrad, RMSProp
-and AdaDelta (:mod:`superneuron.adaptive`), and gradient clipping; their settings, solver files
-and learning-rate policies are :mod:`superneuron.solver_config`'s.
+and AdaDelta (:mod:`superneuron.train.adaptive`), and gradient clipping; their settings, solver files
+and learning-rate policies are :mod:`superneuron.train.solver_config`'s.
 
 Updates follow PyTorch's formulas, so results compare one to one with ``torch.optim``:
 
@@ -35,9 +35,9 @@ import os
 
 import numpy as np
 
+from ..errors import SNError
+from ..layers.base import workspace_bytes
 from . import adaptive, optim_kernels
-from .errors import SNError
-from .layers.base import workspace_bytes
 from .solver_config import SolverConfig, learning_rate, solver_from_mapping
 
 SPAN = 1 << 21  # values of a parameter an update takes at a time, where it needs scratch

@@ -12,7 +12,7 @@ import os
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ..errors import SNError
+from ...errors import SNError
 from . import caffe_pb2
 
 CAFFE_BLOBS = {"BatchNorm": 3}  # blobs Caffe stores; the rest of the layer's state is ours

@@ -26,9 +26,9 @@ import weakref
 
 import numpy as np
 
+from ..errors import SNError, where
+from ..files import LineFile, check_output_path
 from . import snapshot as snap
-from .errors import SNError, where
-from .files import LineFile, check_output_path
 
 
 class Trainer:
@@ -275,7 +275,7 @@ class Trainer:
         if path is not None or self.snapshot_dir:
             written = self._snapshot(path)
         if path is None and self.prefix is not None:
-            from .caffe.weights import write_caffemodel  # late: protobuf's start-up cost
+            from ..netfile.caffe.weights import write_caffemodel  # late: protobuf's start-up cost
             stem = f"{self.prefix}_iter_{self.iteration}"
             state = self._snapshot(stem + ".solverstate")
             write_caffemodel(self.net, stem + ".caffemodel")

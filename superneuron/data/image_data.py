@@ -1,15 +1,15 @@
 """Caffe's ImageData layer: a text list of ``path label`` lines (paths under ``root_folder``),
 each image read with Pillow per batch, resized to ``new_height`` × ``new_width`` when both are
 given (else all must share one size), grey when ``is_color`` is false, in Caffe's BGR order, with
-Caffe's transform (:class:`~superneuron.caffe.lmdb_data.CaffeDataset`)."""
+Caffe's transform (:class:`~superneuron.data.lmdb_data.CaffeDataset`)."""
 
 import functools
 import os
 
 import numpy as np
 
-from ..dataset import one_line
 from ..errors import SNError
+from .dataset import one_line
 from .lmdb_data import CaffeDataset
 
 

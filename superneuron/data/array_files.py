@@ -1,7 +1,7 @@
 """Sample arrays from files: ``.npz`` archives (their headers checked against the bytes they
 hold before anything is read, values checked finite) and CIFAR-10's python batches (unpickled
 with an allow-list of NumPy's exact names), and the check that data fits this machine's memory
-before it is made. :mod:`superneuron.data` opens its sources through these.
+before it is made. :mod:`superneuron.data.sources` opens its sources through these.
 """
 
 import math
@@ -12,10 +12,10 @@ import zlib
 
 import numpy as np
 
+from ..errors import SNError
+from ..limits import host_memory_bytes
+from ..sizes import human_bytes
 from .dataset import one_line
-from .errors import SNError
-from .limits import host_memory_bytes
-from .sizes import human_bytes
 
 
 def check_memory(src, nbytes, what):

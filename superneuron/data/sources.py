@@ -17,10 +17,10 @@ import stat
 
 import numpy as np
 
+from ..errors import SNError
+from ..limits import MAX_DATA_SIDE, MAX_SPEC_INT, over
 from .array_files import check_memory, npz_describe, read_cifar, read_npz
 from .dataset import Dataset, ShardDraws, crop_mirror, one_line
-from .errors import SNError
-from .limits import MAX_DATA_SIDE, MAX_SPEC_INT, over
 from .text import describe_text, is_text_source, open_text
 
 # The Data layer's options besides source and batch_size: kind, default, meaning.
@@ -57,13 +57,13 @@ def source_kind(src):
     if src in ("digits", "synthetic"):
         return src
     if is_text_source(src):
-        return "text"  # byte-level tokens in windows: superneuron.text
+        return "text"  # byte-level tokens in windows: superneuron.data.text
     if not os.path.exists(src):
         raise SNError(f"{src}: no such file or directory (a data source is {SOURCES})")
     if os.path.isdir(src) and os.path.isfile(os.path.join(src, "data.mdb")):
-        return "lmdb"  # Caffe's Data layer with backend LMDB: superneuron.caffe.lmdb_data
+        return "lmdb"  # Caffe's Data layer with backend LMDB: superneuron.data.lmdb_data
     if src.lower().endswith(".txt") and os.path.isfile(src):
-        return "imagelist"  # Caffe's ImageData: superneuron.caffe.image_data
+        return "imagelist"  # Caffe's ImageData: superneuron.data.image_data
     if os.path.isdir(src):
         return "cifar" if os.path.exists(os.path.join(src, "data_batch_1")) else "folder"
     if src.lower().endswith(".npz"):
@@ -126,11 +126,11 @@ def describe(cfg):
         check_memory(src, 1797 * math.prod(shape) * 4, "its 1797 images at this size")
     elif kind == "lmdb":
         # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-        from .caffe.lmdb_data import describe as describe_lmdb
+        from .lmdb_data import describe as describe_lmdb
         shape, classes = describe_lmdb(cfg)
     elif kind == "imagelist":
         # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-        from .caffe.image_data import describe as describe_list
+        from .image_data import describe as describe_list
         shape, classes = describe_list(cfg)
     elif kind == "synthetic":
         shape, classes = (cfg["channels"] or 3, size or 32, size or 32), cfg["classes"]
@@ -228,11 +228,11 @@ def open_source(cfg):
         return _open_folder(src, cfg)
     if kind == "lmdb":
         # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-        from .caffe.lmdb_data import open_lmdb
+        from .lmdb_data import open_lmdb
         return open_lmdb(cfg)
     if kind == "imagelist":
         # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-        from .caffe.image_data import open_image_list
+        from .image_data import open_image_list
         return open_image_list(cfg)
     if kind == "digits":
         x, y = _digits(cfg["size"])

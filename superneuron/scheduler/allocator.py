@@ -11,7 +11,7 @@ byte. It sits below the scheduler and the runtime, and imports neither.
 
 import bisect
 
-from .errors import SNError
+from ..errors import SNError
 
 ALIGN = 256  # bytes; cudaMalloc's alignment, used on the CPU too so plans agree across devices
 

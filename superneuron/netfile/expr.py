@@ -1,4 +1,4 @@
-"""The ``${expr}`` language of network files, over the values superneuron.yaml_read reads
+"""The ``${expr}`` language of network files, over the values superneuron.netfile.yaml_read reads
 (YAML with the position of every key and item).
 
 ``${expr}`` is evaluated by a small, safe evaluator over Python's ``ast``.
@@ -20,7 +20,7 @@ import math
 import operator
 import re
 
-from .limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_SIZE, MAX_INT_BITS, over
+from ..limits import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_EXPR_SIZE, MAX_INT_BITS, over
 
 
 def _error(message):

@@ -1,6 +1,6 @@
 """Solver settings in Caffe's vocabulary: :class:`SolverConfig` (every key of a solver file,
-checked), solver files (YAML, or Caffe's solver.prototxt through superneuron.caffe.solver)
-and the learning-rate policies with warm-up. The updates themselves are superneuron.optim's.
+checked), solver files (YAML, or Caffe's solver.prototxt through superneuron.netfile.caffe.solver)
+and the learning-rate policies with warm-up. The updates themselves are superneuron.train.optim's.
 """
 
 import dataclasses
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import yaml
 
-from .errors import SpecError, where
-from .files import read_text_capped
-from .limits import MAX_ITER_SIZE, MAX_SOLVER_FILE_BYTES, over
-from .yaml_read import check_tags, count_nodes
+from ..errors import SpecError, where
+from ..files import read_text_capped
+from ..limits import MAX_ITER_SIZE, MAX_SOLVER_FILE_BYTES, over
+from ..netfile.yaml_read import check_tags, count_nodes
 
 TYPES = ("SGD", "Nesterov", "Adam", "AdaGrad", "RMSProp", "AdaDelta")
 POLICIES = ("fixed", "step", "multistep", "poly", "cosine", "exp", "inv", "sigmoid")
@@ -244,10 +244,10 @@ def solver_from_mapping(mapping, file="<solver>", lines=None):
 
 def load_solver_prototxt(path, find_net=True):
     """``(SolverConfig, net path or None)`` from a Caffe ``solver.prototxt`` (translated by
-    :mod:`superneuron.caffe.solver`); SpecError listing every problem as ``file:line:col: ...``.
+    :mod:`superneuron.netfile.caffe.solver`); SpecError listing every problem as ``file:line:col: ...``.
     ``find_net=False``: the net is given elsewhere; the solver's ``net:`` is not looked for."""
     # here, not at the top: Caffe's formats load protobuf, which costs start-up time
-    from .caffe.solver import solver_mapping
+    from ..netfile.caffe.solver import solver_mapping
     mapping, lines, net = solver_mapping(path, find_net)
     return solver_from_mapping(mapping, str(path), lines), net
 
@@ -255,7 +255,7 @@ def load_solver_prototxt(path, find_net=True):
 def load_solver(path):
     """Read a solver YAML file (Caffe solver keys); one SpecError listing every problem, each
     as ``file:line: what is wrong``. A Caffe ``solver.prototxt`` is read by
-    :mod:`superneuron.caffe.solver`."""
+    :mod:`superneuron.netfile.caffe.solver`."""
     if str(path).lower().endswith(".prototxt"):
         return load_solver_prototxt(path, find_net=False)[0]  # the net was named: it wins
     if not os.path.lexists(path):

@@ -16,8 +16,8 @@ import os
 
 import numpy as np
 
+from ..errors import SNError
 from .dataset import Dataset
-from .errors import SNError
 
 VOCAB = 256
 TEXT_EXTS = (".py", ".txt", ".md", ".rst", ".c", ".h", ".yaml", ".yml", ".json", ".html", ".css")

@@ -1,6 +1,6 @@
 """YAML read with positions: plain values whose mappings and lists (:class:`Map`, :class:`Seq`)
 remember the line and column of every key and item, so that a problem found later (after a
-network file's ``${expr}`` are expanded: superneuron.expr) can still point into the file; and
+network file's ``${expr}`` are expanded: superneuron.netfile.expr) can still point into the file; and
 the count of what a file's aliases expand to, bounded (MAX_YAML_NODES); and tags: a tag YAML's
 safe schema does not define (``!!python/object/apply:...``, ``!mytag``) is an error at its
 position, never dropped (a list or a mapping would otherwise keep its items and lose the tag).
@@ -8,8 +8,8 @@ position, never dropped (a list or a mapping would otherwise keep its items and 
 
 import yaml
 
-from .errors import SpecError, where
-from .limits import MAX_YAML_NODES, over
+from ..errors import SpecError, where
+from ..limits import MAX_YAML_NODES, over
 
 
 class Map(dict):

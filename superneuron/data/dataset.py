@@ -6,7 +6,7 @@ on this module.
 
 import numpy as np
 
-from .errors import SNError
+from ..errors import SNError
 
 
 def one_line(e):

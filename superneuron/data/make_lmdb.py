@@ -12,9 +12,9 @@ import shutil
 
 import numpy as np
 
-from ..array_files import read_npz
 from ..errors import SNError
-from . import caffe_pb2
+from ..netfile.caffe import caffe_pb2
+from .array_files import read_npz
 from .lmdb_data import decode
 
 

@@ -4,7 +4,7 @@ loader, with errors as ValueError texts."""
 
 from dataclasses import dataclass
 
-from .layers.base import Key
+from ..layers.base import Key
 
 PHASES = frozenset({"TRAIN", "TEST"})
 RULE_FIELDS = ("phase", "min_level", "max_level", "stage", "not_stage")
