@@ -364,7 +364,7 @@ def load_net(path, overrides=None, batch=None, phase="TEST", dropout=None, stage
     net = Net(load_spec(path, overrides=overrides, batch=batch, states=states), **kw)
     net.phase = phase
     for node in net.graph.nodes:
-        if node.layer.type == "Dropout":
+        if node.layer.type in ("Dropout", "MultiHeadAttention"):  # the second: its attention dropout
             node.layer.enabled = dropout
     return net
 

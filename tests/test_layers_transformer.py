@@ -45,6 +45,8 @@ def run(layer, bottoms, params, dy, algo=None):
     ("MultiHeadAttention", [(2, 7, 6)], dict(num_heads=2, query_block=3)),
     ("MultiHeadAttention", [(2, 7, 6)], dict(num_heads=3, causal=True, query_block=2)),
     ("MultiHeadAttention", [(1, 5, 4)], dict(num_heads=1, causal=True, bias_term=False)),
+    ("MultiHeadAttention", [(2, 7, 6)], dict(num_heads=2, query_block=3, dropout_ratio=0.3)),
+    ("MultiHeadAttention", [(1, 5, 4)], dict(num_heads=2, causal=True, query_block=2, dropout_ratio=0.5)),
 ])
 def test_gradcheck(rng, type_name, shapes, cfg):
     layer, params = build(type_name, shapes, **cfg)
@@ -202,3 +204,20 @@ def test_kernels_allocate_nothing_the_size_of_their_operands(rng, type_name, sha
     x = rng.standard_normal(shape).astype(np.float32)
     peak_allocation(layer, [x], params)  # first calls import and cache (SciPy's erf)
     assert peak_allocation(layer, [x], params) < limit
+
+
+def test_attention_dropout_is_unbiased_and_off_in_testing(rng):
+    """Dropout of the probabilities (a mask from the step's seed, every algorithm the same, as
+    test_gradcheck checks): off in testing; in training a different output for each seed, whose
+    mean over many seeds is the output without dropout (each kept weight is scaled by 1/(1-p))."""
+    x = rng.standard_normal((2, 6, 4))
+    plain, params = build("MultiHeadAttention", [x.shape], num_heads=2, query_block=4)
+    layer, _ = build("MultiHeadAttention", [x.shape], num_heads=2, query_block=4, dropout_ratio=0.4)
+    want = forward(plain, [x], params)[0]
+    np.testing.assert_array_equal(forward(layer, [x], params, train=False)[0], want)
+    runs = np.stack([forward(layer, [x], params, seed=s)[0] for s in range(600)])
+    assert np.abs(runs[0] - runs[1]).max() > 0.1 and np.abs(runs[0] - want).max() > 0.1
+    spread = runs.std(axis=0) / np.sqrt(len(runs))  # the mean's standard error
+    assert np.all(np.abs(runs.mean(axis=0) - want) < 5 * spread + 1e-9)
+    for algo in layer.algorithms("forward")[1:]:  # chunked draws the same mask as full
+        np.testing.assert_allclose(forward(layer, [x], params, algo=algo, seed=3)[0], runs[3], rtol=1e-12)

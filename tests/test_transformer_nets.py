@@ -60,10 +60,13 @@ def test_attention_layer_equals_the_primitive_layers(text_file):
         np.testing.assert_allclose(primitive.grad(target), g, rtol=1e-4, atol=1e-6 * np.abs(g).max(), err_msg=name)
 
 
-def test_every_policy_gives_baselines_numbers(text_file):
-    """Three training steps under each policy: losses and weights equal baseline's bit for bit."""
+@pytest.mark.parametrize("attn_dropout", [0.0, 0.3])
+def test_every_policy_gives_baselines_numbers(text_file, attn_dropout):
+    """Three training steps under each policy: losses and weights equal baseline's bit for bit
+    (with attention dropout too: every recomputation and algorithm draws the same masks)."""
     def run(policy):
-        net = gpt(text_file, policy=policy, optimizer=make_optimizer(SolverConfig(type="Adam", base_lr=1e-2)))
+        net = gpt(text_file, policy=policy, optimizer=make_optimizer(SolverConfig(type="Adam", base_lr=1e-2)),
+                  attn_dropout=attn_dropout)
         losses = [net.train_step(tokens(net), k) for k in range(3)]  # one batch, learnt
         return net, losses
     base, base_losses = run("baseline")

@@ -23,8 +23,14 @@ the workspace pass and ``optimal`` choose as they choose convolution's:
 The form that keeps the probabilities from the forward for the backward is the same net
 written with the primitive layers (InnerProduct ``axis: 2``, Reshape, Permute, MatMul,
 Softmax ``causal``), whose Softmax top the scheduler keeps, offloads or recomputes like any
-tensor. Dropout on the probabilities is not offered: its mask would have to be drawn again,
-block by block, in the same order by every algorithm.
+tensor.
+
+``dropout_ratio`` p drops each probability with probability p in training (the rest scaled by
+1/(1-p)), as torch.nn.MultiheadAttention's ``dropout``. The mask is drawn from the step's seed
+in blocks of ``query_block`` queries, each block from its own draw, by every algorithm alike
+(the full ones draw the same blocks into a staging block): so the forward, the backward that
+recomputes it and a recomputed forward all see one mask, and the algorithms agree. It costs a
+block of the probabilities' size in the workspace (and a staging block for the full ones).
 """
 
 import math
@@ -46,10 +52,13 @@ class MultiHeadAttention(Layer):
         "causal": Key("bool", False, doc="a query sees only the keys at or before it"),
         "bias_term": Key("bool", True),
         "query_block": Key("int", 128, doc="queries per block of the chunked and blocked algorithms"),
+        "dropout_ratio": Key("float", 0.0, doc="dropout of the attention probabilities in training, 0 <= p < 1"),
         "weight_filler": Key("filler", parse_filler("xavier")),
         "bias_filler": Key("filler", parse_filler("constant")),
     }
     CHUNKED_SPEED = 0.95  # the same work as full's, in more, smaller calls
+    DROPOUT_SALT = 7919   # the masks' draws, apart from the step's other draws
+    enabled = None        # as Dropout's: None drops in training only; load_net(dropout=...) sets it
 
     def setup(self, bottom_shapes):
         shape, heads = tuple(bottom_shapes[0]), self.cfg["num_heads"]
@@ -59,6 +68,8 @@ class MultiHeadAttention(Layer):
             self.fail(f"num_heads {heads} does not divide the width D = {shape[2]}")
         if self.cfg["query_block"] < 1:
             self.fail(f"query_block must be >= 1, got {self.cfg['query_block']}")
+        if not 0.0 <= self.cfg["dropout_ratio"] < 1.0:
+            self.fail(f"dropout_ratio must be in [0, 1), got {self.cfg['dropout_ratio']}")
         self.n, self.t, self.d = shape
         self.h, self.dh = heads, shape[2] // heads
         self.block = min(self.t, self.cfg["query_block"])
@@ -95,6 +106,14 @@ class MultiHeadAttention(Layer):
         acc = [((n, h, t, dh), dt)] if block < t else []
         return [rows, heads, heads, ((n, h, t, dh), dt), ((n * t, d), dt), *acc, probs, probs, stat, mask]
 
+    def _drop_shapes(self, block):
+        """What dropout adds, taken after :meth:`_room`'s: the mask of a block of ``block``
+        queries, and the staging block of ``query_block`` the full algorithms draw in."""
+        if not self.cfg["dropout_ratio"]:
+            return []
+        n, h, t, dt = self.n, self.h, self.t, self.dtype
+        return [((n, h, block, t), dt)] + ([((n * h * self.block * t,), dt)] if block > self.block else [])
+
     def _blocked_speed(self):
         """The blocked backward's speed beside the full one's: the same work plus the scores
         and the softmax of every block computed once more (2·N·T²·D + 5·N·H·T² flops)."""
@@ -105,9 +124,10 @@ class MultiHeadAttention(Layer):
     def algorithms(self, phase):
         names = ("full", "chunked") if phase == "forward" else ("full", "blocked")
         speed = self.CHUNKED_SPEED if phase == "forward" else self._blocked_speed()
-        algos = [Algo(names[0], workspace_bytes(*self._room(phase, self.t)))]
+        algos = [Algo(names[0], workspace_bytes(*self._room(phase, self.t), *self._drop_shapes(self.t)))]
         if self.block < self.t:
-            algos.append(Algo(names[1], workspace_bytes(*self._room(phase, self.block)), speed))
+            algos.append(Algo(names[1], workspace_bytes(*self._room(phase, self.block), *self._drop_shapes(self.block)),
+                              speed))
         return algos
 
     def cost(self):
@@ -146,13 +166,42 @@ class MultiHeadAttention(Layer):
     def _blocks(self, block):
         return [(a, min(a + block, self.t)) for a in range(0, self.t, block)]
 
+    def _dropping(self, ctx):
+        return bool(self.cfg["dropout_ratio"]) and (ctx.train if self.enabled is None else self.enabled)
+
+    def _drop_room(self, ctx, block):
+        """The dropout mask's block and the staging block, when this step drops."""
+        if not self._dropping(ctx):
+            return None, None
+        room = [ctx.scratch(s, dt) for s, dt in self._drop_shapes(block)]
+        return room[0], (room[1] if len(room) > 1 else None)
+
+    def _keep(self, ctx, a, b, keep, stage):
+        """The scaled dropout mask of queries ``a:b`` (1/(1-p) kept, 0 dropped), drawn a block
+        of ``query_block`` queries at a time from the step's seed: the same for every algorithm."""
+        xp, p, n, h, t = ctx.xp, self.cfg["dropout_ratio"], self.n, self.h, self.t
+        whole = keep.reshape(-1)[:n * h * (b - a) * t].reshape(n, h, b - a, t)  # contiguous
+        out = keep[:, :, :b - a] if stage is not None else whole
+        for i in range(a, b, self.block):
+            j = min(i + self.block, t)
+            flat = (stage if stage is not None else keep).reshape(-1)[:n * h * (j - i) * t].reshape(n, h, j - i, t)
+            ctx.uniform(flat, salt=self.DROPOUT_SALT + i)  # contiguous, as a generator fills it
+            if stage is not None:
+                xp.copyto(out[:, :, i - a:j - a], flat)
+        xp.greater_equal(out, p, out=out)  # compared in place: 1.0 keep, 0.0 drop
+        out *= 1.0 / (1.0 - p)
+        return out
+
     def forward(self, ctx, bottoms, tops, params):
         xp, n, t, d = ctx.xp, self.n, self.t, self.d
         block = self.block if ctx.algo == "chunked" else t
         rows, heads, ctxh, probs, stat, mask = (ctx.scratch(s, dt) for s, dt in self._room("forward", block))
+        keep, stage = self._drop_room(ctx, block)
         self._project(ctx, bottoms[0], params, rows, heads)
         for a, b in self._blocks(block):
             p = self._probs(xp, heads, a, b, probs, stat, mask)
+            if keep is not None:
+                p *= self._keep(ctx, a, b, keep, stage)
             xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
         crow = rows.reshape(-1)[:n * t * d].reshape(n * t, d)  # q, k, v's rows are spent
         xp.copyto(crow.reshape(n, t, self.h, self.dh), ctxh.transpose(0, 2, 1, 3))
@@ -168,6 +217,7 @@ class MultiHeadAttention(Layer):
         rows, heads, dheads, ctxh, crow = room[:5]
         acc = room[5] if block < t else None
         probs, dprobs, stat, mask = room[-4:]
+        keep, stage = self._drop_room(ctx, block)
         x = bottoms[0].reshape(n * t, d)
         dy = top_grads[0].reshape(n * t, d)
         pg = param_grads
@@ -175,6 +225,10 @@ class MultiHeadAttention(Layer):
         self._project(ctx, bottoms[0], params, rows, heads)
         for a, b in self._blocks(block):
             p = self._probs(xp, heads, a, b, probs, stat, mask)
+            if keep is not None:  # u = P * mask, kept for the full backward (one block)
+                dropped = self._keep(ctx, a, b, keep, stage)
+                dropped *= p
+                p = dropped
             xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
         xp.copyto(crow.reshape(n, t, h, dh), ctxh.transpose(0, 2, 1, 3))
         # the output projection
@@ -183,24 +237,35 @@ class MultiHeadAttention(Layer):
             xp.sum(dy, axis=0, out=pg["out_bias"])
         parallel.matmul(xp, dy, params["out_weight"], crow)  # crow now holds d(heads' outputs)
         xp.copyto(ctxh, crow.reshape(n, t, h, dh).transpose(0, 2, 1, 3))
-        # attention, block by block: dV = P^T dO, dS = P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q
+        # attention, block by block: dV = P^T dO, dS = P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q;
+        # with dropout, U = P * mask: dV = U^T dO, dS = U dP - P rowsum(U dP)
         dq, dk, dv = dheads
         if acc is not None:
             dk[...] = 0
             dv[...] = 0
         for a, b in self._blocks(block):
             p = probs if block == t else self._probs(xp, heads, a, b, probs, stat, mask)
+            u = p
+            if keep is not None:
+                u = dropped if block == t else self._keep(ctx, a, b, keep, stage)
+                if block < t:
+                    u *= p
             do = ctxh[:, :, a:b]
             if acc is None:
-                xp.matmul(p.swapaxes(-1, -2), do, out=dv)
+                xp.matmul(u.swapaxes(-1, -2), do, out=dv)
             else:
-                xp.matmul(p.swapaxes(-1, -2), do, out=acc)
+                xp.matmul(u.swapaxes(-1, -2), do, out=acc)
                 dv += acc
             dp, st = dprobs[:, :, :b - a], stat[:, :, :b - a]
             xp.matmul(do, heads[2].swapaxes(-1, -2), out=dp)
-            xp.matmul(p[..., None, :], dp[..., :, None], out=st[..., None])
-            dp -= st
-            dp *= p
+            xp.matmul(u[..., None, :], dp[..., :, None], out=st[..., None])
+            if keep is None:
+                dp -= st
+                dp *= p
+            else:
+                dp *= u
+                p *= st
+                dp -= p
             xp.matmul(dp, heads[1], out=dq[:, :, a:b])
             if acc is None:
                 xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=dk)
