@@ -1,0 +1,143 @@
+"""SSD's detection nets as their real files are (tests/caffe/zoo_ssd.py writes them layer for
+layer): MobileNet-SSD deploy and train and SSD300 plan with the learnable parameter counts of
+the real files (every learnable blob, lr_mult 0 included, BatchNorm statistics apart: counted
+by hand below from the files' numbers), the train file trains on synthetic boxes at a small
+size, synthetic boxes are Caffe's annotated label blob, and every policy gives baseline's
+bits on a small net of SSD's shape."""
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from one_line import raises_one_line
+
+from superneuron.cli import plan, train
+from superneuron.data import Loader, open_source
+from superneuron.errors import SpecError
+from superneuron.graph import Graph
+from superneuron.net import Net
+from superneuron.optim import make_optimizer
+from superneuron.solver_config import SolverConfig
+from superneuron.spec import prototxt_spec
+
+sys.path.insert(0, "tests/caffe")
+import zoo_ssd  # noqa: E402
+
+
+def conv(ci, co, k, bias=True):
+    return ci * co * k * k + (co if bias else 0)
+
+
+def mobilenet_ssd_count(train):
+    """MobileNetSSD_train.prototxt: bias-free convolutions, each with a Scale (weight and bias);
+    MobileNetSSD_deploy.prototxt: the BatchNorm merged, every convolution with a bias."""
+    extra = (lambda c: 2 * c) if train else (lambda c: 0)
+    n, cin = conv(3, 32, 3, not train) + extra(32), 32
+    for cout in (64, 128, 128, 256, 256, 512, 512, 512, 512, 512, 512, 1024, 1024):
+        n += conv(1, cin, 3, not train) + extra(cin) + conv(cin, cout, 1, not train) + extra(cout)
+        cin = cout
+    for a, b, k in ((1024, 256, 1), (256, 512, 3), (512, 128, 1), (128, 256, 3), (256, 128, 1), (128, 256, 3),
+                    (256, 64, 1), (64, 128, 3)):
+        n += conv(a, b, k, not train) + extra(b)
+    for c, loc, conf in ((512, 12, 63), (1024, 24, 126), (512, 24, 126), (256, 24, 126), (256, 24, 126), (128, 24, 126)):
+        n += conv(c, loc, 1) + conv(c, conf, 1)
+    return n
+
+
+def ssd300_count():
+    """VGG_VOC0712_SSD_300x300's deploy.prototxt: VGG-16's convolutions, fc6 (3x3, dilation 6)
+    and fc7 as convolutions, the extra layers, conv4_3_norm's 512 scales, the 3x3 heads."""
+    widths = [(3, 64), (64, 64), (64, 128), (128, 128), (128, 256), (256, 256), (256, 256), (256, 512), (512, 512),
+              (512, 512), (512, 512), (512, 512), (512, 512)]
+    n = sum(conv(a, b, 3) for a, b in widths) + conv(512, 1024, 3) + conv(1024, 1024, 1)
+    n += conv(1024, 256, 1) + conv(256, 512, 3) + sum(conv(a, 128, 1) + conv(128, 256, 3) for a in (512, 256, 256))
+    n += 512
+    for c, loc, conf in ((512, 16, 84), (1024, 24, 126), (512, 24, 126), (256, 24, 126), (256, 16, 84), (256, 16, 84)):
+        n += conv(c, loc, 3) + conv(c, conf, 3)
+    return n
+
+
+@pytest.mark.parametrize("name, text, data, count, priors", [
+    ("MobileNetSSD_deploy", zoo_ssd.mobilenet_ssd_deploy, None, mobilenet_ssd_count(False), 1917),
+    ("MobileNetSSD_train", zoo_ssd.mobilenet_ssd_train, "synthetic", mobilenet_ssd_count(True), 1917),
+    ("SSD300_deploy", zoo_ssd.ssd300_deploy, None, ssd300_count(), 8732),
+])
+def test_real_files_plan_with_their_exact_counts(tmp_path, capsys, name, text, data, count, priors):
+    assert count in (5_783_417, 5_796_089, 26_285_486)  # SSD300: the paper's 26.3 M
+    path = tmp_path / f"{name}.prototxt"
+    path.write_text(text())
+    graph = Graph(prototxt_spec(path.read_text(), str(path), data=data))
+    assert sum(math.prod(t.shape) for t in graph.tensors.values() if t.kind == "param") == count
+    assert graph.tensors["mbox_priorbox"].shape == (1, 2, priors * 4)
+    assert plan.main([str(path), "--json"] + (["--data", data] if data else [])) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["learnable_params"] == count
+
+
+def test_mobilenet_ssd_train_trains_on_synthetic_boxes(tmp_path, capsys):
+    path = tmp_path / "MobileNetSSD_train.prototxt"
+    path.write_text(zoo_ssd.mobilenet_ssd_train())
+    status = train.main([str(path), "--data", "synthetic:3x64x64", "--batch", "2", "--iters", "3",
+                         "--display", "1", "--test-interval", "0"])
+    out = capsys.readouterr().out
+    assert status == 0 and "5,796,089 parameters" in out
+    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("iter ")]
+    assert len(losses) == 3 and all(math.isfinite(v) and v > 0 for v in losses)
+
+
+def test_annotated_lmdb_is_refused_in_one_line():
+    with raises_one_line(SpecError, match="layer 'data' \\(AnnotatedData\\): annotated LMDB "
+                         "'/home/yaochuanqi/.*' is not read here .* --data synthetic"):
+        prototxt_spec(zoo_ssd.mobilenet_ssd_train(), "MobileNetSSD_train.prototxt")
+
+
+def test_synthetic_boxes_are_caffes_annotated_label_blob():
+    cfg = {"source": "synthetic", "boxes": 3, "classes": 5, "size": 24, "samples": 10, "batch_size": 4}
+    train_set, test_set = open_source(cfg)
+    x, y = Loader(train_set, 4, seed=1).next()
+    assert x.shape == (4, 3, 24, 24) and y.shape == (1, 1, 12, 8)
+    rows = y.reshape(12, 8)
+    np.testing.assert_array_equal(rows[:, 0], np.repeat(np.arange(4), 3))  # the image in the batch
+    assert set(rows[:, 1]) <= {1, 2, 3, 4} and (rows[:, 3:7] >= 0).all() and (rows[:, 3:7] <= 1).all()
+    assert (rows[:, 5] > rows[:, 3]).all() and (rows[:, 6] > rows[:, 4]).all()
+    again, _ = Loader(train_set, 4, seed=1).next()
+    np.testing.assert_array_equal(again, x)  # drawn from the seed, not stored
+    _, y_test, valid = next(Loader(test_set, 4, shuffle=False, train=False).epoch())
+    assert valid == 2 and (y_test.reshape(4, 3, 8)[valid:, :, 0] == -1).all()  # padding: image -1
+
+
+# -- every policy gives baseline's bits on a net of SSD's shape ---------------------------------------
+POLICIES = ("liveness", "recompute", "offload", "superneurons", "gist", "optimal")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    spec = prototxt_spec(zoo_ssd.tiny_ssd(), "tiny_ssd.prototxt")
+    rng = np.random.default_rng(0)
+    label = np.array([[0, 1, 0, .1, .1, .5, .6, 0], [0, 2, 1, .4, .3, .9, .8, 0], [1, 3, 0, .2, .2, .7, .7, 0],
+                      [-1, 0, 0, 0, 0, 0, 0, 0]], np.float32).reshape(1, 1, 4, 8)
+    feed = {"data": rng.standard_normal((2, 3, 16, 16)).astype(np.float32), "label": label}
+    base = Net(spec, policy="baseline")
+    loss = base.forward_backward(feed)
+    return spec, feed, base, loss
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_gives_baselines_bits(tiny, policy):
+    spec, feed, base, loss = tiny
+    assert np.isfinite(loss) and loss > 0
+    net = Net(spec, policy=policy)
+    assert net.forward_backward(feed) == loss
+    for name in base.learnable_names:
+        np.testing.assert_array_equal(net.grad(name), base.grad(name), err_msg=f"{policy}: {name}")
+    assert net.peak_bytes == net.plans["train"].peak_bytes  # plan equals run
+
+
+def test_tiny_ssd_learns_its_boxes(tiny):
+    spec, feed, _, _ = tiny
+    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(SolverConfig(base_lr=0.01))) for p in ("baseline", "superneurons")}
+    steps = {p: [net.train_step(feed, it) for it in range(6)] for p, net in nets.items()}
+    assert steps["superneurons"] == steps["baseline"]
+    assert steps["baseline"][-1] < 0.8 * steps["baseline"][0]
