@@ -141,3 +141,16 @@ def test_tiny_ssd_learns_its_boxes(tiny):
     steps = {p: [net.train_step(feed, it) for it in range(6)] for p, net in nets.items()}
     assert steps["superneurons"] == steps["baseline"]
     assert steps["baseline"][-1] < 0.8 * steps["baseline"][0]
+
+
+def test_ssd_files_round_trip_through_yaml(tiny):
+    from test_caffe_roundtrip import _learnable, _round_trip
+
+    from superneuron.planning import plan as make_plan
+    _, feed, _, loss = tiny
+    for text in (zoo_ssd.tiny_ssd(), zoo_ssd.mobilenet_ssd_deploy(size=64)):
+        original, again = _round_trip(text, "ssd.prototxt")
+        graphs = [Graph(original), Graph(again)]
+        assert _learnable(graphs[0]) == _learnable(graphs[1])
+        assert make_plan(graphs[0], "liveness")[1].peak_bytes == make_plan(graphs[1], "liveness")[1].peak_bytes
+    assert Net(_round_trip(zoo_ssd.tiny_ssd(), "t.prototxt")[1]).forward_backward(feed) == loss  # same weights: seed 0
