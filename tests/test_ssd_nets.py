@@ -154,3 +154,27 @@ def test_ssd_files_round_trip_through_yaml(tiny):
         assert _learnable(graphs[0]) == _learnable(graphs[1])
         assert make_plan(graphs[0], "liveness")[1].peak_bytes == make_plan(graphs[1], "liveness")[1].peak_bytes
     assert Net(_round_trip(zoo_ssd.tiny_ssd(), "t.prototxt")[1]).forward_backward(feed) == loss  # same weights: seed 0
+
+
+def _losses(out):
+    return [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("iter ")]
+
+
+def test_data_with_boxes_and_an_input_net_train_alike_on_synthetic_boxes(tmp_path, capsys):
+    """A YAML Data layer with ``boxes: 2`` and the Input net of the same shapes given ``--data
+    synthetic`` (its label input (1, 1, batch × 2, 8) says the boxes) see the same boxes."""
+    from superneuron.caffe.prototxt import prototxt_tree
+    from superneuron.caffe.yaml_out import tree_to_yaml
+    text = tree_to_yaml(prototxt_tree(zoo_ssd.tiny_ssd(), "tiny.prototxt"), source="tiny.prototxt")
+    head, layers = text.split("layers:\n", 1)
+    data_net = tmp_path / "tiny_data.yaml"
+    data_net.write_text("\n".join(line for line in head.splitlines() if not line.startswith("input:"))
+                        + "\nlayers:\n  - {name: data, type: Data, top: [data, label], source: synthetic, "
+                        "batch_size: 2, size: 16, boxes: 2, classes: 4}\n" + layers)
+    input_net = tmp_path / "tiny.prototxt"
+    input_net.write_text(zoo_ssd.tiny_ssd())
+    runs = []
+    for args in ([str(data_net)], [str(input_net), "--data", "synthetic"]):
+        assert train.main(args + ["--iters", "12", "--display", "4", "--test-interval", "0"]) == 0
+        runs.append(_losses(capsys.readouterr().out))
+    assert runs[0] == runs[1] and len(runs[0]) == 3 and runs[0][-1] < runs[0][0]
