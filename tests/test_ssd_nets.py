@@ -41,7 +41,8 @@ def mobilenet_ssd_count(train):
     for a, b, k in ((1024, 256, 1), (256, 512, 3), (512, 128, 1), (128, 256, 3), (256, 128, 1), (128, 256, 3),
                     (256, 64, 1), (64, 128, 3)):
         n += conv(a, b, k, not train) + extra(b)
-    for c, loc, conf in ((512, 12, 63), (1024, 24, 126), (512, 24, 126), (256, 24, 126), (256, 24, 126), (128, 24, 126)):
+    for c, loc, conf in ((512, 12, 63), (1024, 24, 126), (512, 24, 126), (256, 24, 126), (256, 24, 126),
+                         (128, 24, 126)):
         n += conv(c, loc, 1) + conv(c, conf, 1)
     return n
 
@@ -137,7 +138,8 @@ def test_every_policy_gives_baselines_bits(tiny, policy):
 
 def test_tiny_ssd_learns_its_boxes(tiny):
     spec, feed, _, _ = tiny
-    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(SolverConfig(base_lr=0.01))) for p in ("baseline", "superneurons")}
+    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(SolverConfig(base_lr=0.01)))
+            for p in ("baseline", "superneurons")}
     steps = {p: [net.train_step(feed, it) for it in range(6)] for p, net in nets.items()}
     assert steps["superneurons"] == steps["baseline"]
     assert steps["baseline"][-1] < 0.8 * steps["baseline"][0]

@@ -188,7 +188,8 @@ class DetectionOutput(Layer):
             self.fail(f"for {p} priors and {c} classes the bottoms must be (N, {p * 4}) and (N, {p * c}), "
                       f"got {shape_str(loc)} and {shape_str(conf)}")
         if cfg["keep_top_k"] < -1 or cfg["top_k"] < -1 or cfg["keep_top_k"] == 0:
-            self.fail("keep_top_k and top_k must be positive, or -1 for all")
+            self.fail("keep_top_k and top_k must be positive, or -1 for all (the top has a fixed keep_top_k "
+                      "rows per image, the rows beyond the detections -1)")
         if not 0 < cfg["eta"] <= 1:
             self.fail(f"eta must be in (0, 1], got {cfg['eta']}")
         self.n, self.p, self.c = n, p, c

@@ -159,7 +159,8 @@ class MultiBoxLoss(Layer):
             if i not in truths:
                 continue
             box, cls = truths[i]
-            index, overlap[i] = boxes.match(priors, box, cfg["overlap_threshold"], cfg["match_type"] == "PER_PREDICTION")
+            per_prediction = cfg["match_type"] == "PER_PREDICTION"
+            index, overlap[i] = boxes.match(priors, box, cfg["overlap_threshold"], per_prediction)
             has_truth[i] = True
             matched[i] = index > -1
             target[i, matched[i]] = cls[index[matched[i]]]

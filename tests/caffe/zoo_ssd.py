@@ -5,7 +5,7 @@ SSD300 (VGG_VOC0712_SSD_300x300 deploy.prototxt: VGG-16 with a dilated fc6, Norm
 conv4_3). Generated here, as tests/caffe/zoo.py does for the classification zoo, since no model
 zoo can be downloaded in the test environment; ``size`` and ``batch`` shrink them for tests."""
 
-from zoo import block, layer
+from zoo import layer
 
 LR = ([("lr_mult", 1.0), ("decay_mult", 1.0)], [("lr_mult", 2.0), ("decay_mult", 0.0)])
 
@@ -59,7 +59,8 @@ def head(source, n_loc, n_conf, prior, k=1, filler="msra"):
 
 
 def joins(sources):
-    return [layer("mbox_loc", "Concat", [f"{s}_mbox_loc_flat" for s in sources], "mbox_loc", concat_param=[("axis", 1)]),
+    return [layer("mbox_loc", "Concat", [f"{s}_mbox_loc_flat" for s in sources], "mbox_loc",
+                  concat_param=[("axis", 1)]),
             layer("mbox_conf", "Concat", [f"{s}_mbox_conf_flat" for s in sources], "mbox_conf",
                   concat_param=[("axis", 1)]),
             layer("mbox_priorbox", "Concat", [f"{s}_mbox_priorbox" for s in sources], "mbox_priorbox",
@@ -75,9 +76,12 @@ def detection_out(classes, top_k, keep, threshold, save=False):
                                           ("num_test_image", 4952)])] if save else []
     return [layer("mbox_conf_reshape", "Reshape", "mbox_conf", "mbox_conf_reshape",
                   reshape_param=[("shape", [("dim", 0), ("dim", -1), ("dim", classes)])]),
-            layer("mbox_conf_softmax", "Softmax", "mbox_conf_reshape", "mbox_conf_softmax", softmax_param=[("axis", 2)]),
-            layer("mbox_conf_flatten", "Flatten", "mbox_conf_softmax", "mbox_conf_flatten", flatten_param=[("axis", 1)]),
-            layer("detection_out", "DetectionOutput", ["mbox_loc", "mbox_conf_flatten", "mbox_priorbox"], "detection_out",
+            layer("mbox_conf_softmax", "Softmax", "mbox_conf_reshape", "mbox_conf_softmax",
+                  softmax_param=[("axis", 2)]),
+            layer("mbox_conf_flatten", "Flatten", "mbox_conf_softmax", "mbox_conf_flatten",
+                  flatten_param=[("axis", 1)]),
+            layer("detection_out", "DetectionOutput", ["mbox_loc", "mbox_conf_flatten", "mbox_priorbox"],
+                  "detection_out",
                   include=[("phase", "TEST")],
                   detection_output_param=[("num_classes", classes), ("share_location", True),
                                           ("background_label_id", 0), ("nms_param", nms)] + save_output
@@ -92,12 +96,13 @@ def input_block(name, size, batch):
 MOBILE = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1), (512, 1), (512, 1), (512, 1),
           (512, 1), (1024, 2), (1024, 1)]
 EXTRAS = [(14, 256, 512), (15, 128, 256), (16, 128, 256), (17, 64, 128)]
+RATIOS_2_3 = [("aspect_ratio", 2.0), ("aspect_ratio", 3.0)]
 MOBILE_HEADS = [("conv11", 12, 63, [("min_size", 60.0), ("aspect_ratio", 2.0)]),
-                ("conv13", 24, 126, [("min_size", 105.0), ("max_size", 150.0), ("aspect_ratio", 2.0), ("aspect_ratio", 3.0)]),
-                ("conv14_2", 24, 126, [("min_size", 150.0), ("max_size", 195.0), ("aspect_ratio", 2.0), ("aspect_ratio", 3.0)]),
-                ("conv15_2", 24, 126, [("min_size", 195.0), ("max_size", 240.0), ("aspect_ratio", 2.0), ("aspect_ratio", 3.0)]),
-                ("conv16_2", 24, 126, [("min_size", 240.0), ("max_size", 285.0), ("aspect_ratio", 2.0), ("aspect_ratio", 3.0)]),
-                ("conv17_2", 24, 126, [("min_size", 285.0), ("max_size", 300.0), ("aspect_ratio", 2.0), ("aspect_ratio", 3.0)])]
+                ("conv13", 24, 126, [("min_size", 105.0), ("max_size", 150.0)] + RATIOS_2_3),
+                ("conv14_2", 24, 126, [("min_size", 150.0), ("max_size", 195.0)] + RATIOS_2_3),
+                ("conv15_2", 24, 126, [("min_size", 195.0), ("max_size", 240.0)] + RATIOS_2_3),
+                ("conv16_2", 24, 126, [("min_size", 240.0), ("max_size", 285.0)] + RATIOS_2_3),
+                ("conv17_2", 24, 126, [("min_size", 285.0), ("max_size", 300.0)] + RATIOS_2_3)]
 
 
 def _mobile_body(train):
@@ -159,7 +164,8 @@ def multibox_loss(classes=21, train_only=True):
     return layer("mbox_loss", "MultiBoxLoss", ["mbox_loc", "mbox_conf", "mbox_priorbox", "label"], "mbox_loss",
                  **phase, propagate_down=(True, True, False, False),
                  loss_param=[("normalization", "VALID")],
-                 multibox_loss_param=[("loc_loss_type", "SMOOTH_L1"), ("conf_loss_type", "SOFTMAX"), ("loc_weight", 1.0),
+                 multibox_loss_param=[("loc_loss_type", "SMOOTH_L1"), ("conf_loss_type", "SOFTMAX"),
+                                      ("loc_weight", 1.0),
                                       ("num_classes", classes), ("share_location", True),
                                       ("match_type", "PER_PREDICTION"), ("overlap_threshold", 0.5),
                                       ("use_prior_for_matching", True), ("background_label_id", 0),
@@ -180,9 +186,11 @@ def mobilenet_ssd_train(size=300, batch=32):
 SSD300_HEADS = [("conv4_3_norm", 16, 84, [("min_size", 30.0), ("max_size", 60.0), ("aspect_ratio", 2), ("step", 8)]),
                 ("fc7", 24, 126, [("min_size", 60.0), ("max_size", 111.0), ("aspect_ratio", 2), ("aspect_ratio", 3),
                                   ("step", 16)]),
-                ("conv6_2", 24, 126, [("min_size", 111.0), ("max_size", 162.0), ("aspect_ratio", 2), ("aspect_ratio", 3),
+                ("conv6_2", 24, 126, [("min_size", 111.0), ("max_size", 162.0), ("aspect_ratio", 2),
+                                      ("aspect_ratio", 3),
                                       ("step", 32)]),
-                ("conv7_2", 24, 126, [("min_size", 162.0), ("max_size", 213.0), ("aspect_ratio", 2), ("aspect_ratio", 3),
+                ("conv7_2", 24, 126, [("min_size", 162.0), ("max_size", 213.0), ("aspect_ratio", 2),
+                                      ("aspect_ratio", 3),
                                       ("step", 64)]),
                 ("conv8_2", 16, 84, [("min_size", 213.0), ("max_size", 264.0), ("aspect_ratio", 2), ("step", 100)]),
                 ("conv9_2", 16, 84, [("min_size", 264.0), ("max_size", 315.0), ("aspect_ratio", 2), ("step", 300)])]
@@ -206,7 +214,8 @@ def ssd300_deploy(size=300, batch=1):
             conv("fc7", "fc6", 1024, 1, filler="xavier"), relu("relu7", "fc7")]
     bottom = "fc7"
     for i, mid, cout, s, p in ((6, 256, 512, 2, 1), (7, 128, 256, 2, 1), (8, 128, 256, 1, 0), (9, 128, 256, 1, 0)):
-        out += [conv(f"conv{i}_1", bottom, mid, 1, filler="xavier", write_pad=True), relu(f"conv{i}_1_relu", f"conv{i}_1"),
+        out += [conv(f"conv{i}_1", bottom, mid, 1, filler="xavier", write_pad=True),
+                relu(f"conv{i}_1_relu", f"conv{i}_1"),
                 conv(f"conv{i}_2", f"conv{i}_1", cout, 3, s, p, filler="xavier", write_pad=True),
                 relu(f"conv{i}_2_relu", f"conv{i}_2")]
         bottom = f"conv{i}_2"
