@@ -64,6 +64,7 @@ def ssd300_count():
     ("MobileNetSSD_deploy", zoo_ssd.mobilenet_ssd_deploy, None, mobilenet_ssd_count(False), 1917),
     ("MobileNetSSD_train", zoo_ssd.mobilenet_ssd_train, "synthetic", mobilenet_ssd_count(True), 1917),
     ("SSD300_deploy", zoo_ssd.ssd300_deploy, None, ssd300_count(), 8732),
+    ("SSD300_train", zoo_ssd.ssd300_train, "synthetic", ssd300_count(), 8732),
 ])
 def test_real_files_plan_with_their_exact_counts(tmp_path, capsys, name, text, data, count, priors):
     assert count in (5_783_417, 5_796_089, 26_285_486)  # SSD300: the paper's 26.3 M
@@ -83,9 +84,22 @@ def test_mobilenet_ssd_train_trains_on_synthetic_boxes(tmp_path, capsys):
     status = train.main([str(path), "--data", "synthetic:3x64x64", "--batch", "2", "--iters", "3",
                          "--display", "1", "--test-interval", "0"])
     out = capsys.readouterr().out
-    assert status == 0 and "5,796,089 parameters" in out
+    assert status == 0 and "5,796,089 parameters" in out and "no test" in out  # no TEST loss: no pass
     losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("iter ")]
     assert len(losses) == 3 and all(math.isfinite(v) and v > 0 for v in losses)
+
+
+@pytest.mark.slow
+def test_ssd300_train_trains_at_its_smallest_size(tmp_path, capsys):
+    """268 x 268: conv9_2 (3x3, no pad) still has a 1x1 map; superneurons, as memory asks."""
+    path = tmp_path / "SSD300_train.prototxt"
+    path.write_text(zoo_ssd.ssd300_train())
+    status = train.main([str(path), "--data", "synthetic:3x268x268", "--batch", "1", "--iters", "2",
+                         "--display", "1", "--test-interval", "0", "--policy", "superneurons"])
+    out = capsys.readouterr().out
+    assert status == 0 and "26,285,486 parameters" in out and "no test" in out
+    losses = _losses(out)
+    assert len(losses) == 2 and all(math.isfinite(v) and v > 0 for v in losses)
 
 
 def test_annotated_lmdb_is_refused_in_one_line():

@@ -137,8 +137,8 @@ def mobilenet_ssd_deploy(size=300, batch=1):
     return "\n".join(out) + "\n"
 
 
-def annotated_data(size, batch):
-    tp = [("scale", 0.007843), ("mirror", True)] + [("mean_value", 127.5)] * 3 + [
+def annotated_data(size, batch, mean=(127.5,) * 3, scale=0.007843):
+    tp = ([("scale", scale)] if scale else []) + [("mirror", True)] + [("mean_value", m) for m in mean] + [
         ("resize_param", [("prob", 1.0), ("resize_mode", "WARP"), ("height", size), ("width", size),
                           ("interp_mode", "LINEAR"), ("interp_mode", "AREA")]),
         ("emit_constraint", [("emit_type", "CENTER")]),
@@ -196,9 +196,8 @@ SSD300_HEADS = [("conv4_3_norm", 16, 84, [("min_size", 30.0), ("max_size", 60.0)
                 ("conv9_2", 16, 84, [("min_size", 264.0), ("max_size", 315.0), ("aspect_ratio", 2), ("step", 300)])]
 
 
-def ssd300_deploy(size=300, batch=1):
-    out = [input_block("VGG_VOC0712_SSD_300x300_deploy", size, batch)]
-    bottom = "data"
+def _ssd300_body():
+    out, bottom = [], "data"
     for b, (n, reps) in enumerate([(64, 2), (128, 2), (256, 3), (512, 3), (512, 3)], 1):
         for r in range(1, reps + 1):
             name = f"conv{b}_{r}"
@@ -224,8 +223,19 @@ def ssd300_deploy(size=300, batch=1):
                                  ("channel_shared", False)]))
     for source, n_loc, n_conf, prior in SSD300_HEADS:
         out += head(source, n_loc, n_conf, prior, k=3, filler="xavier")
-    out += joins([h[0] for h in SSD300_HEADS]) + detection_out(21, 400, 200, 0.01, save=True)
-    return "\n".join(out) + "\n"
+    return out + joins([h[0] for h in SSD300_HEADS])
+
+
+def ssd300_deploy(size=300, batch=1):
+    out = [input_block("VGG_VOC0712_SSD_300x300_deploy", size, batch)] + _ssd300_body()
+    return "\n".join(out + detection_out(21, 400, 200, 0.01, save=True)) + "\n"
+
+
+def ssd300_train(size=300, batch=32):
+    """VGG_VOC0712_SSD_300x300's train.prototxt: AnnotatedData (Caffe's BGR means, no scale),
+    the deploy file's layers, MultiBoxLoss."""
+    out = ['name: "VGG_VOC0712_SSD_300x300_train"', annotated_data(size, batch, (104, 117, 123), None)]
+    return "\n".join(out + _ssd300_body() + [multibox_loss()]) + "\n"
 
 
 def tiny_ssd(size=16, batch=2, classes=4):
