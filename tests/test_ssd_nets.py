@@ -194,3 +194,16 @@ def test_data_with_boxes_and_an_input_net_train_alike_on_synthetic_boxes(tmp_pat
         assert train.main(args + ["--iters", "12", "--display", "4", "--test-interval", "0"]) == 0
         runs.append(_losses(capsys.readouterr().out))
     assert runs[0] == runs[1] and len(runs[0]) == 3 and runs[0][-1] < runs[0][0]
+
+
+@pytest.mark.parametrize("policy, placement", [("liveness", "planned"), ("recompute", "dynamic"),
+                                               ("superneurons", "dynamic"), ("gist", "dynamic")])
+def test_what_the_kernels_touched_is_what_the_plan_said(monkeypatch, tiny, policy, placement):
+    # the witness of test_plan_equals_run.py on the small SSD net, fed its boxes
+    import test_plan_equals_run as witness
+
+    from superneuron.caffe.prototxt import prototxt_tree
+    from superneuron.caffe.yaml_out import tree_to_yaml
+    monkeypatch.setitem(witness.TEXTS, "tiny_ssd", tree_to_yaml(prototxt_tree(zoo_ssd.tiny_ssd(), "tiny.prototxt")))
+    monkeypatch.setattr(witness, "feed_for", lambda net: tiny[1])
+    witness.test_what_the_kernels_touched_is_what_the_plan_said(monkeypatch, "tiny_ssd", policy, placement)
