@@ -227,15 +227,22 @@ def test_multibox_loss_shapes_are_checked():
 
 
 # -- DetectionOutput -----------------------------------------------------------------------------------
-def nms_fast(bxs, scores, score_threshold, nms_threshold, top_k):
-    """ApplyNMSFast with eta 1, loop for loop."""
+def nms_fast(bxs, scores, score_threshold, nms_threshold, top_k, eta=1.0):
+    """ApplyNMSFast, loop for loop."""
     pairs = sorted([(s, i) for i, s in enumerate(scores) if s > score_threshold], key=lambda t: -t[0])
     if top_k > -1:
         pairs = pairs[:top_k]
-    kept = []
+    kept, adaptive = [], nms_threshold
     for _, i in pairs:
-        if all(jaccard(bxs[i], bxs[k]) <= nms_threshold for k in kept):
+        keep = True
+        for k in kept:
+            keep = jaccard(bxs[i], bxs[k]) <= adaptive
+            if not keep:
+                break
+        if keep:
             kept.append(i)
+            if eta < 1 and adaptive > 0.5:
+                adaptive *= eta
     return kept
 
 
@@ -244,8 +251,9 @@ def test_nms_is_apply_nms_fast(rng):
     half = rng.uniform(0.05, 0.2, (80, 2))
     bxs = np.concatenate([centre - half, centre + half], axis=1)
     scores = rng.uniform(0, 1, 80).astype(np.float32)
-    for thr, top_k in ((0.45, -1), (0.3, 20), (0.7, 50)):
-        assert boxes.nms(bxs, scores, 0.1, thr, top_k) == nms_fast(list(bxs), list(scores), 0.1, thr, top_k)
+    for thr, top_k, eta in ((0.45, -1, 1.0), (0.3, 20, 1.0), (0.7, 50, 1.0), (0.9, -1, 0.9)):
+        kept = boxes.nms(bxs, scores, 0.1, thr, top_k, eta)
+        assert kept == nms_fast(list(bxs), list(scores), 0.1, thr, top_k, eta) and 3 < len(kept) < 80
 
 
 def test_detection_output_rows_are_caffes_padded_to_keep_top_k(rng):
