@@ -73,6 +73,9 @@ def test_real_files_plan_with_their_exact_counts(tmp_path, capsys, name, text, d
     graph = Graph(prototxt_spec(path.read_text(), str(path), data=data))
     assert sum(math.prod(t.shape) for t in graph.tensors.values() if t.kind == "param") == count
     assert graph.tensors["mbox_priorbox"].shape == (1, 2, priors * 4)
+    first = next(n for n in graph.nodes if n.layer.type == "Permute")  # permute_param { order: 0 2 3 1 }
+    n, c, h, w = graph.tensors[first.bottoms[0]].shape
+    assert graph.tensors[first.tops[0]].shape == (n, h, w, c) and first.layer.order == (0, 2, 3, 1)
     assert plan.main([str(path), "--json"] + (["--data", data] if data else [])) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["learnable_params"] == count
