@@ -209,9 +209,11 @@ class Net:
 
     @property
     def classes(self):
-        """The classes its SoftmaxWithLoss scores (the channels of its first bottom), or None
-        without one."""
+        """The classes its SoftmaxWithLoss scores (the channels of its first bottom), or its
+        MultiBoxLoss's ``num_classes`` (SSD: the background one of them), or None without one."""
         for node in self.graph.nodes:
+            if node.layer.type == "MultiBoxLoss":
+                return node.layer.cfg["num_classes"]
             if node.layer.type == "SoftmaxWithLoss":  # the classes lie on its axis (2 for a sequence)
                 return self.graph.tensors[node.bottoms[0]].shape[node.layer.cfg["axis"]]
         return None

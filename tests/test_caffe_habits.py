@@ -97,7 +97,7 @@ layers:
 
 @pytest.mark.parametrize("name, message", [
     ("ROIPooling", "layer type 'ROIPooling' (from the Faster R-CNN fork) is not supported"),
-    ("PriorBox", "(from the SSD fork) is not supported"),
+    ("DetectionEvaluate", "(from the SSD fork) is not supported"),
     ("DepthwiseConvolution", "write Convolution with group equal to its channels"),
     ("HDF5Data", "layer type 'HDF5Data' (stock Caffe) is not implemented here"),
 ])

@@ -135,6 +135,8 @@ def _train(args, group):
     train_loader, test_loader = loaders(data_cfg, train_set, test_set, batch, seed=args.seed, shard=(rank, ranks))
     if rank != 0:  # rank 0 alone tests and logs
         test_loader, args.log = None, None
+    if not any("TEST" in n.phases and (n.loss_weight or n.layer.type == "Accuracy") for n in net.graph.nodes):
+        test_loader = None  # a train file with no TEST loss or accuracy (SSD's): a test pass would show nothing
     trainer = Trainer(net, solver, train_loader, test_loader, snapshot_dir=args.snapshot, log_path=args.log,
                       group=group)
     trainer.snapshot_keep = args.snapshot_keep

@@ -50,6 +50,14 @@ class Dataset:
                               f"std (batch of samples {int(idx.min())}..{int(idx.max())})")
         return x
 
+    def batch_labels(self, idx, valid=None):
+        """The labels of samples ``idx`` as a batch (float32, one per sample); those from
+        ``valid`` on (the padding of a test pass's last batch) -1, which losses ignore."""
+        y = self.labels[idx].astype(np.float32)
+        if valid is not None:
+            y[valid:] = -1
+        return y
+
     def _pixels(self, idx, rng, train):
         """Samples ``idx`` cropped and flipped, as a new array in the stored dtype."""
         raise NotImplementedError

@@ -56,6 +56,10 @@ def data_config(spec, source=None):
         base["size"] = shape[2]  # images: the shorter side resized to it, the centre (or a random) square cut
         if kind in ("synthetic", "digits"):
             base["channels"] = shape[1]  # digits: the grey replicated over the channels the net expects
+    shapes = first.cfg["shape"]
+    if kind == "synthetic" and len(shapes) > 1 and len(shapes[1]) == 4 and shapes[1][:2] == (1, 1) \
+            and shapes[1][3] == 8 and shapes[1][2] % shape[0] == 0:
+        base["boxes"] = shapes[1][2] // shape[0]  # SSD's label blob: images with boxes (box_data.py)
     return source_config(source, base)
 
 

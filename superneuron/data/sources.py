@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import SNError
 from ..limits import MAX_DATA_SIDE, MAX_SPEC_INT, over
 from .array_files import check_memory, npz_describe, read_cifar, read_npz
+from .box_data import describe_boxes, open_boxes
 from .dataset import Dataset, ShardDraws, crop_mirror, one_line
 from .text import describe_text, is_text_source, open_text
 
@@ -118,6 +119,8 @@ def _config(cfg):
 def describe(cfg):
     """``(sample_shape, num_classes)`` of a source, after cropping, without loading it where avoidable."""
     cfg = _config(cfg)
+    if cfg.get("boxes"):  # AnnotatedData: images with boxes (box_data.py)
+        return describe_boxes(cfg)
     src, size, kind = cfg["source"], cfg["size"], source_kind(cfg["source"])
     if kind == "text":
         return describe_text(cfg)
@@ -221,6 +224,8 @@ def open_source(cfg):
     """``(train, test)`` datasets for a Data layer's options (a dict) or a source string."""
     cfg = _config(cfg)
     describe(cfg)  # the same checks as the layer's setup: crop, size, mean and std lengths
+    if cfg.get("boxes"):
+        return open_boxes(cfg)
     src, kind = cfg["source"], source_kind(cfg["source"])
     if kind == "text":
         return open_text(cfg)
@@ -363,7 +368,7 @@ def _open_folder(root, cfg):
 
 def check_labels(dataset, num_classes, source_name):
     """SNError unless every label of ``dataset`` is in [0, num_classes) (the net's class count)."""
-    labels = dataset.labels
+    labels = getattr(dataset, "class_labels", dataset.labels)  # detection: the boxes' classes
     bad = labels[(labels < 0) | (labels >= num_classes)]
     if bad.size:
         raise SNError(f"{source_name}: label {int(bad[0])} is outside [0, {num_classes}) "
@@ -424,7 +429,7 @@ class Loader:
             per_rank = self.batch // ranks
             idx = idx[rank * per_rank:(rank + 1) * per_rank]
             rng = ShardDraws(rng, rank, ranks)
-        return self.dataset.batch(idx, rng, self.train), self.dataset.labels[idx].astype(np.float32)
+        return self.dataset.batch(idx, rng, self.train), self.dataset.batch_labels(idx)
 
     def __len__(self):
         """Batches in one pass of :meth:`epoch`."""
@@ -437,8 +442,7 @@ class Loader:
         for start in range(0, n, self.batch):
             valid = min(self.batch, n - start)
             idx = np.minimum(np.arange(start, start + self.batch), n - 1)
-            y = self.dataset.labels[idx].astype(np.float32)
-            y[valid:] = -1
+            y = self.dataset.batch_labels(idx, valid)
             yield self.dataset.batch(idx, None, train=False), y, valid
 
     def state(self):

@@ -56,7 +56,9 @@ class Input(Layer):
 @register
 class Data(Input):
     """A batch of samples and their labels (float32, one per sample) from a data source:
-    'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder.
+    'digits', 'synthetic', a .npz file, a CIFAR-10 python directory or an image folder. With
+    ``boxes`` (SSD's AnnotatedData), synthetic images with that many boxes each, the labels
+    Caffe's annotated boxes (box_data.py).
     As in Caffe, one top is allowed too: the samples without their labels (a segmentation
     net's second Data layer carries its masks that way)."""
 
@@ -65,6 +67,8 @@ class Data(Input):
                       "or an image folder"),
         "batch_size": Key("int", doc="samples per batch, for training and testing"),
         **{key: Key(kind, default, doc=doc) for key, (kind, default, doc) in data.OPTIONS.items()},
+        "boxes": Key("int", 0, doc="detection (SSD's AnnotatedData): ground-truth boxes per image; the "
+                     "label top is then Caffe's annotated boxes (1, 1, batch × boxes, 8); synthetic only"),
     }
     TOPS = (1, 2)
 
@@ -72,12 +76,16 @@ class Data(Input):
         batch = self.cfg["batch_size"]
         if batch < 1:
             self.fail(f"batch_size must be >= 1, got {batch}")
+        if self.cfg.get("boxes", 0) < 0:
+            self.fail(f"boxes must be >= 0, got {self.cfg['boxes']}")
         try:
             sample_shape, self.num_classes = data.describe(self.cfg)
         except SNError as e:
             message = str(e)
         else:
             labels = (batch,) + data.label_shape(self.cfg, sample_shape)  # text: a target per token
+            if self.cfg.get("boxes"):  # one row of Caffe's 8 numbers per box, the images' all together
+                labels = (1, 1, batch * self.cfg["boxes"], 8)
             shapes = [(batch,) + tuple(sample_shape), labels]
             return self._set_shapes(bottom_shapes, shapes[:len(self.tops)])
         self.fail(message)

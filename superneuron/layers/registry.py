@@ -19,8 +19,8 @@ STOCK = "stock Caffe"
 # user's file got them: the error says so in one line, rather than suggesting a near spelling
 # ("ROIPooling" is not a misspelt "Pooling").
 UNSUPPORTED = {
-    **dict.fromkeys(("PriorBox", "DetectionOutput", "MultiBoxLoss", "AnnotatedData", "DetectionEvaluate"),
-                    "the SSD fork"),
+    **dict.fromkeys(("DetectionEvaluate",), "the SSD fork"),
+    "AnnotatedData": "the SSD fork; write Data with boxes: N, the boxes per image, or read the prototxt",
     **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign", "SmoothL1Loss"), "the Faster R-CNN fork"),
     **dict.fromkeys(("PSROIPooling",), "the R-FCN fork"),
     **dict.fromkeys(("DenseCRF", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),

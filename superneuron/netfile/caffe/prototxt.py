@@ -17,13 +17,17 @@ import os
 import numpy as np
 
 from ...errors import SpecError, where
+from ...layers.registry import REGISTRY
 from ..yaml_read import Map, Seq
 from . import caffe_pb2
 from .textproto import parse
 
-LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "include", "exclude", "phase"}
+LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "include", "exclude", "phase",
+                "propagate_down"}
 V1_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "include", "exclude", "blobs_lr", "weight_decay"}
-DATA_TYPES = ("Data", "ImageData")
+DATA_TYPES = ("Data", "ImageData", "AnnotatedData")
+NESTED = ("nms_param", "save_output_param")  # the SSD fork's blocks inside a *_param: flattened too
+BOXES = 4  # synthetic boxes per image for an AnnotatedData layer
 
 # V1's enum names → the layer type names Caffe's upgrade gives them
 V1_TYPES = {
@@ -198,6 +202,8 @@ class _Translator:
                 put("decay_mult", [_f32(v) for v in lp.weight_decay], "weight_decay")
         elif lp.param:
             put("param", [_message(p) for p in lp.param], "param")
+        if not v1 and lp.propagate_down:
+            self.propagate_down(lp, lpos, ltype)
         if ltype in DATA_TYPES:
             return self.data_layer(lp, lpos, item, ltype)
         if ltype == "Input" and lp.HasField("input_param"):
@@ -216,10 +222,29 @@ class _Translator:
             self.flatten(msg, lpos.child(field.name), item, ltype)
         return item
 
+    def propagate_down(self, lp, lpos, ltype):
+        """Caffe's ``propagate_down``: accepted where it says what we do anyway (no gradient to
+        a label bottom, as MultiBoxLoss's priors and boxes); a ``false`` on a bottom that would
+        get one is refused."""
+        cls = REGISTRY.get(ltype)
+        if cls is None:
+            return  # the unknown type is reported by itself
+        if len(lp.propagate_down) != len(lp.bottom):
+            self.problem(lpos.at("propagate_down"), lp.name, ltype, f"{len(lp.propagate_down)} propagate_down "
+                         f"for {len(lp.bottom)} bottoms: give one per bottom")
+            return
+        for i, (flag, bottom) in enumerate(zip(lp.propagate_down, lp.bottom)):
+            if not flag and i not in cls.LABEL_BOTTOMS and cls.BACKWARD:
+                self.problem(lpos.at("propagate_down", i), lp.name, ltype, f"propagate_down: false on "
+                             f"bottom '{bottom}' is not supported (it would get a gradient here)")
+
     def flatten(self, msg, mpos, item, ltype):
         """Put a ``*_param`` block's fields into the layer mapping, as our YAML writes them."""
         for field, value in msg.ListFields():
             name = field.name
+            if name in NESTED and field.type == field.TYPE_MESSAGE:
+                self.flatten(value, mpos.child(name), item, ltype)
+                continue
             if _repeated(field):
                 value = [_scalar(field, v) for v in value]
                 if name in PAIR_FIELDS and len(value) in (1, 2):
@@ -242,12 +267,20 @@ class _Translator:
     def data_layer(self, lp, lpos, item, ltype):
         """A Caffe Data or ImageData layer: synthetic data of its shape with ``data=synthetic``."""
         name = item.get("name")
-        params = lp.data_param if ltype == "Data" else lp.image_data_param
-        ppos = lpos.child("data_param" if ltype == "Data" else "image_data_param")
+        params = lp.image_data_param if ltype == "ImageData" else lp.data_param
+        ppos = lpos.child("image_data_param" if ltype == "ImageData" else "data_param")
         tp = lp.transform_param
+        if self.data is None and ltype == "AnnotatedData":
+            self.problem(ppos.at("source") if params.source else lpos.mark, name, ltype,
+                         f"annotated LMDB '{params.source}' is not read here (its boxes); plan and train "
+                         "with --data synthetic (images with boxes)")
+            return None
         if self.data is None:
             return self.lmdb_layer(lp, lpos, item, ltype, params, ppos, tp)
         crop = tp.crop_size or params.crop_size
+        resize = tp.resize_param
+        if ltype == "AnnotatedData" and not crop and resize.height and resize.height == resize.width:
+            crop = resize.height  # SSD's files warp every image to the net's size
         if self.shape is not None:
             channels, size = self.shape[0], self.shape[1]
             if self.shape[1] != self.shape[2]:
@@ -267,8 +300,11 @@ class _Translator:
                              "give it as --data synthetic:CxHxW, such as synthetic:1x28x28")
                 return None
         item["type"] = "Data"
-        for key, value in (("source", "synthetic"), ("batch_size", params.batch_size or 1),
-                           ("channels", channels), ("size", size), ("classes", self.classes(lp))):
+        values = [("source", "synthetic"), ("batch_size", params.batch_size or 1),
+                  ("channels", channels), ("size", size), ("classes", self.classes(lp))]
+        if ltype == "AnnotatedData" and len(lp.top) > 1:
+            values.append(("boxes", BOXES))
+        for key, value in values:
             item[key] = value
             item.keymarks[key] = item.valmarks[key] = ppos.at("batch_size") if key == "batch_size" else lpos.mark
         return item
@@ -325,6 +361,8 @@ class _Translator:
             return 10
         label = data_lp.top[1]
         for ltype, lp in self.all:
+            if ltype == "MultiBoxLoss" and label in lp.bottom and lp.multibox_loss_param.num_classes:
+                return int(lp.multibox_loss_param.num_classes)
             if ltype == "SoftmaxWithLoss" and len(lp.bottom) == 2 and lp.bottom[1] == label:
                 scores = lp.bottom[0]
                 for otype, other in self.all:

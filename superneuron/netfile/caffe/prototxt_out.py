@@ -23,7 +23,9 @@ LAYER = caffe_pb2.LayerParameter.DESCRIPTOR
 PARAM_BLOCKS = {"ReLU": "relu_param", "PReLU": "prelu_param", "TanH": "tanh_param", "LRN": "lrn_param",
                 "ELU": "elu_param", "ArgMax": "argmax_param", "MVN": "mvn_param", "SPP": "spp_param",
                 "Deconvolution": "convolution_param", "SoftmaxWithLoss": "softmax_param",
-                "Normalize": "norm_param"}
+                "Normalize": "norm_param", "MultiBoxLoss": "multibox_loss_param"}
+# blocks inside a *_param whose fields our layers take flat (the SSD fork's nms_param, ...)
+NESTED = ("nms_param", "save_output_param")
 # (key, value)s that mean "as Caffe does when the field is not written": left out, since
 # writing them would say something else (BatchNorm's use_global_stats: false would make Caffe
 # normalise a TEST pass by the batch's statistics)
@@ -94,6 +96,17 @@ def _rules(ls):
     return []
 
 
+def _nested(names, key):
+    """``(block, sub-block, field)`` of a key that lies in a NESTED message of one of the
+    layer's blocks (DetectionOutput's ``nms_threshold`` in ``nms_param``), or None."""
+    for b in names:
+        for sub in NESTED:
+            holder = LAYER.fields_by_name[b].message_type.fields_by_name.get(sub)
+            if holder is not None and key in holder.message_type.fields_by_name:
+                return b, sub, holder.message_type.fields_by_name[key]
+    return None
+
+
 def spec_to_prototxt(spec):
     """The ``.prototxt`` text of ``spec`` (a NetSpec its Graph has checked); SpecError naming
     each layer key that Caffe has no field for."""
@@ -123,7 +136,7 @@ def spec_to_prototxt(spec):
                 "shape { " + " ".join(f"dim: {d}" for d in s) + " }" for s in dims) + " }")
             lines.append("}")
             continue
-        blocks = {}
+        blocks, nested = {}, {}
         names = param_blocks(ls.type, cls.LOSS)
         for key, value in ls.cfg.items():
             if value is None or (isinstance(value, bool) and (key, value) in CAFFES_UNSET):
@@ -139,6 +152,12 @@ def spec_to_prototxt(spec):
             if key in ("kernel_size", "stride", "pad", "dilation") and isinstance(value, tuple):
                 value = value[:1] if value[0] == value[1] else value
             block = next((b for b in names if key in LAYER.fields_by_name[b].message_type.fields_by_name), None)
+            inner = _nested(names, key) if block is None else None
+            if inner is not None:
+                block, sub, field = inner
+                blocks.setdefault(block, [])
+                nested.setdefault((block, sub), []).extend(_lines(field, value, ""))
+                continue
             if block is None:
                 default = cls.KEYS[key].default if key in cls.KEYS else None
                 if value != default:
@@ -150,6 +169,7 @@ def spec_to_prototxt(spec):
         for block, body in blocks.items():
             lines.append(f"  {block} {{")
             lines += body
+            lines += [f"    {sub} {{ " + " ".join(inner) + " }" for (b, sub), inner in nested.items() if b == block]
             lines.append("  }")
         lines.append("}")
     if problems:
