@@ -29,8 +29,7 @@ UNSUPPORTED = {
     **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
     **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),
                     "a MobileNet fork; write Convolution with group equal to its channels"),
-    **dict.fromkeys(("HDF5Data", "HDF5Output", "MemoryData", "WindowData", "Im2col", "Filter",
-                     "Recurrent", "LSTMUnit"), STOCK),
+    **dict.fromkeys(("HDF5Output", "WindowData", "Im2col", "Recurrent", "LSTMUnit"), STOCK),
 }
 CLOSE_ENOUGH = 0.85  # difflib's ratio for a suggestion: a misspelling, not another layer's name
 
