@@ -127,8 +127,17 @@ class _Translator:
         raw = [(lp, pos.child("layer", i), False) for i, lp in enumerate(net.layer)]
         raw += [(lp, pos.child("layers", i), True) for i, lp in enumerate(net.layers)]
         self.all = [(self.type_of(lp, v1), lp) for lp, _, v1 in raw]
+        sources = {}  # (name, rules) of layers without bottoms → how many so far
         for lp, lpos, v1 in raw:
             item = self.layer(lp, lpos, v1)
+            if item is not None and not lp.bottom and "name" in item:
+                # Caffe allows one name for several layers (LRCN's ImageData and HDF5Data are
+                # both "data"); ours are keys, so a later source layer of a name already used
+                # under the same rules is called name.2, name.3 (it has no weights to match)
+                key = (item["name"], str(item.get("include")), str(item.get("exclude")))
+                sources[key] = sources.get(key, 0) + 1
+                if sources[key] > 1:
+                    item["name"] = f"{item['name']}.{sources[key]}"
             if item is not None:
                 layers.append(item)
                 layers.marks.append(item.mark)

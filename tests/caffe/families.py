@@ -1,0 +1,212 @@
+"""Real model-zoo files beyond classification, written here layer for layer as their authors
+wrote them (no model zoo can be downloaded in the test environment; the files are not copied,
+only their layout re-created): FCN-8s (shelhamer/fcn.berkeleyvision.org voc-fcn8s/train.prototxt,
+its Python data layer included), the LSTM language model and LRCN of BVLC/caffe's
+examples/coco_caption. Each takes its sizes as arguments, so a test trains it small and plans
+it at the real size."""
+
+from zoo import LR, block, layer
+
+FROZEN = ([("lr_mult", 0)],)
+
+
+# -- FCN-8s (voc-fcn8s/train.prototxt, written by its net.py) ------------------------------------------
+def _conv_relu(name, relu_name, bottom, n, k=3, pad=1):
+    return [layer(name, "Convolution", bottom, name, param=LR,
+                  convolution_param=[("num_output", n), ("pad", pad), ("kernel_size", k)]),
+            layer(relu_name, "ReLU", name, name)]
+
+
+def _max_pool(name, bottom):
+    return layer(name, "Pooling", bottom, name, pooling_param=[("pool", "MAX"), ("kernel_size", 2), ("stride", 2)])
+
+
+def _upscore(name, bottom, k, s):
+    return layer(name, "Deconvolution", bottom, name, param=FROZEN, convolution_param=[
+        ("num_output", 21), ("bias_term", False), ("kernel_size", k), ("stride", s)])
+
+
+def _score(name, bottom):
+    return layer(name, "Convolution", bottom, name, param=LR,
+                 convolution_param=[("num_output", 21), ("pad", 0), ("kernel_size", 1)])
+
+
+def _crop(name, bottom, like, offset):
+    return layer(name, "Crop", [bottom, like], name, crop_param=[("axis", 2), ("offset", offset)])
+
+
+def fcn8s(data="python", size=500, batch=1, narrow=1):
+    """voc-fcn8s/train.prototxt. ``data``: ``"python"`` as the file has it (the voc_layers
+    module's SBDDSegDataLayer), or ``"input"``: Input layers of ``batch`` x 3 x ``size`` x
+    ``size`` images and their label maps (deploy.prototxt's form, with the loss kept).
+    ``narrow``: every width but the 21 classes' divided by it (a test's quick training)."""
+    if data == "python":
+        params = ("{'sbdd_dir': '../data/sbdd/dataset', 'seed': 1337, 'split': 'train', "
+                  "'mean': (104.00699, 116.66877, 122.67892)}")
+        out = [layer("data", "Python", (), ["data", "label"], python_param=[
+            ("module", "voc_layers"), ("layer", "SBDDSegDataLayer"), ("param_str", params)])]
+    else:
+        out = [layer("input", "Input", (), ["data", "label"], input_param=[
+            ("shape", [("dim", d) for d in (batch, 3, size, size)]),
+            ("shape", [("dim", d) for d in (batch, 1, size, size)])])]
+    bottom = "data"
+    for stage, (width, convs) in enumerate([(64, 2), (128, 2), (256, 3), (512, 3), (512, 3)], start=1):
+        for i in range(1, convs + 1):
+            name = f"conv{stage}_{i}"
+            out += _conv_relu(name, f"relu{stage}_{i}", bottom, width // narrow, pad=100 if name == "conv1_1" else 1)
+            bottom = name
+        out.append(_max_pool(f"pool{stage}", bottom))
+        bottom = f"pool{stage}"
+    out += _conv_relu("fc6", "relu6", "pool5", 4096 // narrow, k=7, pad=0)
+    out.append(layer("drop6", "Dropout", "fc6", "fc6", dropout_param=[("dropout_ratio", 0.5)]))
+    out += _conv_relu("fc7", "relu7", "fc6", 4096 // narrow, k=1, pad=0)
+    out.append(layer("drop7", "Dropout", "fc7", "fc7", dropout_param=[("dropout_ratio", 0.5)]))
+    out += [_score("score_fr", "fc7"), _upscore("upscore2", "score_fr", 4, 2),
+            _score("score_pool4", "pool4"), _crop("score_pool4c", "score_pool4", "upscore2", 5),
+            layer("fuse_pool4", "Eltwise", ["upscore2", "score_pool4c"], "fuse_pool4",
+                  eltwise_param=[("operation", "SUM")]),
+            _upscore("upscore_pool4", "fuse_pool4", 4, 2),
+            _score("score_pool3", "pool3"), _crop("score_pool3c", "score_pool3", "upscore_pool4", 9),
+            layer("fuse_pool3", "Eltwise", ["upscore_pool4", "score_pool3c"], "fuse_pool3",
+                  eltwise_param=[("operation", "SUM")]),
+            _upscore("upscore8", "fuse_pool3", 16, 8), _crop("score", "upscore8", "data", 31),
+            layer("loss", "SoftmaxWithLoss", ["score", "label"], "loss",
+                  loss_param=[("ignore_label", 255), ("normalize", False)])]
+    return 'name: "voc-fcn8s"\n' + "\n".join(out) + "\n"
+
+
+# -- coco_caption: the LSTM language model and LRCN ---------------------------------------------------
+UNIFORM = [("type", "uniform"), ("min", -0.08), ("max", 0.08)]
+ZERO = [("type", "constant"), ("value", 0)]
+SENTENCE = ["cont_sentence", "input_sentence", "target_sentence"]
+STAGES = {"TRAIN": None, "test-on-train": "train", "test-on-val": "val"}
+
+
+def _rule(phase, stage):
+    return [("phase", phase)] + ([("stage", stage)] if stage else [])
+
+
+def _sentences(folder, steps):
+    """The three HDF5Data layers (TRAIN, TEST test-on-train, TEST test-on-val)."""
+    out = []
+    for phase, stage in (("TRAIN", None), ("TEST", "test-on-train"), ("TEST", "test-on-val")):
+        split = "val" if stage == "test-on-val" else "train"
+        out.append(layer("data", "HDF5Data", (), SENTENCE, include=_rule(phase, stage), hdf5_data_param=[
+            ("source", f"{folder}/{split}/hdf5_chunk_list.txt"), ("batch_size", steps)]))
+    return out
+
+
+def _embed(vocab, hidden):
+    return layer("embedding", "Embed", "input_sentence", "embedded_input_sentence", param=([("lr_mult", 1)],),
+                 embed_param=[("bias_term", False), ("input_dim", vocab), ("num_output", hidden),
+                              ("weight_filler", UNIFORM)])
+
+
+def _lstm(name, bottoms, hidden, include=()):
+    kw = {"include": list(include)} if include else {}
+    return layer(name, "LSTM", bottoms, name, **kw, recurrent_param=[
+        ("num_output", hidden), ("weight_filler", UNIFORM), ("bias_filler", ZERO)])
+
+
+def _predict(bottom, vocab, **rule):
+    return layer("predict", "InnerProduct", bottom, "predict", param=LR, **rule, inner_product_param=[
+        ("num_output", vocab), ("weight_filler", UNIFORM), ("bias_filler", ZERO), ("axis", 2)])
+
+
+def _loss_and_accuracy(accuracy_block):
+    loss = layer("cross_entropy_loss", "SoftmaxWithLoss", ["predict", "target_sentence"], "cross_entropy_loss",
+                 loss_weight=20, loss_param=[("ignore_label", -1)], softmax_param=[("axis", 2)])
+    accuracy = layer("accuracy", "Accuracy", ["predict", "target_sentence"], "accuracy",
+                     include=[("phase", "TEST")], **{accuracy_block: [("ignore_label", -1)] + (
+                         [("axis", 2)] if accuracy_block == "accuracy_param" else [])})
+    return [loss, accuracy]
+
+
+def lstm_language_model(folder=".", steps=20, vocab=8801, hidden=1000, accuracy_block="loss_param"):
+    """examples/coco_caption/lstm_language_model.prototxt: HDF5Data of ``steps`` time steps,
+    Embed, LSTM, dropout by stage, the predictions over the vocabulary. The file writes its
+    TEST-phase Accuracy's ignore_label in a loss_param block, which Accuracy does not read, and
+    no axis: 2, so Caffe's test net fails its label-count check (as our planner does);
+    ``accuracy_block="accuracy_param"`` writes it as lrcn.prototxt does (axis 2, ignore -1)."""
+    out = _sentences(folder, steps) + [_embed(vocab, hidden)]
+    out.append(layer("embed-drop", "Dropout", "embedded_input_sentence", "embedded_input_sentence",
+                     dropout_param=[("dropout_ratio", 0.5)], include=[("stage", "embed-drop")]))
+    out.append(_lstm("lstm1", ["embedded_input_sentence", "cont_sentence"], hidden))
+    out.append(layer("lstm-drop", "Dropout", "lstm1", "lstm1", dropout_param=[("dropout_ratio", 0.5)],
+                     include=[("stage", "lstm-drop")]))
+    out.append(_predict("lstm1", vocab))
+    out += _loss_and_accuracy(accuracy_block)
+    return 'name: "lstm_language_model"\n' + "\n".join(out) + "\n"
+
+
+CAFFENET = [  # name, num_output, kernel, stride, pad, group, bias value; then pool / LRN after it
+    ("conv1", 96, 11, 4, 0, 1, 0), ("conv2", 256, 5, 1, 2, 2, 1), ("conv3", 384, 3, 1, 1, 1, 0),
+    ("conv4", 384, 3, 1, 1, 2, 1), ("conv5", 256, 3, 1, 1, 2, 1)]
+
+
+def _frozen_or_not(kind, name, bottom, shape, std, bias, param_block):
+    """LRCN's pair of layers of one name: frozen in stage freeze-convnet (no fillers), trained
+    at a tenth of the rate otherwise."""
+    frozen = layer(name, kind, bottom, name, param=(FROZEN[0], FROZEN[0]), include=[("stage", "freeze-convnet")],
+                   **{param_block: shape})
+    trained = layer(name, kind, bottom, name, param=([("lr_mult", 0.1), ("decay_mult", 1)],
+                                                     [("lr_mult", 0.2), ("decay_mult", 0)]),
+                    exclude=[("stage", "freeze-convnet")], **{param_block: shape + [
+                        ("weight_filler", [("type", "gaussian"), ("std", std)]),
+                        ("bias_filler", [("type", "constant"), ("value", bias)])]})
+    return [frozen, trained]
+
+
+def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
+    """examples/coco_caption/lrcn.prototxt: CaffeNet on the images (ImageData, ``streams`` of
+    them), frozen or not by stage, its fc8 the static input of the LSTM (lstm1 "unfactored", or
+    lstm2 "factored"), the caption's words from HDF5Data of ``steps`` time steps."""
+    out = []
+    for phase, stage in (("TRAIN", None), ("TEST", "test-on-train"), ("TEST", "test-on-val")):
+        split = "val" if stage == "test-on-val" else "train"
+        tp = [("mirror", True), ("crop_size", crop), ("mean_value", 104), ("mean_value", 117), ("mean_value", 123)]
+        out.append(layer("data", "ImageData", (), ["data", "label"], include=_rule(phase, stage),
+                         transform_param=tp, image_data_param=[
+                             ("source", f"{folder}/{split}/image_list.with_dummy_labels.txt"),
+                             ("batch_size", streams), ("new_height", 256), ("new_width", 256)]))
+        out.append(layer("data", "HDF5Data", (), SENTENCE, include=_rule(phase, stage), hdf5_data_param=[
+            ("source", f"{folder}/{split}/hdf5_chunk_list.txt"), ("batch_size", steps)]))
+    out.append(layer("silence", "Silence", "label", ()))
+    bottom = "data"
+    for i, (name, n, k, s, p, g, bias) in enumerate(CAFFENET, start=1):
+        shape = [("num_output", n)] + ([("pad", p)] if p else []) + [("kernel_size", k)]
+        shape += ([("stride", s)] if s != 1 else []) + ([("group", g)] if g != 1 else [])
+        out += _frozen_or_not("Convolution", name, bottom, shape, 0.01, bias, "convolution_param")
+        out.append(layer(f"relu{i}", "ReLU", name, name))
+        bottom = name
+        if i in (1, 2, 5):
+            out.append(layer(f"pool{i}", "Pooling", name, f"pool{i}", pooling_param=[
+                ("pool", "MAX"), ("kernel_size", 3), ("stride", 2)]))
+            bottom = f"pool{i}"
+        if i in (1, 2):
+            out.append(layer(f"norm{i}", "LRN", bottom, f"norm{i}", lrn_param=[
+                ("local_size", 5), ("alpha", 0.0001), ("beta", 0.75)]))
+            bottom = f"norm{i}"
+    for i in (6, 7):
+        out += _frozen_or_not("InnerProduct", f"fc{i}", bottom, [("num_output", 4096)], 0.005, 1,
+                              "inner_product_param")
+        out += [layer(f"relu{i}", "ReLU", f"fc{i}", f"fc{i}"),
+                layer(f"drop{i}", "Dropout", f"fc{i}", f"fc{i}", dropout_param=[("dropout_ratio", 0.5)])]
+        bottom = f"fc{i}"
+    out.append(layer("fc8", "InnerProduct", "fc7", "fc8", param=([("lr_mult", 0.1), ("decay_mult", 1)],
+                                                                [("lr_mult", 0.2), ("decay_mult", 0)]),
+                     inner_product_param=[("num_output", 1000), ("weight_filler", [("type", "gaussian"), ("std", 0.01)]),
+                                          ("bias_filler", ZERO)]))
+    out.append(_embed(vocab, hidden))
+    words = ["embedded_input_sentence", "cont_sentence"]
+    out += [_lstm("lstm1", words + ["fc8"], hidden, [("stage", "unfactored")]),
+            _lstm("lstm2", ["lstm1", "cont_sentence"], hidden, [("stage", "unfactored"), ("stage", "2-layer")]),
+            _lstm("lstm1", words, hidden, [("stage", "factored")]),
+            _lstm("lstm2", ["lstm1", "cont_sentence", "fc8"], hidden, [("stage", "factored")]),
+            _predict("lstm1", vocab, exclude=[("stage", "2-layer")]),
+            _predict("lstm2", vocab, include=[("stage", "2-layer")])]
+    out += _loss_and_accuracy("accuracy_param")
+    return 'name: "lrcn_caffenet_to_lstm"\n' + "\n".join(out) + "\n"
+
+
+__all__ = ["block", "fcn8s", "lrcn", "lstm_language_model"]
