@@ -200,3 +200,28 @@ def test_lrcn_trains_with_its_stages(tmp_path):
         feed["label"] = np.zeros(streams, np.float32)
         feeds.append(feed)
     check_policies(spec, feeds, policies=("superneurons",))
+
+
+# -- SegNet --------------------------------------------------------------------------------------------
+# Models/segnet_basic_train.prototxt (alexgkendall/SegNet-Tutorial): conv1 3x64x7x7 + 64, conv2..4
+# and conv_decode4..1 64x64x7x7 + 64 each, 8 BN layers of 64 scales and 64 shifts, conv_classifier
+# 64x11 + 11
+SEGNET_BASIC_COUNT = 1_416_587
+
+
+def test_segnet_basic_plans_with_the_real_files_count_at_camvids_size():
+    spec = prototxt_spec(families.segnet_basic(), "segnet_basic_train.prototxt", data="synthetic:3x360x480")
+    graph = Graph(spec)
+    assert learnable(graph) == SEGNET_BASIC_COUNT
+    assert graph.tensors["upsample4"].shape == (4, 64, 45, 60)  # pad_out_h: 23 rows up to 45
+    assert graph.tensors["conv_classifier"].shape == (4, 11, 360, 480)
+
+
+def test_segnet_basic_trains_with_class_weights_and_ignored_pixels():
+    spec = prototxt_spec(families.segnet_basic(batch=2), "segnet_basic_train.prototxt", data="synthetic:3x24x32")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 24, 32)).astype(np.float32)
+    label = (x[:, :1] > 0).astype(np.float32) * 3 + (x[:, 1:2] > 0.5)
+    label[:, :, :, :4] = 11  # CamVid's void class, ignored
+    losses = check_policies(spec, [{"data": x, "label": label}] * 4, lr=0.01)
+    assert losses[-1] < losses[0]

@@ -24,7 +24,10 @@ UNSUPPORTED = {
     **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign", "SmoothL1Loss"), "the Faster R-CNN fork"),
     **dict.fromkeys(("PSROIPooling",), "the R-FCN fork"),
     **dict.fromkeys(("DenseCRF", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),
-    **dict.fromkeys(("BN",), "the SegNet fork"),
+    **dict.fromkeys(("BN",), "the SegNet and PSPNet forks; a .prototxt's is read as BatchNorm and Scale, "
+                             "write those"),
+    **dict.fromkeys(("DenseImageData",), "the SegNet fork; a .prototxt's is read as an Input with --data "
+                                         "synthetic:CxHxW"),
     **dict.fromkeys(("Region", "Reorg", "Yolo", "YoloLoss"), "a YOLO fork"),
     **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
     **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),

@@ -209,4 +209,49 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
     return 'name: "lrcn_caffenet_to_lstm"\n' + "\n".join(out) + "\n"
 
 
-__all__ = ["block", "fcn8s", "lrcn", "lstm_language_model"]
+__all__ = ["block", "fcn8s", "lrcn", "lstm_language_model", "segnet_basic"]
+
+
+# -- SegNet (alexgkendall/SegNet-Tutorial Models/segnet_basic_train.prototxt) -----------------------
+CAMVID_WEIGHTS = (0.2595, 0.1826, 4.5640, 0.1417, 0.9051, 0.3826, 9.6446, 1.8418, 0.6823, 6.2478, 7.3614)
+
+
+def _seg_conv(name, bottom, n, k=7, pad=3):
+    return layer(name, "Convolution", bottom, name, param=LR, convolution_param=[
+        ("num_output", n), ("kernel_size", k)] + ([("pad", pad)] if pad else []) + [
+        ("weight_filler", [("type", "msra")]), ("bias_filler", [("type", "constant")])])
+
+
+def _seg_bn(name, top):
+    """The SegNet fork's BN layer, in place."""
+    return layer(name, "BN", top, top, bn_param=[("scale_filler", [("type", "constant"), ("value", 1)]),
+                                                 ("shift_filler", [("type", "constant"), ("value", 0.001)])])
+
+
+def segnet_basic(batch=4, classes=11):
+    """Models/segnet_basic_train.prototxt: DenseImageData (read here as an Input of the shape
+    ``data=synthetic:CxHxW`` gives), LRN, four 7x7 encoders (convolution, BN, ReLU, MAX pooling
+    with its mask), four decoders (Upsample by the mask, 7x7 convolution, BN), the classifier,
+    the class-weighted loss (CamVid's 11 weights, label 11 ignored) and Accuracy with its
+    per-class top."""
+    out = [layer("data", "DenseImageData", (), ["data", "label"], dense_image_data_param=[
+        ("source", "/SegNet/CamVid/train.txt"), ("batch_size", batch), ("shuffle", True)]),
+        layer("norm", "LRN", "data", "norm", lrn_param=[("local_size", 5), ("alpha", 0.0001), ("beta", 0.75)])]
+    bottom = "norm"
+    for i in range(1, 5):
+        out += [_seg_conv(f"conv{i}", bottom, 64), _seg_bn(f"conv{i}_bn", f"conv{i}"),
+                layer(f"relu{i}", "ReLU", f"conv{i}", f"conv{i}"),
+                layer(f"pool{i}", "Pooling", f"conv{i}", [f"pool{i}", f"pool{i}_mask"], pooling_param=[
+                    ("pool", "MAX"), ("kernel_size", 2), ("stride", 2)])]
+        bottom = f"pool{i}"
+    for i in range(4, 0, -1):
+        up = [("scale", 2)] + ([("pad_out_h", True)] if i == 4 else [])
+        out += [layer(f"upsample{i}", "Upsample", [bottom, f"pool{i}_mask"], f"upsample{i}", upsample_param=up),
+                _seg_conv(f"conv_decode{i}", f"upsample{i}", 64), _seg_bn(f"conv_decode{i}_bn", f"conv_decode{i}")]
+        bottom = f"conv_decode{i}"
+    out += [_seg_conv("conv_classifier", bottom, classes, k=1, pad=0),
+            layer("loss", "SoftmaxWithLoss", ["conv_classifier", "label"], "loss", loss_param=[
+                ("weight_by_label_freqs", True), ("ignore_label", classes)]
+                + [("class_weighting", w) for w in CAMVID_WEIGHTS[:classes]]),
+            layer("accuracy", "Accuracy", ["conv_classifier", "label"], ["accuracy", "per_class_accuracy"])]
+    return 'name: "segnet"\n' + "\n".join(out) + "\n"
