@@ -225,3 +225,29 @@ def test_segnet_basic_trains_with_class_weights_and_ignored_pixels():
     label[:, :, :, :4] = 11  # CamVid's void class, ignored
     losses = check_policies(spec, [{"data": x, "label": label}] * 4, lr=0.01)
     assert losses[-1] < losses[0]
+
+
+# -- PSPNet --------------------------------------------------------------------------------------------
+# evaluation/prototxt/pspnet50_ADE20K_473.prototxt (hszhao/PSPNet): the three-conv stem, ResNet-50's
+# bottlenecks (no biases), the pyramid's four 1x1 2048→512, conv5_4 3x3 4096→512, every BN's
+# scale and shift (the statistics apart), conv6 512x150 + 150
+PSPNET50_COUNT = 46_782_550
+
+
+def test_pspnet50_plans_with_the_real_files_count_at_473():
+    graph = Graph(prototxt_spec(families.pspnet50(), "pspnet50_ADE20K_473.prototxt"))
+    assert learnable(graph) == PSPNET50_COUNT
+    assert graph.tensors["conv5_3"].shape == (1, 2048, 60, 60)  # HoleConvolution's dilation keeps 1/8
+    assert graph.tensors["conv5_3_concat"].shape == (1, 4096, 60, 60)
+    assert graph.tensors["conv6_interp"].shape == (1, 150, 473, 473)
+    assert graph.node("conv4_2_3x3").layer.cfg["dilation"] == (2, 2)
+
+
+def test_pspnet50_trains_with_per_pixel_labels():
+    spec = prototxt_spec(families.pspnet50(41, 6, narrow=16, loss=True), "pspnet50.prototxt")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 41, 41)).astype(np.float32)
+    label = rng.integers(0, 150, (1, 1, 41, 41)).astype(np.float32)
+    label[..., :5] = 255
+    losses = check_policies(spec, [{"data": x, "label": label}] * 3, policies=("superneurons",), lr=0.01)
+    assert losses[-1] < losses[0]

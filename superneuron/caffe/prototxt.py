@@ -44,7 +44,8 @@ V1_TYPES = {
 NO_EFFECT = {("engine", None), ("force_nd_im2col", False), ("transpose", False), ("stable_prod_grad", True),
              ("variance_norm", "FAN_IN"), ("sparse", -1)}
 PAIR_FIELDS = {"kernel_size", "stride", "pad", "dilation"}  # Caffe's repeated: one value or h, w
-RENAMED = {"concat_dim": "axis"}
+RENAMED = {"concat_dim": "axis", "hole": "dilation"}  # hole: DeepLab's and PSPNet's name for dilation
+FORK_TYPES = {"HoleConvolution": "Convolution"}  # a fork's type that is one of ours under another name
 
 
 def prototxt_tree(text, file="<net>", data=None):
@@ -179,7 +180,7 @@ class _Translator:
         if v1:
             name = caffe_pb2.V1LayerParameter.LayerType.Name(lp.type)
             return V1_TYPES.get(name, name)
-        return lp.type
+        return FORK_TYPES.get(lp.type, lp.type)
 
     def layer(self, lp, lpos, v1):
         ltype = self.type_of(lp, v1)

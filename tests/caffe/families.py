@@ -209,7 +209,7 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
     return 'name: "lrcn_caffenet_to_lstm"\n' + "\n".join(out) + "\n"
 
 
-__all__ = ["block", "fcn8s", "lrcn", "lstm_language_model", "segnet_basic"]
+__all__ = ["block", "fcn8s", "lrcn", "lstm_language_model", "pspnet50", "segnet_basic"]
 
 
 # -- SegNet (alexgkendall/SegNet-Tutorial Models/segnet_basic_train.prototxt) -----------------------
@@ -255,3 +255,81 @@ def segnet_basic(batch=4, classes=11):
                 + [("class_weighting", w) for w in CAMVID_WEIGHTS[:classes]]),
             layer("accuracy", "Accuracy", ["conv_classifier", "label"], ["accuracy", "per_class_accuracy"])]
     return 'name: "segnet"\n' + "\n".join(out) + "\n"
+
+
+# -- PSPNet (hszhao/PSPNet evaluation/prototxt/pspnet50_ADE20K_473.prototxt) -------------------------
+def _psp_bn(name, top, lr=1):
+    """PSPNet's BN: four blobs (scale, shift, then the statistics, not learned), a moving average."""
+    return layer(name, "BN", top, top, param=([("lr_mult", lr), ("decay_mult", 0)], [("lr_mult", lr), ("decay_mult", 0)],
+                                              [("lr_mult", 0), ("decay_mult", 0)], [("lr_mult", 0), ("decay_mult", 0)]),
+                 bn_param=[("scale_filler", [("type", "constant"), ("value", 1)]),
+                           ("shift_filler", [("type", "constant"), ("value", 0)]),
+                           ("moving_average", True), ("decay", 0.05)])
+
+
+def _psp_conv(name, bottom, n, k, s=1, pad=0, hole=1, lr=1, bias=False, relu=True):
+    cp = [("num_output", n), ("pad", pad)] if pad or k > 1 else [("num_output", n), ("pad", 0)]
+    cp += [("kernel_size", k), ("stride", s)]
+    if hole > 1:
+        cp.insert(2, ("hole", hole))
+    cp.append(("weight_filler", [("type", "msra")]))
+    if not bias:
+        cp.append(("bias_term", False))
+    out = [layer(name, "HoleConvolution" if hole > 1 else "Convolution", bottom, name,
+                 param=([("lr_mult", lr), ("decay_mult", 1)],), convolution_param=cp), _psp_bn(f"{name}/bn", name, lr)]
+    if relu:
+        out.append(layer(f"{name}/relu", "ReLU", name, name))
+    return out
+
+
+def pspnet50(size=473, feature=60, classes=150, narrow=1, loss=False, batch=1):
+    """evaluation/prototxt/pspnet50_ADE20K_473.prototxt: a dilated ResNet-50 with a three-conv
+    stem (BN layers of PSPNet's fork, HoleConvolution for the dilated 3x3s), the pyramid pooling
+    module (AVE pools of the ``feature`` map's whole, half, third and sixth, each 1x1 conv, BN,
+    ReLU and Interp back to ``feature``), conv5_4, conv6 and Interp by 8. ``size`` and
+    ``feature`` (473 and 60 in the file; 41 and 6 for a quick run) must agree:
+    ``feature = ceil(ceil((size - 1) / 2 + 1) / 2) / 2``. ``narrow`` divides every width but the
+    classes; ``loss`` adds a per-pixel label input and SoftmaxWithLoss (ignore 255)."""
+    w = lambda c: c // narrow  # noqa: E731
+    out = [f'input: "data"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 3, size, size))]
+    if loss:
+        out[0] += 'input: "label"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 1, size, size))
+    out += _psp_conv("conv1_1_3x3_s2", "data", w(64), 3, 2, 1) + _psp_conv("conv1_2_3x3", "conv1_1_3x3_s2", w(64), 3, 1, 1)
+    out += _psp_conv("conv1_3_3x3", "conv1_2_3x3", w(128), 3, 1, 1)
+    out.append(layer("pool1_3x3_s2", "Pooling", "conv1_3_3x3", "pool1_3x3_s2", pooling_param=[
+        ("pool", "MAX"), ("kernel_size", 3), ("stride", 2), ("pad", 1)]))
+    bottom = "pool1_3x3_s2"
+    for stage, (blocks, mid, hole) in enumerate([(3, 64, 1), (4, 128, 1), (6, 256, 2), (3, 512, 4)], start=2):
+        for b in range(1, blocks + 1):
+            tag, stride = f"conv{stage}_{b}", 2 if stage == 3 and b == 1 else 1
+            out += _psp_conv(f"{tag}_1x1_reduce", bottom, w(mid), 1, stride)
+            out += _psp_conv(f"{tag}_3x3", f"{tag}_1x1_reduce", w(mid), 3, 1, hole, hole)
+            out += _psp_conv(f"{tag}_1x1_increase", f"{tag}_3x3", w(4 * mid), 1, relu=False)
+            short = bottom
+            if b == 1:
+                out += _psp_conv(f"{tag}_1x1_proj", bottom, w(4 * mid), 1, stride, relu=False)
+                short = f"{tag}_1x1_proj"
+            out += [layer(tag, "Eltwise", [short, f"{tag}_1x1_increase"], tag, eltwise_param=[("operation", "SUM")]),
+                    layer(f"{tag}/relu", "ReLU", tag, tag)]
+            bottom = tag
+    pyramid = []
+    for level in (1, 2, 3, 6):
+        name = f"conv5_3_pool{level}"
+        out.append(layer(name, "Pooling", "conv5_3", name, pooling_param=[
+            ("pool", "AVE"), ("kernel_size", feature // level), ("stride", feature // level)]))
+        out += _psp_conv(f"{name}_conv", name, w(512), 1, lr=10)
+        out.append(layer(f"{name}_interp", "Interp", f"{name}_conv", f"{name}_interp",
+                         interp_param=[("height", feature), ("width", feature)]))
+        pyramid.append(f"{name}_interp")
+    out.append(layer("conv5_3_concat", "Concat", ["conv5_3"] + pyramid[::-1], "conv5_3_concat"))
+    out += _psp_conv("conv5_4", "conv5_3_concat", w(512), 3, 1, 1, lr=10)
+    out.append(layer("conv5_4/dropout", "Dropout", "conv5_4", "conv5_4", dropout_param=[("dropout_ratio", 0.1)]))
+    out.append(layer("conv6", "Convolution", "conv5_4", "conv6", param=([("lr_mult", 10), ("decay_mult", 1)],
+                                                                         [("lr_mult", 20), ("decay_mult", 1)]),
+                     convolution_param=[("num_output", classes), ("kernel_size", 1), ("stride", 1),
+                                        ("weight_filler", [("type", "msra")])]))
+    out.append(layer("conv6_interp", "Interp", "conv6", "conv6_interp", interp_param=[("zoom_factor", 8)]))
+    if loss:
+        out.append(layer("loss", "SoftmaxWithLoss", ["conv6_interp", "label"], "loss",
+                         loss_param=[("ignore_label", 255)]))
+    return "#\n" + "\n".join(out) + "\n"
