@@ -251,3 +251,60 @@ def test_pspnet50_trains_with_per_pixel_labels():
     label[..., :5] = 255
     losses = check_policies(spec, [{"data": x, "label": label}] * 3, policies=("superneurons",), lr=0.01)
     assert losses[-1] < losses[0]
+
+
+# -- ENet ----------------------------------------------------------------------------------------------
+# prototxts/enet_train_encoder_decoder.prototxt (TimoSaemann/ENet): conv0_1, the bottlenecks' convs
+# (asymmetric 5x1 + 1x5 in 2.3, 2.7, 3.3, 3.7; 2x2 Deconvolutions going up), the side branches'
+# 1x1s, every BN's scale and shift, the encoder's PReLU slopes (one per channel), deconv6_0_0
+ENET_COUNT = 372_551
+
+SPATIAL_DROPOUT = '''"""A stand-in for ENet's spatial_dropout.py: SpatialDropoutLayer drops whole channels with
+probability p in the TRAIN phase, the kept ones scaled by 1 / (1 - p). Its mask is drawn once
+(a fixed seed), so that a recomputed forward gives the same values."""
+import caffe
+import numpy as np
+
+
+class SpatialDropoutLayer(caffe.Layer):
+    def setup(self, bottom, top):
+        params = eval(self.param_str)
+        self.p, self.train = float(params["p"]), params["phase"] == "TRAIN"
+
+    def reshape(self, bottom, top):
+        top[0].reshape(*bottom[0].data.shape)
+        n, c = bottom[0].data.shape[:2]
+        keep = np.random.default_rng(7).random((n, c, 1, 1)) >= self.p
+        self.mask = keep / (1.0 - self.p) if self.train else np.ones((n, c, 1, 1))
+
+    def forward(self, bottom, top):
+        top[0].data[...] = bottom[0].data * self.mask
+
+    def backward(self, top, propagate_down, bottom):
+        if propagate_down[0]:
+            bottom[0].diff[...] = top[0].diff * self.mask
+'''
+
+
+@pytest.fixture
+def spatial_dropout(tmp_path, monkeypatch):
+    (tmp_path / "spatial_dropout.py").write_text(SPATIAL_DROPOUT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_enet_plans_with_the_real_files_count_at_its_size(spatial_dropout):
+    graph = Graph(prototxt_spec(families.enet(), "enet_train_encoder_decoder.prototxt", data="synthetic"))
+    assert learnable(graph) == ENET_COUNT
+    assert graph.tensors["data"].shape == (3, 3, 512, 1024)  # new_height x new_width, as the file writes
+    assert graph.tensors["deconv6_0_0"].shape == (3, 19, 512, 1024)
+    assert graph.tensors["conv2_3_1_a"].shape == (3, 32, 62, 130)  # 5x1 with pad 1: 64x128 → 62x130
+
+
+def test_enet_trains_with_its_python_spatial_dropout(spatial_dropout):
+    spec = prototxt_spec(families.enet(batch=2), "enet.prototxt", data="synthetic:3x32x32")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    label = rng.integers(0, 19, (2, 1, 32, 32)).astype(np.float32)
+    label[..., :3] = 255
+    losses = check_policies(spec, [{"data": x, "label": label}] * 5, policies=("superneurons",), lr=0.1)
+    assert losses[-1] < losses[0]

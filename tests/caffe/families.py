@@ -209,7 +209,7 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
     return 'name: "lrcn_caffenet_to_lstm"\n' + "\n".join(out) + "\n"
 
 
-__all__ = ["block", "fcn8s", "lrcn", "lstm_language_model", "pspnet50", "segnet_basic"]
+__all__ = ["block", "enet", "fcn8s", "lrcn", "lstm_language_model", "pspnet50", "segnet_basic"]
 
 
 # -- SegNet (alexgkendall/SegNet-Tutorial Models/segnet_basic_train.prototxt) -----------------------
@@ -333,3 +333,113 @@ def pspnet50(size=473, feature=60, classes=150, narrow=1, loss=False, batch=1):
         out.append(layer("loss", "SoftmaxWithLoss", ["conv6_interp", "label"], "loss",
                          loss_param=[("ignore_label", 255)]))
     return "#\n" + "\n".join(out) + "\n"
+
+
+# -- ENet (TimoSaemann/ENet prototxts/enet_train_encoder_decoder.prototxt) -------------------------
+def _enet_bn(name, bottom):
+    """ENet's BN: the SegNet fork's, not in place (its top is its own name)."""
+    return layer(name, "BN", bottom, name, param=([("lr_mult", 1), ("decay_mult", 1)], [("lr_mult", 1), ("decay_mult", 0)]),
+                 bn_param=[("scale_filler", [("type", "constant"), ("value", 1)]),
+                           ("shift_filler", [("type", "constant"), ("value", 0.001)]), ("bn_mode", "LEARN")])
+
+
+def _enet_conv(name, bottom, n, k=1, s=1, pad=0, bias=False, dilation=1, kernel_hw=None, deconv=False):
+    cp = [("num_output", n), ("bias_term", bias)]
+    if pad:
+        cp.append(("pad", pad))
+    if kernel_hw is None:
+        cp.append(("kernel_size", k))
+    cp.append(("stride", s))
+    if not deconv:
+        cp.append(("weight_filler", [("type", "msra")]))
+    if dilation > 1:
+        cp.append(("dilation", dilation))
+    if kernel_hw is not None:
+        cp += [("kernel_h", kernel_hw[0]), ("kernel_w", kernel_hw[1])]
+    return layer(name, "Deconvolution" if deconv else "Convolution", bottom, name, convolution_param=cp)
+
+
+def _enet_drop(name, bottom, p):
+    return layer(name, "Python", bottom, name, python_param=[
+        ("module", "spatial_dropout"), ("layer", "SpatialDropoutLayer"),
+        ("param_str", "{'phase': 'TRAIN', 'p': '%s'}" % p)])
+
+
+def _enet_block(tag, bottom, inner, out, p, act, kind="regular", dilation=1, skip_from=None, mask=None):
+    """One bottleneck: 1x1 (2x2 stride 2 to go down, then 3x3), the middle conv (regular,
+    dilated, asymmetric 5x1 then 1x5, or a 2x2 Deconvolution to go up), 1x1 to ``out``, spatial
+    dropout, the side branch (MAX pool with mask and 1x1 going down; 1x1 and Upsample by the
+    mask going up), Eltwise, activation (PReLU in the encoder, ReLU in the decoder)."""
+    out_layers = []
+    first = _enet_conv(f"conv{tag}_0", bottom, inner, 2, 2) if kind == "down" else _enet_conv(f"conv{tag}_0", bottom, inner)
+    out_layers += [first, _enet_bn(f"bn{tag}_0", f"conv{tag}_0"), layer(f"prelu{tag}_0", act, f"bn{tag}_0", f"prelu{tag}_0")]
+    middle = f"conv{tag}_1"
+    if kind == "asym":
+        out_layers += [_enet_conv(f"conv{tag}_1_a", f"prelu{tag}_0", inner, pad=1, kernel_hw=(5, 1)),
+                       _enet_conv(middle, f"conv{tag}_1_a", inner, pad=1, bias=True, kernel_hw=(1, 5))]
+    elif kind == "up":
+        middle = f"deconv{tag}_1"
+        out_layers.append(_enet_conv(middle, f"prelu{tag}_0", inner, 2, 2, bias=True, deconv=True))
+    else:
+        out_layers.append(_enet_conv(middle, f"prelu{tag}_0", inner, 3, 1, dilation if dilation > 1 else 1, True,
+                                     dilation))
+    out_layers += [_enet_bn(f"bn{tag}_1", middle), layer(f"prelu{tag}_1", act, f"bn{tag}_1", f"prelu{tag}_1"),
+                   _enet_conv(f"conv{tag}_2", f"prelu{tag}_1", out), _enet_bn(f"bn{tag}_2", f"conv{tag}_2"),
+                   _enet_drop(f"drop{tag}_3", f"bn{tag}_2", p)]
+    side = skip_from
+    if kind == "down":
+        out_layers += [layer(f"pool{tag}_4", "Pooling", bottom, [f"pool{tag}_4", f"pool{tag}_4_mask"], pooling_param=[
+            ("pool", "MAX"), ("kernel_size", 2), ("stride", 2)]),
+            _enet_conv(f"conv{tag}_4", f"pool{tag}_4", out), _enet_bn(f"bn{tag}_4", f"conv{tag}_4")]
+        side = f"bn{tag}_4"
+    elif kind == "up":
+        out_layers += [_enet_conv(f"conv{tag}_4", bottom, out), _enet_bn(f"bn{tag}_4", f"conv{tag}_4"),
+                       layer(f"upsample{tag}_4", "Upsample", [f"bn{tag}_4", mask], f"upsample{tag}_4",
+                             upsample_param=[("scale", 2)])]
+        side = f"upsample{tag}_4"
+    out_layers += [layer(f"eltwise{tag}_4", "Eltwise", [f"drop{tag}_3", side], f"eltwise{tag}_4"),
+                   layer(f"prelu{tag}_4", act, f"eltwise{tag}_4", f"prelu{tag}_4")]
+    return out_layers, f"prelu{tag}_4"
+
+
+ENET_STAGE = [("regular", 1), ("dilated", 2), ("asym", 1), ("dilated", 4),
+              ("regular", 1), ("dilated", 8), ("asym", 1), ("dilated", 16)]
+
+
+def enet(batch=3, classes=19, height=512, width=1024):
+    """prototxts/enet_train_encoder_decoder.prototxt: DenseImageData (``new_height`` x
+    ``new_width``), the initial block (3x3 stride-2 conv concatenated with a MAX pool), five
+    stages of bottlenecks (1.0 down + 4 regular, 2.0 down + 8 of regular, dilated 2/4/8/16 and
+    asymmetric 5 convs, stage 3 the same eight, 4.0 up + 2, 5.0 up + 1) with the SegNet fork's BN,
+    PReLU (encoder) and ReLU (decoder), spatial dropout as a Python layer, a final 2x2
+    Deconvolution to the classes, the loss (255 ignored) and Accuracy with its per-class top."""
+    out = [layer("data", "DenseImageData", (), ["data", "label"], dense_image_data_param=[
+        ("source", "ENet/dataset/train_fine_2columns.txt"), ("batch_size", batch), ("shuffle", True),
+        ("new_height", height), ("new_width", width), ("label_divide_factor", 1)]),
+        _enet_conv("conv0_1", "data", 13, 3, 2, 1, True),
+        layer("pool0_1", "Pooling", "data", "pool0_1", pooling_param=[("pool", "MAX"), ("kernel_size", 2), ("stride", 2)]),
+        layer("concat0_1", "Concat", ["conv0_1", "pool0_1"], "concat0_1", concat_param=[("axis", 1)]),
+        _enet_bn("bn0_1", "concat0_1"), layer("prelu0_1", "PReLU", "bn0_1", "prelu0_1")]
+    block, bottom = _enet_block("1_0", "prelu0_1", 16, 64, 0.01, "PReLU", "down")
+    out += block
+    for i in range(1, 5):
+        block, bottom = _enet_block(f"1_{i}", bottom, 16, 64, 0.01, "PReLU", skip_from=bottom)
+        out += block
+    block, bottom = _enet_block("2_0", bottom, 32, 128, 0.1, "PReLU", "down")
+    out += block
+    for stage in (2, 3):
+        for i, (kind, dilation) in enumerate(ENET_STAGE, start=1):
+            block, bottom = _enet_block(f"{stage}_{i}", bottom, 32, 128, 0.1, "PReLU",
+                                        "regular" if kind == "dilated" else kind, dilation, skip_from=bottom)
+            out += block
+    for stage, (inner, width_out, mask, regular) in ((4, (16, 64, "pool2_0_4_mask", 2)), (5, (4, 16, "pool1_0_4_mask", 1))):
+        block, bottom = _enet_block(f"{stage}_0", bottom, inner, width_out, 0.1, "ReLU", "up", mask=mask)
+        out += block
+        for i in range(1, regular + 1):
+            block, bottom = _enet_block(f"{stage}_{i}", bottom, inner, width_out, 0.1, "ReLU", skip_from=bottom)
+            out += block
+    out += [_enet_conv("deconv6_0_0", bottom, classes, 2, 2, bias=True, deconv=True),
+            layer("loss", "SoftmaxWithLoss", ["deconv6_0_0", "label"], "loss", loss_param=[
+                ("ignore_label", 255), ("weight_by_label_freqs", False)]),
+            layer("accuracy", "Accuracy", ["deconv6_0_0", "label"], ["accuracy", "per_class_accuracy"])]
+    return 'name: "ENet"\n' + "\n".join(out) + "\n"
