@@ -105,3 +105,20 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top
     assert graph.tensors["data"].shape == (2, 3, 8, 12) and graph.tensors["label"].shape == (2, 1, 4, 6)
     with raises_one_line(SpecError, match=r"d.prototxt:2:1: layer 'data' \(DenseImageData\): .*--data synthetic:CxHxW"):
         prototxt_spec(text, "d.prototxt")
+
+
+def test_a_segnet_file_round_trips_through_yaml_with_its_fork_layers_as_ours():
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "caffe"))
+    import families
+    from superneuron.caffe.prototxt import prototxt_tree
+    from superneuron.caffe.prototxt_out import spec_to_prototxt
+    from superneuron.caffe.yaml_out import tree_to_yaml
+    from superneuron.spec import loads_spec
+    text = families.segnet_basic(batch=2)
+    original = Graph(prototxt_spec(text, "segnet.prototxt", data="synthetic:3x24x32"))
+    yaml_text = tree_to_yaml(prototxt_tree(text, "segnet.prototxt", "synthetic:3x24x32"), source="segnet.prototxt")
+    again = Graph(prototxt_spec(spec_to_prototxt(loads_spec(yaml_text, "segnet.yaml")), "again.prototxt"))
+    assert [n.layer.type for n in again.nodes] == [n.layer.type for n in original.nodes]
+    assert [n.layer.cfg for n in again.nodes] == [n.layer.cfg for n in original.nodes]  # class weights too
