@@ -171,3 +171,24 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "kept_label" 
         losses, w2 = run(policy)
         assert losses == base
         np.testing.assert_array_equal(w2, w)
+
+
+def test_recurrent_embed_and_parameter_layers_read_from_a_prototxt():
+    # recurrent_param, embed_param and parameter_param: BVLC's caffe.proto fields 146, 137, 145
+    text = '''name: "rnn"
+input: "x" input_shape { dim: 5 dim: 2 }
+input: "cont" input_shape { dim: 5 dim: 2 }
+layer { name: "embed" type: "Embed" bottom: "x" top: "e"
+        embed_param { input_dim: 10 num_output: 4 bias_term: false weight_filler { type: "uniform" min: -0.1 max: 0.1 } } }
+layer { name: "rnn" type: "RNN" bottom: "e" bottom: "cont" top: "h"
+        recurrent_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } debug_info: false } }
+layer { name: "table" type: "Parameter" top: "table" parameter_param { shape { dim: 6 dim: 3 } } }
+'''
+    graph = Graph(prototxt_spec(text, "rnn.prototxt"))
+    shapes = {t.name: t.shape for t in graph.tensors.values() if t.kind == "param"}
+    assert shapes["embed/weight"] == (10, 4) and "embed/bias" not in shapes
+    # Caffe's RNN blobs: W_xh (3, 4), b_h, W_hh, W_ho, b_o
+    assert sum(math.prod(s) for n, s in shapes.items() if n.startswith("rnn/")) == 3 * 4 + 3 + 9 + 9 + 3
+    assert shapes["table/weight"] == (6, 3) and graph.tensors["h"].shape == (5, 2, 3)
+    with raises_one_line(SpecError, match="expose_hidden is not supported"):
+        Graph(prototxt_spec(text.replace("debug_info: false", "expose_hidden: true"), "rnn.prototxt"))
