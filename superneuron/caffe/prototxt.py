@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import SpecError, where
 from ..yaml_read import Map, Seq
 from . import caffe_pb2
+from .prototxt_forks import FORK_TYPES, bn_layers, dense_image_data
 from .textproto import parse
 
 LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "include", "exclude", "phase"}
@@ -45,7 +46,6 @@ NO_EFFECT = {("engine", None), ("force_nd_im2col", False), ("transpose", False),
              ("variance_norm", "FAN_IN"), ("sparse", -1)}
 PAIR_FIELDS = {"kernel_size", "stride", "pad", "dilation"}  # Caffe's repeated: one value or h, w
 RENAMED = {"concat_dim": "axis", "hole": "dilation"}  # hole: DeepLab's and PSPNet's name for dilation
-FORK_TYPES = {"HoleConvolution": "Convolution"}  # a fork's type that is one of ours under another name
 
 
 def prototxt_tree(text, file="<net>", data=None):
@@ -216,9 +216,9 @@ class _Translator:
         if ltype in DATA_TYPES:
             return self.data_layer(lp, lpos, item, ltype)
         if ltype == "BN":
-            return self.bn_layers(lp, lpos, item)
+            return bn_layers(lp, lpos, item, _message, _f32)
         if ltype == "DenseImageData":
-            return self.dense_image_data(lp, lpos, item)
+            return dense_image_data(self, lp, lpos, item)
         if ltype == "Input" and lp.HasField("input_param"):
             shapes = [list(s.dim) for s in lp.input_param.shape]
             if len(shapes) == 1 and len(lp.top) > 1:
@@ -336,68 +336,6 @@ class _Translator:
         for key, value in values.items():
             item[key] = value
             item.keymarks[key] = item.valmarks[key] = lpos.mark
-        return item
-
-    # -- forks' layers read as ours ---------------------------------------------------------------
-    def bn_layers(self, lp, lpos, item):
-        """The BN layer of SegNet's, PSPNet's and ENet's forks (normalisation with its own scale
-        and shift, blobs scale, shift[, mean, variance]) as our BatchNorm and a Scale after it,
-        in place on its top, named NAME and NAME.scale: the same learnable blobs (2 per channel).
-        The first two ``param`` blocks go to the Scale; the statistics' are not learnable.
-        ``bn_mode: INFERENCE`` is ``use_global_stats``; PSPNet's ``decay`` d is
-        ``moving_average_fraction`` 1 - d."""
-        bp, bpos = lp.bn_param, lpos.child("bn_param")
-        name, top = item.get("name"), (list(lp.top) or list(lp.bottom))[:1]
-        norm = Map({k: item[k] for k in ("name", "type", "bottom", "top", "include", "exclude") if k in item})
-        norm.mark = item.mark
-        for k in norm:
-            norm.keymarks[k], norm.valmarks[k] = item.keymarks[k], item.valmarks[k]
-        norm["type"] = "BatchNorm"
-        settings = {"use_global_stats": bp.bn_mode == caffe_pb2.BNParameter.INFERENCE}
-        if bp.HasField("var_eps") and bp.var_eps > 0:
-            settings["eps"] = _f32(bp.var_eps)
-        if bp.HasField("decay"):
-            settings["moving_average_fraction"] = _f32(1.0 - bp.decay)
-        scale = Map({"name": f"{name}.scale", "type": "Scale", "bottom": top, "top": top, "bias_term": True})
-        scale.mark = item.mark
-        if bp.HasField("scale_filler"):
-            scale["filler"] = _message(bp.scale_filler)
-        if bp.HasField("shift_filler"):
-            scale["bias_filler"] = _message(bp.shift_filler)
-        if lp.param:
-            scale["param"] = [_message(p) for p in lp.param[:2]]
-        for k in ("include", "exclude"):
-            if k in item:
-                scale[k] = item[k]
-        for target, values in ((norm, settings), (scale, {})):
-            target.update(values)
-            for k in target:
-                target.keymarks.setdefault(k, bpos.mark)
-                target.valmarks.setdefault(k, bpos.mark)
-        return [norm, scale]
-
-    def dense_image_data(self, lp, lpos, item):
-        """SegNet's and ENet's DenseImageData (images and their label images) as an Input of
-        their shapes: ``data=synthetic:CxHxW`` gives them (or ``new_height``/``new_width``
-        with ``data=synthetic``); the label is (N, 1, H, W), one class per pixel."""
-        p, name = lp.dense_image_data_param, item.get("name")
-        if self.data is None:
-            self.problem(lpos.mark, name, "DenseImageData", "the SegNet fork's image reader is not "
-                         "implemented: plan and train with --data synthetic:CxHxW (its images' shape)")
-            return None
-        if self.shape is not None:
-            c, h, w = self.shape
-        elif p.new_height and p.new_width:
-            c, h, w = (3 if p.is_color else 1), p.new_height, p.new_width
-        else:
-            self.problem(lpos.mark, name, "DenseImageData", "the images' shape is not written: give it "
-                         "as --data synthetic:CxHxW, such as synthetic:3x360x480")
-            return None
-        n, factor = p.batch_size or 1, max(1, p.label_divide_factor)
-        shapes = [[n, c, h, w], [n, 1, h // factor, w // factor]][:len(lp.top)]
-        item["type"] = "Input"
-        item["shape"] = shapes
-        item.keymarks["shape"] = item.valmarks["shape"] = lpos.mark
         return item
 
     def classes(self, data_lp):

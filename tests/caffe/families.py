@@ -291,7 +291,7 @@ def pspnet50(size=473, feature=60, classes=150, narrow=1, loss=False, batch=1):
     ``feature = ceil(ceil((size - 1) / 2 + 1) / 2) / 2``. ``narrow`` divides every width but the
     classes; ``loss`` adds a per-pixel label input and SoftmaxWithLoss (ignore 255)."""
     w = lambda c: c // narrow  # noqa: E731
-    out = [f'input: "data"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 3, size, size))]
+    out = ['input: "data"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 3, size, size))]
     if loss:
         out[0] += 'input: "label"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 1, size, size))
     out += _psp_conv("conv1_1_3x3_s2", "data", w(64), 3, 2, 1) + _psp_conv("conv1_2_3x3", "conv1_1_3x3_s2", w(64), 3, 1, 1)
