@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
-
 from layer_harness import backward, build, forward, gradcheck
 from one_line import raises_one_line
+
 from superneuron.errors import LayerError, SNError, SpecError
 from superneuron.graph import Graph
 from superneuron.hdf5_data import HDF5Batches
@@ -179,7 +179,8 @@ def test_recurrent_embed_and_parameter_layers_read_from_a_prototxt():
 input: "x" input_shape { dim: 5 dim: 2 }
 input: "cont" input_shape { dim: 5 dim: 2 }
 layer { name: "embed" type: "Embed" bottom: "x" top: "e"
-        embed_param { input_dim: 10 num_output: 4 bias_term: false weight_filler { type: "uniform" min: -0.1 max: 0.1 } } }
+        embed_param { input_dim: 10 num_output: 4 bias_term: false
+                      weight_filler { type: "uniform" min: -0.1 max: 0.1 } } }
 layer { name: "rnn" type: "RNN" bottom: "e" bottom: "cont" top: "h"
         recurrent_param { num_output: 3 weight_filler { type: "gaussian" std: 0.1 } debug_info: false } }
 layer { name: "table" type: "Parameter" top: "table" parameter_param { shape { dim: 6 dim: 3 } } }

@@ -5,9 +5,9 @@ as BatchNorm and Scale), DenseImageData (read as an Input), SoftmaxWithLoss's cl
 import numpy as np
 import pytest
 import torch
-
 from layer_harness import backward, build, forward, gradcheck
 from one_line import raises_one_line
+
 from superneuron.errors import LayerError, SpecError
 from superneuron.graph import Graph
 from superneuron.spec import prototxt_spec
@@ -98,7 +98,8 @@ def test_dense_image_data_is_an_input_of_the_given_shape():
     text = '''name: "d"
 layer { name: "data" type: "DenseImageData" top: "data" top: "label"
         dense_image_data_param { source: "train.txt" batch_size: 2 label_divide_factor: 2 } }
-layer { name: "score" type: "Convolution" bottom: "data" top: "score" convolution_param { num_output: 3 kernel_size: 1 stride: 2 } }
+layer { name: "score" type: "Convolution" bottom: "data" top: "score"
+        convolution_param { num_output: 3 kernel_size: 1 stride: 2 } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top: "loss" }
 '''
     graph = Graph(prototxt_spec(text, "d.prototxt", data="synthetic:3x8x12"))
@@ -112,6 +113,7 @@ def test_a_segnet_file_round_trips_through_yaml_with_its_fork_layers_as_ours():
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "caffe"))
     import families
+
     from superneuron.caffe.prototxt import prototxt_tree
     from superneuron.caffe.prototxt_out import spec_to_prototxt
     from superneuron.caffe.yaml_out import tree_to_yaml

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "caf
 
 import families  # noqa: E402
 from one_line import raises_one_line  # noqa: E402
+
 from superneuron.errors import SpecError  # noqa: E402
 from superneuron.graph import Graph  # noqa: E402
 from superneuron.net import Net  # noqa: E402

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(HERE, "caffe"))
 
 import families  # noqa: E402
 import zoo_memory  # noqa: E402
+
 from superneuron.graph import Graph  # noqa: E402
 from superneuron.net import Net  # noqa: E402
 from superneuron.optim import make_optimizer  # noqa: E402

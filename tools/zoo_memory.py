@@ -28,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "caffe"))
 
 import families  # noqa: E402
+
 from superneuron.cli.plan import main as sn_plan_main  # noqa: E402
 from superneuron.report import human_bytes  # noqa: E402
 

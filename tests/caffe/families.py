@@ -195,7 +195,8 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
         bottom = f"fc{i}"
     out.append(layer("fc8", "InnerProduct", "fc7", "fc8", param=([("lr_mult", 0.1), ("decay_mult", 1)],
                                                                 [("lr_mult", 0.2), ("decay_mult", 0)]),
-                     inner_product_param=[("num_output", 1000), ("weight_filler", [("type", "gaussian"), ("std", 0.01)]),
+                     inner_product_param=[("num_output", 1000),
+                                          ("weight_filler", [("type", "gaussian"), ("std", 0.01)]),
                                           ("bias_filler", ZERO)]))
     out.append(_embed(vocab, hidden))
     words = ["embedded_input_sentence", "cont_sentence"]
@@ -260,7 +261,8 @@ def segnet_basic(batch=4, classes=11):
 # -- PSPNet (hszhao/PSPNet evaluation/prototxt/pspnet50_ADE20K_473.prototxt) -------------------------
 def _psp_bn(name, top, lr=1):
     """PSPNet's BN: four blobs (scale, shift, then the statistics, not learned), a moving average."""
-    return layer(name, "BN", top, top, param=([("lr_mult", lr), ("decay_mult", 0)], [("lr_mult", lr), ("decay_mult", 0)],
+    return layer(name, "BN", top, top, param=([("lr_mult", lr), ("decay_mult", 0)],
+                                              [("lr_mult", lr), ("decay_mult", 0)],
                                               [("lr_mult", 0), ("decay_mult", 0)], [("lr_mult", 0), ("decay_mult", 0)]),
                  bn_param=[("scale_filler", [("type", "constant"), ("value", 1)]),
                            ("shift_filler", [("type", "constant"), ("value", 0)]),
@@ -294,7 +296,8 @@ def pspnet50(size=473, feature=60, classes=150, narrow=1, loss=False, batch=1):
     out = ['input: "data"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 3, size, size))]
     if loss:
         out[0] += 'input: "label"\n' + "".join(f"input_dim: {d}\n" for d in (batch, 1, size, size))
-    out += _psp_conv("conv1_1_3x3_s2", "data", w(64), 3, 2, 1) + _psp_conv("conv1_2_3x3", "conv1_1_3x3_s2", w(64), 3, 1, 1)
+    out += _psp_conv("conv1_1_3x3_s2", "data", w(64), 3, 2, 1)
+    out += _psp_conv("conv1_2_3x3", "conv1_1_3x3_s2", w(64), 3, 1, 1)
     out += _psp_conv("conv1_3_3x3", "conv1_2_3x3", w(128), 3, 1, 1)
     out.append(layer("pool1_3x3_s2", "Pooling", "conv1_3_3x3", "pool1_3x3_s2", pooling_param=[
         ("pool", "MAX"), ("kernel_size", 3), ("stride", 2), ("pad", 1)]))
@@ -338,7 +341,8 @@ def pspnet50(size=473, feature=60, classes=150, narrow=1, loss=False, batch=1):
 # -- ENet (TimoSaemann/ENet prototxts/enet_train_encoder_decoder.prototxt) -------------------------
 def _enet_bn(name, bottom):
     """ENet's BN: the SegNet fork's, not in place (its top is its own name)."""
-    return layer(name, "BN", bottom, name, param=([("lr_mult", 1), ("decay_mult", 1)], [("lr_mult", 1), ("decay_mult", 0)]),
+    return layer(name, "BN", bottom, name, param=([("lr_mult", 1), ("decay_mult", 1)],
+                                                  [("lr_mult", 1), ("decay_mult", 0)]),
                  bn_param=[("scale_filler", [("type", "constant"), ("value", 1)]),
                            ("shift_filler", [("type", "constant"), ("value", 0.001)]), ("bn_mode", "LEARN")])
 
@@ -371,8 +375,9 @@ def _enet_block(tag, bottom, inner, out, p, act, kind="regular", dilation=1, ski
     dropout, the side branch (MAX pool with mask and 1x1 going down; 1x1 and Upsample by the
     mask going up), Eltwise, activation (PReLU in the encoder, ReLU in the decoder)."""
     out_layers = []
-    first = _enet_conv(f"conv{tag}_0", bottom, inner, 2, 2) if kind == "down" else _enet_conv(f"conv{tag}_0", bottom, inner)
-    out_layers += [first, _enet_bn(f"bn{tag}_0", f"conv{tag}_0"), layer(f"prelu{tag}_0", act, f"bn{tag}_0", f"prelu{tag}_0")]
+    first = _enet_conv(f"conv{tag}_0", bottom, inner, *((2, 2) if kind == "down" else (1, 1)))
+    out_layers += [first, _enet_bn(f"bn{tag}_0", f"conv{tag}_0"),
+                   layer(f"prelu{tag}_0", act, f"bn{tag}_0", f"prelu{tag}_0")]
     middle = f"conv{tag}_1"
     if kind == "asym":
         out_layers += [_enet_conv(f"conv{tag}_1_a", f"prelu{tag}_0", inner, pad=1, kernel_hw=(5, 1)),
@@ -417,7 +422,8 @@ def enet(batch=3, classes=19, height=512, width=1024):
         ("source", "ENet/dataset/train_fine_2columns.txt"), ("batch_size", batch), ("shuffle", True),
         ("new_height", height), ("new_width", width), ("label_divide_factor", 1)]),
         _enet_conv("conv0_1", "data", 13, 3, 2, 1, True),
-        layer("pool0_1", "Pooling", "data", "pool0_1", pooling_param=[("pool", "MAX"), ("kernel_size", 2), ("stride", 2)]),
+        layer("pool0_1", "Pooling", "data", "pool0_1",
+              pooling_param=[("pool", "MAX"), ("kernel_size", 2), ("stride", 2)]),
         layer("concat0_1", "Concat", ["conv0_1", "pool0_1"], "concat0_1", concat_param=[("axis", 1)]),
         _enet_bn("bn0_1", "concat0_1"), layer("prelu0_1", "PReLU", "bn0_1", "prelu0_1")]
     block, bottom = _enet_block("1_0", "prelu0_1", 16, 64, 0.01, "PReLU", "down")
@@ -432,7 +438,8 @@ def enet(batch=3, classes=19, height=512, width=1024):
             block, bottom = _enet_block(f"{stage}_{i}", bottom, 32, 128, 0.1, "PReLU",
                                         "regular" if kind == "dilated" else kind, dilation, skip_from=bottom)
             out += block
-    for stage, (inner, width_out, mask, regular) in ((4, (16, 64, "pool2_0_4_mask", 2)), (5, (4, 16, "pool1_0_4_mask", 1))):
+    decoder = ((4, (16, 64, "pool2_0_4_mask", 2)), (5, (4, 16, "pool1_0_4_mask", 1)))
+    for stage, (inner, width_out, mask, regular) in decoder:
         block, bottom = _enet_block(f"{stage}_0", bottom, inner, width_out, 0.1, "ReLU", "up", mask=mask)
         out += block
         for i in range(1, regular + 1):
