@@ -97,6 +97,16 @@ def test_hdf5_problems_are_one_line(tmp_path, monkeypatch):
         Graph(prototxt_spec(NET % source, "h5net.prototxt"))
 
 
+def test_sn_train_says_in_one_line_that_an_hdf5_net_trains_from_python(tmp_path, capsys):
+    from superneuron.cli.train import main
+    net = tmp_path / "h5net.prototxt"
+    net.write_text(NET % write_h5(tmp_path, [2]))
+    assert main([str(net), "--iters", "1"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("layer 'data' (HDF5Data): sn-train feeds Input and Data layers; train a HDF5Data "
+                        "net from Python (Net.train_step with a feed of its tops)") and "\n" not in err
+
+
 def test_memory_data_has_caffes_shapes_and_is_fed():
     text = '''name: "mem"
 layer { name: "data" type: "MemoryData" top: "data" top: "label"
