@@ -1,9 +1,11 @@
 """Memory tables of the model zoo's large-activation families: FCN-8s (voc-fcn8s, as
 tests/caffe/families.py writes it, with Input layers of 500x500 images and label maps) at batch
-1, 2 and 4, and the coco_caption LSTM language model unrolled over 100 time steps of 100 streams
-(its HDF5Data fed from a file made here). Each figure is what
+1, 2 and 4, the coco_caption LSTM language model unrolled over 100 time steps of 100 streams
+(its HDF5Data fed from a file made here), and with ``--more``, PSPNet-50 at 473x473 (its deploy
+file with a per-pixel loss added) and SegNet-basic at CamVid's 360x480, batch 4 as its file
+has it. Each figure is what
 
-    sn-plan NET.prototxt --policy P [--memory B] --json
+    sn-plan NET.prototxt --policy P [--memory B] [--data synthetic:CxHxW] --json
 
 prints for one training iteration (SGD with momentum, sn-plan's default), run in this process
 (``superneuron.cli.plan.main``) on the files this tool writes into a temporary folder. ``optimal``
@@ -35,9 +37,9 @@ from superneuron.report import human_bytes  # noqa: E402
 POLICIES = ("baseline", "liveness", "superneurons", "optimal")
 
 
-def sn_plan(path, policy, budget=None):
+def sn_plan(path, policy, budget=None, extra=()):
     """sn-plan's ``--json`` figures for ``path`` under ``policy`` (and ``--memory budget``)."""
-    argv = [path, "--policy", policy, "--json"] + (["--memory", str(budget)] if budget else [])
+    argv = [path, "--policy", policy, "--json", *extra] + (["--memory", str(budget)] if budget else [])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         status = sn_plan_main(argv)
@@ -46,14 +48,14 @@ def sn_plan(path, policy, budget=None):
     return json.loads(out.getvalue())
 
 
-def net_row(name, path, file_name):
+def net_row(name, path, file_name, extra=()):
     """Every policy's figures for one net; optimal's under the budget the module's doc says."""
-    row = {"net": name, "command": f"sn-plan {file_name} --policy P --json"}
+    row = {"net": name, "command": " ".join(["sn-plan", file_name, "--policy P", *extra, "--json"])}
     for policy in POLICIES[:3]:
-        row[policy] = sn_plan(path, policy)
+        row[policy] = sn_plan(path, policy, extra=extra)
     for source in ("superneurons", "liveness"):
         budget = row[source]["peak_bytes"]
-        plan = sn_plan(path, "optimal", budget)
+        plan = sn_plan(path, "optimal", budget, extra)
         if plan["fits"]:
             break
     row["optimal"] = plan
@@ -93,6 +95,7 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=500, help="FCN-8s image side")
     ap.add_argument("--steps", type=int, default=100, help="LSTM time steps")
     ap.add_argument("--streams", type=int, default=100, help="LSTM streams (the file's batch)")
+    ap.add_argument("--more", action="store_true", help="also PSPNet-50 at 473 and SegNet-basic at 360x480")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,6 +111,16 @@ def main(argv=None):
         with open(path, "w") as f:  # its TEST Accuracy as lrcn.prototxt writes it (families.py says why)
             f.write(families.lstm_language_model(tmp, steps=args.steps, accuracy_block="accuracy_param"))
         rows.append(net_row(f"LSTM LM, {args.steps} steps x {args.streams} streams", path, name))
+        if args.more:
+            path = os.path.join(tmp, "pspnet50_ADE20K_473.prototxt")
+            with open(path, "w") as f:
+                f.write(families.pspnet50(loss=True))
+            rows.append(net_row("PSPNet-50 473x473, batch 1", path, "pspnet50_ADE20K_473.prototxt"))
+            path = os.path.join(tmp, "segnet_basic_train.prototxt")
+            with open(path, "w") as f:
+                f.write(families.segnet_basic())
+            rows.append(net_row("SegNet-basic 360x480, batch 4", path, "segnet_basic_train.prototxt",
+                                ("--data", "synthetic:3x360x480")))
     print(table(rows))
     if args.json:
         meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
