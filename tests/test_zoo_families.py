@@ -189,7 +189,7 @@ def test_lrcn_plans_with_the_real_files_count_in_its_solvers_stages(tmp_path):
 def test_lrcn_trains_with_its_stages(tmp_path):
     steps, streams, vocab, crop = 4, 2, 30, 67  # 67: CaffeNet's pool5 is 1x1
     write_sentences(tmp_path, steps, streams, vocab)
-    text = families.lrcn(str(tmp_path), steps=steps, streams=streams, crop=crop, vocab=vocab, hidden=12)
+    text = families.lrcn(str(tmp_path), steps=steps, streams=streams, crop=crop, vocab=vocab, hidden=12, narrow=8)
     spec = prototxt_spec(text, "lrcn.prototxt", data="synthetic", states=net_states(["factored", "2-layer"], 0))
     graph = Graph(spec)
     reader = graph.node("data.2").layer.batches()  # Caffe's second layer named "data"
@@ -208,6 +208,28 @@ def test_lrcn_trains_with_its_stages(tmp_path):
 # and conv_decode4..1 64x64x7x7 + 64 each, 8 BN layers of 64 scales and 64 shifts, conv_classifier
 # 64x11 + 11
 SEGNET_BASIC_COUNT = 1_416_587
+
+
+# Models/segnet_train.prototxt: VGG-16's 13 convolutions with biases and BN, the decoder's 13
+# (BN on all but conv1_1_D, 64 → 11)
+SEGNET_COUNT = 29_449_355
+
+
+def test_segnet_plans_with_the_real_files_count_at_camvids_size():
+    graph = Graph(prototxt_spec(families.segnet(), "segnet_train.prototxt", data="synthetic:3x360x480"))
+    assert learnable(graph) == SEGNET_COUNT
+    assert graph.tensors["pool5_D"].shape == (4, 512, 23, 30)  # upsample_h: 23, upsample_w: 30
+    assert graph.tensors["conv1_1_D"].shape == (4, 11, 360, 480)
+
+
+def test_segnet_trains_small():
+    spec = prototxt_spec(families.segnet(batch=2, height=24, width=32, narrow=8), "segnet_train.prototxt",
+                         data="synthetic:3x24x32")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 24, 32)).astype(np.float32)
+    label = rng.integers(0, 12, (2, 1, 24, 32)).astype(np.float32)  # 11: void, ignored
+    losses = check_policies(spec, [{"data": x, "label": label}] * 3, policies=("superneurons",), lr=0.01)
+    assert losses[-1] < losses[0]
 
 
 def test_segnet_basic_plans_with_the_real_files_count_at_camvids_size():

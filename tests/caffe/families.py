@@ -157,10 +157,11 @@ def _frozen_or_not(kind, name, bottom, shape, std, bias, param_block):
     return [frozen, trained]
 
 
-def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
+def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000, narrow=1):
     """examples/coco_caption/lrcn.prototxt: CaffeNet on the images (ImageData, ``streams`` of
     them), frozen or not by stage, its fc8 the static input of the LSTM (lstm1 "unfactored", or
-    lstm2 "factored"), the caption's words from HDF5Data of ``steps`` time steps."""
+    lstm2 "factored"), the caption's words from HDF5Data of ``steps`` time steps. ``narrow``
+    divides CaffeNet's widths up to fc7 (a test's quick training)."""
     out = []
     for phase, stage in (("TRAIN", None), ("TEST", "test-on-train"), ("TEST", "test-on-val")):
         split = "val" if stage == "test-on-val" else "train"
@@ -174,7 +175,7 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
     out.append(layer("silence", "Silence", "label", ()))
     bottom = "data"
     for i, (name, n, k, s, p, g, bias) in enumerate(CAFFENET, start=1):
-        shape = [("num_output", n)] + ([("pad", p)] if p else []) + [("kernel_size", k)]
+        shape = [("num_output", n // narrow)] + ([("pad", p)] if p else []) + [("kernel_size", k)]
         shape += ([("stride", s)] if s != 1 else []) + ([("group", g)] if g != 1 else [])
         out += _frozen_or_not("Convolution", name, bottom, shape, 0.01, bias, "convolution_param")
         out.append(layer(f"relu{i}", "ReLU", name, name))
@@ -188,7 +189,7 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
                 ("local_size", 5), ("alpha", 0.0001), ("beta", 0.75)]))
             bottom = f"norm{i}"
     for i in (6, 7):
-        out += _frozen_or_not("InnerProduct", f"fc{i}", bottom, [("num_output", 4096)], 0.005, 1,
+        out += _frozen_or_not("InnerProduct", f"fc{i}", bottom, [("num_output", 4096 // narrow)], 0.005, 1,
                               "inner_product_param")
         out += [layer(f"relu{i}", "ReLU", f"fc{i}", f"fc{i}"),
                 layer(f"drop{i}", "Dropout", f"fc{i}", f"fc{i}", dropout_param=[("dropout_ratio", 0.5)])]
@@ -210,7 +211,7 @@ def lrcn(folder=".", steps=20, streams=100, crop=227, vocab=8801, hidden=1000):
     return 'name: "lrcn_caffenet_to_lstm"\n' + "\n".join(out) + "\n"
 
 
-__all__ = ["block", "enet", "fcn8s", "lrcn", "lstm_language_model", "pspnet50", "segnet_basic"]
+__all__ = ["block", "enet", "fcn8s", "lrcn", "lstm_language_model", "pspnet50", "segnet", "segnet_basic"]
 
 
 # -- SegNet (alexgkendall/SegNet-Tutorial Models/segnet_basic_train.prototxt) -----------------------
@@ -450,3 +451,59 @@ def enet(batch=3, classes=19, height=512, width=1024):
                 ("ignore_label", 255), ("weight_by_label_freqs", False)]),
             layer("accuracy", "Accuracy", ["deconv6_0_0", "label"], ["accuracy", "per_class_accuracy"])]
     return 'name: "ENet"\n' + "\n".join(out) + "\n"
+
+
+def _pooled(side, times):
+    """A side after ``times`` MAX poolings of 2 (Caffe rounds up)."""
+    for _ in range(times):
+        side = -(-side // 2)
+    return side
+
+
+def segnet(batch=4, classes=11, height=360, width=480, narrow=1):
+    """Models/segnet_train.prototxt: VGG-16's 13 convolutions as the encoder (each with the
+    fork's BN and a ReLU, each MAX pooling with its mask), the mirrored decoder (Upsample by the
+    masks, the first two with the sizes written for CamVid's 360x480, ``upsample_h``/``_w``:
+    pool4's and pool3's; 3x3 convolutions with BN and ReLU), conv1_1_D to the classes, the
+    class-weighted loss and Accuracy with its per-class top. ``narrow`` divides every width but
+    the classes' (a test's quick training)."""
+    out = [layer("data", "DenseImageData", (), ["data", "label"], dense_image_data_param=[
+        ("source", "/SegNet/CamVid/train.txt"), ("batch_size", batch), ("shuffle", True)])]
+
+    def conv_bn_relu(name, bottom, n, bn=True):
+        cp = [("weight_filler", [("type", "msra")]), ("bias_filler", [("type", "constant")]),
+              ("num_output", n), ("pad", 1), ("kernel_size", 3)]
+        items = [layer(name, "Convolution", bottom, name, param=LR, convolution_param=cp)]
+        if bn:
+            relu_name = "relu" + name[4:]
+            items += [_seg_bn(f"{name}_bn", name), layer(relu_name, "ReLU", name, name)]
+        return items
+
+    vgg = [(64 // narrow, 2), (128 // narrow, 2), (256 // narrow, 3), (512 // narrow, 3), (512 // narrow, 3)]
+    bottom = "data"
+    for stage, (n, convs) in enumerate(vgg, start=1):
+        for i in range(1, convs + 1):
+            out += conv_bn_relu(f"conv{stage}_{i}", bottom, n)
+            bottom = f"conv{stage}_{i}"
+        out.append(layer(f"pool{stage}", "Pooling", bottom, [f"pool{stage}", f"pool{stage}_mask"],
+                         pooling_param=[("pool", "MAX"), ("kernel_size", 2), ("stride", 2)]))
+        bottom = f"pool{stage}"
+    for stage in range(5, 0, -1):
+        n, convs = vgg[stage - 1]
+        up = [("scale", 2)]
+        if stage in (5, 4):  # the sizes of pool4 and pool3, written out (23x30 and 45x60 for 360x480)
+            up += [("upsample_w", _pooled(width, stage - 1)), ("upsample_h", _pooled(height, stage - 1))]
+        out.append(layer(f"upsample{stage}", "Upsample", [bottom, f"pool{stage}_mask"], f"pool{stage}_D",
+                         upsample_param=up))
+        bottom = f"pool{stage}_D"
+        for i in range(convs, 0, -1):
+            last = i == 1
+            width_out = (vgg[stage - 2][0] if stage > 1 else classes) if last else n
+            name = f"conv{stage}_{i}_D"
+            out += conv_bn_relu(name, bottom, width_out, bn=not (stage == 1 and last))
+            bottom = name
+    out += [layer("loss", "SoftmaxWithLoss", [bottom, "label"], "loss", loss_param=[
+        ("weight_by_label_freqs", True), ("ignore_label", classes)]
+        + [("class_weighting", w) for w in CAMVID_WEIGHTS[:classes]]),
+        layer("accuracy", "Accuracy", [bottom, "label"], ["accuracy", "per_class_accuracy"])]
+    return 'name: "VGG_ILSVRC_16_layer"\n' + "\n".join(out) + "\n"
