@@ -2,8 +2,8 @@
 tests/caffe/families.py writes it, with Input layers of 500x500 images and label maps) at batch
 1, 2 and 4, the coco_caption LSTM language model unrolled over 100 time steps of 100 streams
 (its HDF5Data fed from a file made here), and with ``--more``, PSPNet-50 at 473x473 (its deploy
-file with a per-pixel loss added) and SegNet-basic at CamVid's 360x480, batch 4 as its file
-has it. Each figure is what
+file with a per-pixel loss added), SegNet and SegNet-basic at CamVid's 360x480, batch 4 as
+their files have it. Each figure is what
 
     sn-plan NET.prototxt --policy P [--memory B] [--data synthetic:CxHxW] --json
 
@@ -95,7 +95,7 @@ def main(argv=None):
     ap.add_argument("--size", type=int, default=500, help="FCN-8s image side")
     ap.add_argument("--steps", type=int, default=100, help="LSTM time steps")
     ap.add_argument("--streams", type=int, default=100, help="LSTM streams (the file's batch)")
-    ap.add_argument("--more", action="store_true", help="also PSPNet-50 at 473 and SegNet-basic at 360x480")
+    ap.add_argument("--more", action="store_true", help="also PSPNet-50 at 473, SegNet and SegNet-basic at 360x480")
     args = ap.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +116,11 @@ def main(argv=None):
             with open(path, "w") as f:
                 f.write(families.pspnet50(loss=True))
             rows.append(net_row("PSPNet-50 473x473, batch 1", path, "pspnet50_ADE20K_473.prototxt"))
+            path = os.path.join(tmp, "segnet_train.prototxt")
+            with open(path, "w") as f:
+                f.write(families.segnet())
+            rows.append(net_row("SegNet 360x480, batch 4", path, "segnet_train.prototxt",
+                                ("--data", "synthetic:3x360x480")))
             path = os.path.join(tmp, "segnet_basic_train.prototxt")
             with open(path, "w") as f:
                 f.write(families.segnet_basic())
