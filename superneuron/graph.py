@@ -35,6 +35,7 @@ import numpy as np
 from .errors import LayerError, SpecError, where
 from .layers import layer_class
 from .layers.base import Layer
+from .layers.input import FED_TYPES
 from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
 from .netfile.rules import PHASES
 
@@ -138,8 +139,8 @@ class Graph:
 
     @property
     def inputs(self):
-        """The nodes that take data from outside (Input, Data)."""
-        return [n for n in self.nodes if n.layer.type in ("Input", "Data")]
+        """The nodes that take data from outside (Input, Data, HDF5Data, MemoryData)."""
+        return [n for n in self.nodes if n.layer.type in FED_TYPES]
 
     @property
     def losses(self):
@@ -152,9 +153,9 @@ class Graph:
     # -- building ------------------------------------------------------------------------
     def _instantiate(self, spec):
         layers = []
-        trains_on = any("TRAIN" in ls.phases and ls.type in ("Input", "Data") for ls in spec.layers)
+        trains_on = any("TRAIN" in ls.phases and ls.type in FED_TYPES for ls in spec.layers)
         for ls in spec.layers:
-            if ls.phases == {"TEST"} and ls.type in ("Input", "Data") and trains_on:
+            if ls.phases == {"TEST"} and ls.type in FED_TYPES and trains_on:
                 # a train_val file's test input: the test runs on the training input's tensors,
                 # fed by the test loader (its batch size and source are the data's concern)
                 continue

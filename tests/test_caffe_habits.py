@@ -99,7 +99,7 @@ layers:
     ("ROIPooling", "layer type 'ROIPooling' (from the Faster R-CNN fork) is not supported"),
     ("DetectionEvaluate", "(from the SSD fork) is not supported"),
     ("DepthwiseConvolution", "write Convolution with group equal to its channels"),
-    ("HDF5Data", "layer type 'HDF5Data' (stock Caffe) is not implemented here"),
+    ("WindowData", "layer type 'WindowData' (stock Caffe) is not implemented here"),
 ])
 def test_fork_layers_are_named_not_misspelt(name, message):
     from superneuron.layers import layer_class

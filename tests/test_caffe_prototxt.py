@@ -73,12 +73,13 @@ def inception_v3_count():
     return total + cin * 1000 + 1000
 
 
-# published counts: ResNets with Kaiming He's conv1 bias, VGG-16, SqueezeNet 1.1, DenseNet-121,
+# published counts: ResNet-50 with Kaiming He's conv1 bias (101 and 152 have none, as the real
+# ResNet-101-deploy.prototxt and ResNet-152-deploy.prototxt write: torchvision's counts), VGG-16, SqueezeNet 1.1, DenseNet-121,
 # MobileNet v1 (Keras' trainable count), Caffe's AlexNet/CaffeNet with groups
 ZOO = [
     ("resnet50", lambda: zoo.resnet(50), dict(loss=True), 25_557_096),
-    ("resnet101", lambda: zoo.resnet(101), dict(loss=True), 44_549_160 + 64),  # torchvision's + conv1 bias
-    ("resnet152", lambda: zoo.resnet(152), dict(loss=True), 60_192_808 + 64),
+    ("resnet101", lambda: zoo.resnet(101), dict(loss=True), 44_549_160),
+    ("resnet152", lambda: zoo.resnet(152), dict(loss=True), 60_192_808),
     ("resnext50_32x4d", lambda: zoo.resnet(50, groups=32, group_width=4), dict(loss=True), 25_028_904),
     ("vgg16_v1_layers", zoo.vgg16, dict(loss=True), 138_357_544),
     ("squeezenet1.1", zoo.squeezenet, dict(loss=True), 1_235_496),

@@ -19,6 +19,7 @@ DISTRIBUTION = {"yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn", "g
 GPU_ONLY = {"cupy", "cupyx", "cudnn"}  # from the cuda12/cuda13 extras, imported only for --device gpu
 TEST_ONLY = ("torch", "pytest", "_pytest", "xdist")
 MPI_ONLY = {"mpi4py"}  # from the mpi extra, imported only when mpiexec launched several ranks
+HDF5_ONLY = {"h5py"}  # from the hdf5 extra, imported only by a net with an HDF5Data layer
 
 
 def requirements(section, key):
@@ -41,7 +42,7 @@ def imported_modules():
 
 def test_the_package_imports_only_the_standard_library_and_its_base_requirements():
     base = {r.name.lower() for r in requirements("options", "install_requires")}
-    outside = {m for m in imported_modules() if m not in sys.stdlib_module_names and m not in GPU_ONLY | MPI_ONLY}
+    outside = {m for m in imported_modules() if m not in sys.stdlib_module_names and m not in GPU_ONLY | MPI_ONLY | HDF5_ONLY}
     assert {DISTRIBUTION.get(m, m).lower() for m in outside} <= base, outside
     assert not set(TEST_ONLY) & imported_modules()
 
@@ -71,6 +72,11 @@ def test_lenet_trains_with_the_test_and_gpu_packages_blocked():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "done: trained lenet for 3 iterations" in run.stdout and "leaked: []" in run.stdout
+
+
+def test_the_hdf5_extra_brings_h5py_and_the_tests_install_it():
+    for extra in ("hdf5", "test"):
+        assert "h5py" in {r.name for r in requirements("options.extras_require", extra)}, extra
 
 
 def test_the_mpi_extra_brings_mpi4py_and_an_mpiexec_and_the_tests_install_it():

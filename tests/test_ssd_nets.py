@@ -18,9 +18,9 @@ from superneuron.data.sources import Loader, open_source
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
 from superneuron.net import Net
+from superneuron.netfile.spec import prototxt_spec
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
-from superneuron.netfile.spec import prototxt_spec
 
 sys.path.insert(0, "tests/caffe")
 import zoo_ssd  # noqa: E402

@@ -3,4 +3,4 @@
 # Needs grpcio-tools (pip install grpcio-tools), whose protoc must match the protobuf major
 # version pinned in setup.cfg. Run from the repository root.
 set -e
-python -m grpc_tools.protoc -Isuperneuron/caffe --python_out=superneuron/caffe superneuron/netfile/caffe/caffe.proto
+python -m grpc_tools.protoc -Isuperneuron/netfile/caffe --python_out=superneuron/netfile/caffe superneuron/netfile/caffe/caffe.proto

@@ -11,8 +11,8 @@ test pass get image -1, which MultiBoxLoss skips, as Caffe's readers do.
 
 import numpy as np
 
-from .dataset import Dataset
 from ..errors import SNError
+from .dataset import Dataset
 
 
 def describe_boxes(cfg):

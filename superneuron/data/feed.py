@@ -36,6 +36,9 @@ def data_config(spec, source=None):
     samples of any size (None for an Input net without a source: see :func:`synthetic_like`).
     SNError when a source that makes square samples meets an input that is not square."""
     first = spec.layers[0]
+    if first.type in ("HDF5Data", "MemoryData"):
+        raise SNError(f"layer '{first.name}' ({first.type}): sn-train feeds Input and Data layers; train a "
+                      f"{first.type} net from Python (Net.train_step with a feed of its tops)")
     if first.type == "Data":
         if source:
             first.cfg.update(source_config(source, first.cfg))

@@ -4,6 +4,7 @@ its Caffe type name (registry.py)."""
 from . import (  # noqa: F401  (registers each)
     activation,
     attention,
+    caffe_data,
     caffe_fork,
     caffe_loss,
     caffe_misc,

@@ -13,6 +13,9 @@ from ..errors import SNError
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .registry import register
 
+# The layer types whose tops are fed from outside (the trainer's or the user's arrays)
+FED_TYPES = ("Input", "Data", "HDF5Data", "MemoryData")
+
 
 @register
 class Input(Layer):

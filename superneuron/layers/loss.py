@@ -14,6 +14,15 @@ from .norm import _ncl, axis_setup
 from .registry import register
 
 
+def _scatter_add(xp, dst, rows, src):
+    """``dst[rows[i]] += src[i]`` for every i, repeated rows adding up."""
+    if xp is np:
+        np.add.at(dst, rows, src)
+    else:
+        import cupyx
+        cupyx.scatter_add(dst, rows, src)
+
+
 def _softmax(xp, x, y, room):
     """``y = softmax(x)`` over axis 1 of (N, C, L) arrays (``y`` may be ``x``), using ``room``,
     an (N, 1, L) scratch, for the maximum and the sum."""
@@ -97,6 +106,7 @@ class _ScoresAndLabels(Layer):
 
     BOTTOMS = (2, 2)
     LABEL_BOTTOMS = (1,)
+    OUT_OF_RANGE_LEFT_OUT = False  # True: a label >= the class count counts as ignored, not an error
 
     def setup(self, bottom_shapes):
         scores, labels = (tuple(s) for s in bottom_shapes)
@@ -135,6 +145,8 @@ class _ScoresAndLabels(Layer):
         ok = idx >= 0
         if self.cfg["ignore_label"] >= 0:
             ok &= idx != self.cfg["ignore_label"]
+        if self.OUT_OF_RANGE_LEFT_OUT:
+            return True
         top = int((idx * ok).max())
         if top >= c:
             self.fail(f"label {top} is out of range for {c} classes")
@@ -150,8 +162,11 @@ class _ScoresAndLabels(Layer):
         if self.cfg["ignore_label"] >= 0:
             xp.not_equal(idx, self.cfg["ignore_label"], out=valid)
             xp.logical_and(ok, valid, out=ok)
+        if self.OUT_OF_RANGE_LEFT_OUT:
+            xp.less(idx, c, out=valid)
+            xp.logical_and(ok, valid, out=ok)
         idx *= ok
-        if not ctx.labels_checked:  # a computed label: read back (a host sync on a GPU)
+        if not ctx.labels_checked and not self.OUT_OF_RANGE_LEFT_OUT:  # a computed label: read back
             top = int(ctx.host_value(idx.max(), f"{self}'s labels' range"))
             if top >= c:
                 self.fail(f"label {top} is out of range for {c} classes")
@@ -176,9 +191,38 @@ class SoftmaxWithLoss(_ScoresAndLabels):
                              doc="what the summed loss is divided by: every label (FULL, ignored "
                              "ones too), those that count (VALID), N (BATCH_SIZE) or 1 (NONE); "
                              "wins over normalize"),
+        "weight_by_label_freqs": Key("bool", False, doc="SegNet's fork: each label's term weighted "
+                                     "by its class's class_weighting (the count it is divided by unweighted)"),
+        "class_weighting": Key("floats", (), doc="SegNet's fork: one weight per class"),
     }
     LOSS = True
     CHEAP = True
+
+    def setup(self, bottom_shapes):
+        tops = super().setup(bottom_shapes)
+        weights = self.cfg["class_weighting"]
+        if self.cfg["weight_by_label_freqs"] and len(weights) != self.ncl[1]:
+            self.fail(f"weight_by_label_freqs needs one class_weighting per class: {len(weights)} "
+                      f"given for {self.ncl[1]} classes")
+        return tops
+
+    def _weighted(self):
+        return self.cfg["weight_by_label_freqs"]
+
+    def _class_weights(self, ctx, positions, valid):
+        """``valid`` times each label's class weight (SegNet's weight_by_label_freqs), as a new
+        scratch array; ``valid`` itself without weighting."""
+        if not self._weighted():
+            return valid
+        xp, (n, c, l) = ctx.xp, self.ncl
+        table = ctx.scratch((c,), self.dtype)
+        ctx.load(table, np.asarray(self.cfg["class_weighting"], dtype=self.dtype))
+        classes, weights = ctx.scratch((n, l), np.int64), ctx.scratch((n, l), self.dtype)
+        xp.floor_divide(positions, l, out=classes)  # positions: (i * c + class) * l + j
+        xp.remainder(classes, c, out=classes)
+        xp.take(table, classes, out=weights)
+        weights *= valid
+        return weights
 
     @property
     def mode(self):
@@ -191,11 +235,13 @@ class SoftmaxWithLoss(_ScoresAndLabels):
         return (0, 1), ()
 
     def algorithms(self, phase):
-        n, _, l = self.ncl
+        n, c, l = self.ncl
         room = ((n, 1, l), self.dtype)
+        weights = [((c,), self.dtype), ((n, l), np.int64), ((n, l), self.dtype)] if self._weighted() else []
         if phase == "forward":
-            return [Algo("default", workspace_bytes(*self._label_room(), (self.ncl, self.dtype), room, room))]
-        return [Algo("default", workspace_bytes(*self._label_room(), room))]
+            return [Algo("default", workspace_bytes(*self._label_room(), (self.ncl, self.dtype), room, room,
+                                                    *weights))]
+        return [Algo("default", workspace_bytes(*self._label_room(), room, *weights))]
 
     def _denominator(self, xp, valid):
         mode = self.mode
@@ -218,7 +264,7 @@ class SoftmaxWithLoss(_ScoresAndLabels):
         lse += peak  # log sum exp(x), computed without overflow
         nll = lse.reshape(n, l)
         nll -= _gather(xp, x.reshape(-1), positions, peak.reshape(n, l))  # -log p[label]
-        nll *= valid
+        nll *= self._class_weights(ctx, positions, valid)
         tops[0][...] = nll.sum() / self._denominator(xp, valid)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
@@ -234,8 +280,10 @@ class SoftmaxWithLoss(_ScoresAndLabels):
         _gather(xp, flat, positions, picked)
         picked -= 1.0
         xp.put(flat, positions, picked)  # positions are distinct: one per (sample, pixel)
-        valid *= top_grads[0] / self._denominator(xp, valid)
-        dx *= valid[:, None, :]
+        scale = top_grads[0] / self._denominator(xp, valid)
+        weights = self._class_weights(ctx, positions, valid)
+        weights *= scale
+        dx *= weights[:, None, :]
 
 
 @register
@@ -248,6 +296,10 @@ class Accuracy(_ScoresAndLabels):
         "axis": Key("int", 1, doc="the axis of the classes: 2 for (N, T, V) scores of a sequence"),
         "ignore_label": Key("int", -1, doc="a label left out (negatives always are)"),
     }
+    TOPS = (1, 2)  # Caffe's optional second top: each class's accuracy (0 for a class without labels)
+    # a label outside the classes (SegNet's void class 11 of 11, written without ignore_label)
+    # is left out, as if ignored, where Caffe reads past the scores
+    OUT_OF_RANGE_LEFT_OUT = True
     BACKWARD = False
     CHEAP = True
 
@@ -255,26 +307,44 @@ class Accuracy(_ScoresAndLabels):
         tops = super().setup(bottom_shapes)
         if not 1 <= self.cfg["top_k"] <= self.ncl[1]:
             self.fail(f"top_k must be between 1 and the {self.ncl[1]} classes, got {self.cfg['top_k']}")
-        return tops
+        return tops + [(self.ncl[1],)] * (len(self.tops) - 1)
 
     def backward_reads(self):
         return (), ()
 
     def algorithms(self, phase):
-        n, _, l = self.ncl
+        n, c, l = self.ncl
+        per_class = [((n, l), np.int64), ((c,), self.dtype)] if len(self.tops) == 2 else []
         return [Algo("default", workspace_bytes(*self._label_room(), ((n, l), self.dtype),
-                                                (self.ncl, np.bool_)))]
+                                                (self.ncl, np.bool_), *per_class))]
 
     def forward(self, ctx, bottoms, tops, params):
         xp, (n, _, l) = ctx.xp, self.ncl
         x = bottoms[0].reshape(self.ncl)
         positions, valid = self._labels(ctx, bottoms[1])
+        if len(tops) == 2:  # each label's class, before positions are reused below
+            classes = ctx.scratch((n, l), np.int64)
+            xp.floor_divide(positions, l, out=classes)  # positions: (i * c + class) * l + j
+            xp.remainder(classes, self.ncl[1], out=classes)
         truth = _gather(xp, x.reshape(-1), positions, ctx.scratch((n, l), self.dtype))
         higher = xp.greater(x, truth[:, None, :], out=ctx.scratch(self.ncl, np.bool_))
         above = xp.sum(higher, axis=1, out=positions)  # positions are no longer needed
         right = xp.less(above, self.cfg["top_k"], out=truth)
         right *= valid
         tops[0][...] = right.sum() / xp.maximum(valid.sum(), 1.0)
+        if len(tops) == 2:
+            self._per_class(ctx, classes, valid, right, tops[1])
+
+    def _per_class(self, ctx, classes, valid, right, out):
+        """``out[k]``: the fraction of class k's labels (that count) scored right; 0 without any
+        (an ignored label adds 0 to class 0)."""
+        xp = ctx.xp
+        counts = ctx.scratch((self.ncl[1],), self.dtype)
+        counts.fill(0)
+        out.fill(0)
+        _scatter_add(xp, counts, classes.reshape(-1), valid.reshape(-1))
+        _scatter_add(xp, out, classes.reshape(-1), right.reshape(-1))
+        out /= xp.maximum(counts, 1.0)
 
 
 @register

@@ -24,13 +24,15 @@ UNSUPPORTED = {
     **dict.fromkeys(("ROIPooling", "Proposal", "ROIAlign", "SmoothL1Loss"), "the Faster R-CNN fork"),
     **dict.fromkeys(("PSROIPooling",), "the R-FCN fork"),
     **dict.fromkeys(("DenseCRF", "SegAccuracy", "ImageSegData"), "the DeepLab fork"),
-    **dict.fromkeys(("BN",), "the SegNet fork"),
+    **dict.fromkeys(("BN",), "the SegNet and PSPNet forks; a .prototxt's is read as BatchNorm and Scale, "
+                             "write those"),
+    **dict.fromkeys(("DenseImageData",), "the SegNet fork; a .prototxt's is read as an Input with --data "
+                                         "synthetic:CxHxW"),
     **dict.fromkeys(("Region", "Reorg", "Yolo", "YoloLoss"), "a YOLO fork"),
     **dict.fromkeys(("ShuffleChannel",), "a ShuffleNet fork"),
     **dict.fromkeys(("DepthwiseConvolution", "ConvolutionDepthwise"),
                     "a MobileNet fork; write Convolution with group equal to its channels"),
-    **dict.fromkeys(("HDF5Data", "HDF5Output", "MemoryData", "WindowData", "Im2col", "Filter",
-                     "Recurrent", "LSTMUnit"), STOCK),
+    **dict.fromkeys(("HDF5Output", "WindowData", "Im2col", "Recurrent", "LSTMUnit"), STOCK),
 }
 CLOSE_ENOUGH = 0.85  # difflib's ratio for a suggestion: a misspelling, not another layer's name
 

@@ -19,6 +19,7 @@ from ..errors import SpecError, where
 from ..files import read_text_capped
 from ..layers import layer_class
 from ..layers.base import Key
+from ..layers.input import FED_TYPES
 from ..limits import MAX_BATCH, MAX_LAYERS, MAX_NESTING, MAX_NET_FILE_BYTES, MAX_REPEAT_ROUNDS, over
 from .expr import ExprError, substitute
 from .rules import PHASES, param_blocks, phases_of
@@ -227,7 +228,7 @@ class _Loader:
             self.problem(root.mark, "no 'layers:' list")
         else:
             self.expand(root["layers"], self.params, (), root.value_at("layers"))
-        sources = [ls for ls in self.layers if ls.type in ("Input", "Data") or (ls.type == "Python" and not ls.bottoms)]
+        sources = [ls for ls in self.layers if ls.type in FED_TYPES or (ls.type == "Python" and not ls.bottoms)]
         if not sources and "layers" in root:
             self.problem(root.mark, "no input: add an 'input:' mapping, a Data layer or a Python data layer")
         self.check()
@@ -308,7 +309,7 @@ class _Loader:
         for ls in self.layers:
             if ls.type == "Input" and "shape" in ls.cfg:
                 ls.cfg["shape"] = tuple((self.batch,) + tuple(s[1:]) for s in ls.cfg["shape"])
-            elif ls.type == "Data" and "batch_size" in ls.cfg:
+            elif ls.type in ("Data", "HDF5Data", "MemoryData") and "batch_size" in ls.cfg:
                 ls.cfg["batch_size"] = self.batch
 
     # -- expansion -----------------------------------------------------------------------

@@ -87,21 +87,24 @@ def input_layer(shape):
     return layer("data", "Input", (), "data", input_param=[("shape", [("dim", d) for d in shape])])
 
 
-# -- ResNet (Kaiming He's deploy files: conv1 with a bias, BN with global stats, Scale) ------------
+# -- ResNet (Kaiming He's deploy files: BN with global stats, Scale) -------------------------------
 def resnet(depth=50, size=224, batch=1, groups=1, group_width=64):
-    """Kaiming He's ResNet deploy files; with ``groups`` > 1, ResNeXt (grouped 3x3 convolutions
-    ``groups`` × ``group_width`` wide, no bias on conv1, as torchvision's)."""
+    """Kaiming He's ResNet deploy files: ResNet-50's conv1 has a bias, ResNet-101's and -152's
+    have ``bias_term: false``; their stages of more than three blocks name them res3a, res3b1,
+    res3b2, ... (ResNet-50's res3a .. res3d). With ``groups`` > 1, ResNeXt (grouped 3x3
+    convolutions ``groups`` × ``group_width`` wide, no bias on conv1, as torchvision's)."""
     blocks = {50: [3, 4, 6, 3], 101: [3, 4, 23, 3], 152: [3, 8, 36, 3]}[depth]
     name = f"ResNet-{depth}" if groups == 1 else f"ResNeXt-{depth}-{groups}x{group_width}d"
     out = [old_input(name, (batch, 3, size, size))]
-    out += [conv("conv1", "data", "conv1", 64, 7, 2, 3, bias=groups == 1),
+    out += [conv("conv1", "data", "conv1", 64, 7, 2, 3, bias=groups == 1 and depth == 50),
             bn_scale("bn_conv1", "scale_conv1", "conv1"),
             relu("conv1_relu", "conv1"), pool("pool1", "conv1", "pool1", "MAX", 3, 2)]
     bottom = "pool1"
     for stage, count in enumerate(blocks):
         width, out_width = groups * group_width * 2 ** stage, 256 * 2 ** stage
         for i in range(count):
-            tag = f"{stage + 2}{chr(ord('a') + i) if count <= 6 or i == 0 else 'b' + str(i)}"
+            lettered = depth == 50 or count <= 3 or i == 0
+            tag = f"{stage + 2}{chr(ord('a') + i) if lettered else 'b' + str(i)}"
             stride = 2 if i == 0 and stage > 0 else 1
             if i == 0:
                 short = f"res{tag}_branch1"

@@ -20,6 +20,7 @@ from ...errors import SpecError, where
 from ...layers.registry import REGISTRY
 from ..yaml_read import Map, Seq
 from . import caffe_pb2
+from .prototxt_forks import FORK_TYPES, bn_layers, dense_image_data
 from .textproto import parse
 
 LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "include", "exclude", "phase",
@@ -48,7 +49,7 @@ V1_TYPES = {
 NO_EFFECT = {("engine", None), ("force_nd_im2col", False), ("transpose", False), ("stable_prod_grad", True),
              ("variance_norm", "FAN_IN"), ("sparse", -1)}
 PAIR_FIELDS = {"kernel_size", "stride", "pad", "dilation"}  # Caffe's repeated: one value or h, w
-RENAMED = {"concat_dim": "axis"}
+RENAMED = {"concat_dim": "axis", "hole": "dilation"}  # hole: DeepLab's and PSPNet's name for dilation
 
 
 def prototxt_tree(text, file="<net>", data=None):
@@ -131,8 +132,22 @@ class _Translator:
         raw = [(lp, pos.child("layer", i), False) for i, lp in enumerate(net.layer)]
         raw += [(lp, pos.child("layers", i), True) for i, lp in enumerate(net.layers)]
         self.all = [(self.type_of(lp, v1), lp) for lp, _, v1 in raw]
+        sources = {}  # (name, rules) of layers without bottoms → how many so far
         for lp, lpos, v1 in raw:
             item = self.layer(lp, lpos, v1)
+            if isinstance(item, list):  # a fork's layer read as two of ours (BN)
+                for part in item:
+                    layers.append(part)
+                    layers.marks.append(part.mark)
+                continue
+            if item is not None and not lp.bottom and "name" in item:
+                # Caffe allows one name for several layers (LRCN's ImageData and HDF5Data are
+                # both "data"); ours are keys, so a later source layer of a name already used
+                # under the same rules is called name.2, name.3 (it has no weights to match)
+                key = (item["name"], str(item.get("include")), str(item.get("exclude")))
+                sources[key] = sources.get(key, 0) + 1
+                if sources[key] > 1:
+                    item["name"] = f"{item['name']}.{sources[key]}"
             if item is not None:
                 layers.append(item)
                 layers.marks.append(item.mark)
@@ -169,7 +184,7 @@ class _Translator:
         if v1:
             name = caffe_pb2.V1LayerParameter.LayerType.Name(lp.type)
             return V1_TYPES.get(name, name)
-        return lp.type
+        return FORK_TYPES.get(lp.type, lp.type)
 
     def layer(self, lp, lpos, v1):
         ltype = self.type_of(lp, v1)
@@ -206,6 +221,10 @@ class _Translator:
             self.propagate_down(lp, lpos, ltype)
         if ltype in DATA_TYPES:
             return self.data_layer(lp, lpos, item, ltype)
+        if ltype == "BN":
+            return bn_layers(lp, lpos, item, _message, _f32)
+        if ltype == "DenseImageData":
+            return dense_image_data(self, lp, lpos, item)
         if ltype == "Input" and lp.HasField("input_param"):
             shapes = [list(s.dim) for s in lp.input_param.shape]
             if len(shapes) == 1 and len(lp.top) > 1:
