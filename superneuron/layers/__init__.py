@@ -2,6 +2,7 @@
 its Caffe type name (registry.py)."""
 
 from . import (  # noqa: F401  (registers each)
+    accuracy,
     activation,
     attention,
     caffe_data,
@@ -27,6 +28,7 @@ from . import (  # noqa: F401  (registers each)
     python_layer,
     recurrent,
     shape,
+    softmax,
     spp,
 )
 from .registry import REGISTRY, layer_class, register  # noqa: F401  (the package's names)
