@@ -11,7 +11,7 @@ from one_line import cli_error
 from superneuron.cli.plan import main as plan_main
 from superneuron.errors import SpecError
 from superneuron.limits import MAX_REPEAT_ROUNDS
-from superneuron.netfile import spec as spec_module
+from superneuron.netfile import expand, loader
 from superneuron.netfile.spec import load_spec
 
 HEAD = "name: t\ninput: {data: [2, 3, 4, 4], label: [2]}\n"
@@ -47,7 +47,7 @@ def test_through_templates_too(tmp_path):
                                                 (1000, 0, True), (2, 499, True), (3, 400, False)])
 def test_the_limit_counts_every_round_exactly(outer, inner, fits, tmp_path, monkeypatch):
     """Rounds counted: ``outer * (1 + inner)``, each against the limit (here 1 000)."""
-    monkeypatch.setattr(spec_module, "MAX_REPEAT_ROUNDS", 1000)
+    monkeypatch.setattr(expand, "MAX_REPEAT_ROUNDS", 1000)
     path = net(tmp_path, f"  - {{repeat: {outer}, layers: [{{repeat: {inner}, layers: []}}]}}\n")
     if fits:
         assert [ls.name for ls in load_spec(path).layers] == ["input", "fc"]
@@ -58,7 +58,7 @@ def test_the_limit_counts_every_round_exactly(outer, inner, fits, tmp_path, monk
 
 def test_real_nets_make_fewer_rounds_than_layers():
     """ResNet-15002 (65 022 layers) makes 15 009 rounds, as limits.py says; ResNet-1202 here."""
-    loaded = spec_module._Loader("nets/resnet.yaml", {"depth": 1202}, None)
+    loaded = loader.Loader("nets/resnet.yaml", {"depth": 1202}, None)
     with open("nets/resnet.yaml") as f:
         loaded.load(f.read())
     assert loaded.rounds == 1209 and len(loaded.layers) > 4 * loaded.rounds
