@@ -12,9 +12,12 @@ from PIL import Image
 
 from superneuron.cli import train
 from superneuron.cli.make_lmdb import main as make_lmdb
+from superneuron.data.batches import Loader
+from superneuron.data.builtin import digits_arrays
+from superneuron.data.dataset import split_by_class
 from superneuron.data.lmdb_data import decode, index
 from superneuron.data.readahead import ReadAhead
-from superneuron.data.sources import Loader, _digits, _split, open_source
+from superneuron.data.sources import open_source
 from superneuron.errors import SpecError
 from superneuron.netfile.caffe import caffe_pb2
 from superneuron.netfile.spec import prototxt_spec
@@ -135,8 +138,8 @@ def test_read_ahead_gives_the_same_batches_and_positions(tmp_path):
 
 @pytest.mark.slow
 def test_lenet_prototxt_and_solver_learn_the_digits_from_an_lmdb_as_our_yaml_lenet(tmp_path, capsys):
-    x, y = _digits(28)
-    tr, te = _split(y, 0.2, 0)
+    x, y = digits_arrays(28)
+    tr, te = split_by_class(y, 0.2, 0)
     u = np.round(x * 255).astype(np.uint8).reshape(len(x), 1, 28, 28)
     npz = tmp_path / "digits.npz"
     np.savez(npz, x=u[tr], y=y[tr], x_test=u[te], y_test=y[te])

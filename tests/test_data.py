@@ -10,6 +10,7 @@ from one_line import raises_one_line
 from PIL import Image
 
 from superneuron.data import sources as data
+from superneuron.data.batches import Loader
 from superneuron.errors import LayerError, SNError
 from tests.layer_harness import build, forward
 
@@ -49,11 +50,11 @@ def test_npz_shapes_ranges_and_explicit_test_split(tmp_path):
     assert data.describe(cfg(path)) == ((1, 7, 9), 4)
     train, test = data.open_source(path)
     assert (len(train), len(test), train.num_classes, train.sample_shape) == (12, 5, 4, (1, 7, 9))
-    xb, yb = data.Loader(train, 4, shuffle=False).next()
+    xb, yb = Loader(train, 4, shuffle=False).next()
     assert xb.dtype == np.float32 and yb.dtype == np.float32 and xb.shape == (4, 1, 7, 9)
     np.testing.assert_allclose(xb[:, 0], x[:4] / 255.0, rtol=1e-6)  # uint8 → [0, 1]
     np.testing.assert_array_equal(yb, [0, 1, 2, 0])
-    xb, yb, n = next(data.Loader(test, 8, train=False).epoch())
+    xb, yb, n = next(Loader(test, 8, train=False).epoch())
     np.testing.assert_allclose(xb[:5, 0], xt / 255.0, rtol=1e-6)
 
 
@@ -64,7 +65,7 @@ def test_npz_float_values_kept_and_split_by_fraction(tmp_path):
     train, test = data.open_source(cfg(path, test_fraction=0.2))
     assert (len(train), len(test)) == (32, 8)
     assert np.all(np.bincount(test.labels) == 2)  # stratified: round(0.2 × 10) per class
-    xb, yb, n = next(data.Loader(test, 8, train=False).epoch())
+    xb, yb, n = next(Loader(test, 8, train=False).epoch())
     # each test sample is one of the stored ones, values unchanged (floats are not rescaled)
     expect = x[y == yb[0]]
     assert any(np.array_equal(xb[0], e) for e in expect)
@@ -77,11 +78,11 @@ def test_digits_split_sizes_ranges_and_seed():
     assert len(test) == sum(int(0.2 * c + 0.5) for c in counts)
     assert train.sample_shape == (1, 16, 16) and data.describe(cfg("digits", size=16)) == ((1, 16, 16), 10)
     assert data.describe(cfg("digits")) == ((1, 8, 8), 10)
-    xb, yb, _ = next(data.Loader(test, len(test), train=False).epoch())
+    xb, yb, _ = next(Loader(test, len(test), train=False).epoch())
     assert xb.min() >= 0.0 and xb.max() <= 1.0 and xb.max() > 0.9
     t1 = data.open_source(cfg("digits", size=16, seed=1))[1]
     same = data.open_source(cfg("digits", size=16))[1]
-    first = [next(data.Loader(t, 50, train=False).epoch())[0] for t in (t1, test)]
+    first = [next(Loader(t, 50, train=False).epoch())[0] for t in (t1, test)]
     assert not np.array_equal(*first)  # another seed, another split
     np.testing.assert_array_equal(same.labels, test.labels)
 
@@ -92,14 +93,14 @@ def test_synthetic_is_seeded_shaped_and_learnable():
     assert data.describe(cfg("synthetic")) == ((3, 32, 32), 10)
     train, test = data.open_source(c)
     assert len(train) + len(test) == 600 and train.sample_shape == (2, 8, 8)
-    x, y = data.Loader(train, len(train), shuffle=False).next()
-    again = data.Loader(data.open_source(c)[0], len(train), shuffle=False).next()[0]
+    x, y = Loader(train, len(train), shuffle=False).next()
+    again = Loader(data.open_source(c)[0], len(train), shuffle=False).next()[0]
     np.testing.assert_array_equal(x, again)
-    other = data.Loader(data.open_source(dict(c, seed=4))[0], 10, shuffle=False).next()[0]
+    other = Loader(data.open_source(dict(c, seed=4))[0], 10, shuffle=False).next()[0]
     assert not np.allclose(x[:10], other)
     # nearest class mean, fitted on train, scored on test: far above the 1/5 of chance
     means = np.stack([x[y == k].mean(0) for k in range(5)]).reshape(5, -1)
-    xt, yt, n = next(data.Loader(test, len(test), train=False).epoch())
+    xt, yt, n = next(Loader(test, len(test), train=False).epoch())
     dist = ((xt.reshape(len(xt), 1, -1) - means[None]) ** 2).sum(-1)
     assert np.mean(dist.argmin(1) == yt) > 0.9
 
@@ -122,12 +123,12 @@ def test_cifar_python_batches(tmp_path):
     assert data.describe(cfg(tmp_path, crop=24)) == ((3, 24, 24), 10)
     train, test = data.open_source(str(tmp_path))
     assert (len(train), len(test)) == (10, 5)
-    x, y = data.Loader(train, 10, shuffle=False).next()
+    x, y = Loader(train, 10, shuffle=False).next()
     # rows of b'data' are 1024 red, then green, then blue values, each row-major 32×32
     np.testing.assert_allclose(x[0, 1, 0, 0], b1[b"data"][0, 1024] / 255.0, rtol=1e-6)
     np.testing.assert_allclose(x[7, 2, 1, 3], b2[b"data"][1, 2048 + 32 + 3] / 255.0, rtol=1e-6)
     np.testing.assert_array_equal(y, b1[b"labels"] + b2[b"labels"])
-    xt, yt, n = next(data.Loader(test, 5, train=False).epoch())
+    xt, yt, n = next(Loader(test, 5, train=False).epoch())
     np.testing.assert_allclose(xt.reshape(5, -1), tb[b"data"] / 255.0, rtol=1e-6)
 
 
@@ -173,7 +174,7 @@ def test_image_folder_split_resize_and_values(tmp_path):
     assert data.describe(c) == ((3, 8, 8), 2)
     train, test = data.open_source(c)
     assert (len(train), len(test)) == (6, 4) and not hasattr(train, "x")  # paths only: lazy
-    x, y = data.Loader(train, 6).next()
+    x, y = Loader(train, 6).next()
     assert x.shape == (6, 3, 8, 8) and x.dtype == np.float32
     for xi, yi in zip(x, y, strict=True):  # a solid colour stays that colour through resize and crop
         colour = np.array(list(COLOURS.values())[int(yi)]) / 255.0
@@ -187,7 +188,7 @@ def test_image_folder_train_test_subfolders_and_lazy_errors(tmp_path):
     assert (len(train), len(test), train.sample_shape) == (6, 4, (3, 10, 10))
     bad = tmp_path / "val" / "dog" / "1.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n broken")  # damaged after opening: found when its batch loads
-    batches = data.Loader(test, 2, train=False).epoch()
+    batches = Loader(test, 2, train=False).epoch()
     next(batches)
     with raises_one_line(SNError) as e:
         next(batches)
@@ -203,10 +204,10 @@ def test_image_crop_and_mirror(tmp_path):
     for i in range(4):
         write_image(str(tmp_path / "a" / f"{i}.png"), np.broadcast_to(row[None, :, None], (12, 12, 3)))
     train, _ = data.open_source(cfg(tmp_path, crop=6, mirror=True, test_fraction=0.0))
-    x, _, _ = next(data.Loader(train, 4, train=False).epoch())  # testing: centre crop, no flip
+    x, _, _ = next(Loader(train, 4, train=False).epoch())  # testing: centre crop, no flip
     np.testing.assert_allclose(x[0, 0, 0] * 255, row[3:9], atol=1e-4)
     starts, flips = set(), set()
-    loader = data.Loader(train, 4, seed=5)
+    loader = Loader(train, 4, seed=5)
     for _ in range(8):
         for first_row in np.rint(loader.next()[0][:, 0, 0] * 255).astype(int):
             step = first_row[1] - first_row[0]  # +20: as stored, -20: mirrored
@@ -220,9 +221,9 @@ def test_array_crop_mirror_and_normalisation(tmp_path):
     path, x = indexed_npz(tmp_path, n=6, c=2, h=6, w=5)
     train, test = data.open_source(cfg(path, crop=4, mirror=True))
     assert train.sample_shape == (2, 4, 4)
-    xt, yt, _ = next(data.Loader(test, 6, train=False).epoch())
+    xt, yt, _ = next(Loader(test, 6, train=False).epoch())
     np.testing.assert_array_equal(xt, x[:, :, 1:5, 0:4])  # centred: (6-4)//2, (5-4)//2
-    loader, seen = data.Loader(train, 6, seed=2), set()
+    loader, seen = Loader(train, 6, seed=2), set()
     for _ in range(10):
         xb, yb = loader.next()
         for s, i in zip(xb, yb.astype(int), strict=True):
@@ -234,11 +235,11 @@ def test_array_crop_mirror_and_normalisation(tmp_path):
     assert len(seen) == 3 * 2 * 2  # every offset and both orientations occur
     # scale, then per-channel mean and std
     _, test = data.open_source(cfg(path, scale=0.5, mean=[1.0, 2.0], std=[4.0, 8.0]))
-    xn, _, _ = next(data.Loader(test, 6, train=False).epoch())
+    xn, _, _ = next(Loader(test, 6, train=False).epoch())
     expect = (x * 0.5 - np.array([1.0, 2.0])[:, None, None]) / np.array([4.0, 8.0])[:, None, None]
     np.testing.assert_allclose(xn, expect, rtol=1e-6)
     _, test = data.open_source(cfg(path, mean=0.5))  # one value for every channel
-    np.testing.assert_allclose(next(data.Loader(test, 6, train=False).epoch())[0], x - 0.5)
+    np.testing.assert_allclose(next(Loader(test, 6, train=False).epoch())[0], x - 0.5)
 
 
 # ---------------------------------------------------------------- loaders
@@ -247,44 +248,44 @@ def test_array_crop_mirror_and_normalisation(tmp_path):
 def test_shuffle_is_seeded_and_wraps_across_epochs(tmp_path):
     path, _ = indexed_npz(tmp_path, n=10)
     train, _ = data.open_source(path)
-    got = sum(ids(data.Loader(train, 4, seed=7), 10), [])  # 40 samples: 4 epochs exactly
-    assert got == sum(ids(data.Loader(train, 4, seed=7), 10), [])
-    assert got != sum(ids(data.Loader(train, 4, seed=8), 10), [])
+    got = sum(ids(Loader(train, 4, seed=7), 10), [])  # 40 samples: 4 epochs exactly
+    assert got == sum(ids(Loader(train, 4, seed=7), 10), [])
+    assert got != sum(ids(Loader(train, 4, seed=8), 10), [])
     epochs = [got[k:k + 10] for k in range(0, 40, 10)]
     assert all(sorted(e) == list(range(10)) for e in epochs)  # each epoch a permutation
     assert len({tuple(e) for e in epochs}) == 4  # reshuffled every epoch
-    assert sum(ids(data.Loader(train, 4, shuffle=False), 5), []) == list(range(10)) * 2
+    assert sum(ids(Loader(train, 4, shuffle=False), 5), []) == list(range(10)) * 2
     # a batch bigger than the dataset spans several epochs
-    assert ids(data.Loader(train, 23, shuffle=False), 1)[0] == list(range(10)) * 2 + [0, 1, 2]
+    assert ids(Loader(train, 23, shuffle=False), 1)[0] == list(range(10)) * 2 + [0, 1, 2]
 
 
 def test_test_epoch_pads_last_batch(tmp_path):
     path, x = indexed_npz(tmp_path, n=10)
     _, test = data.open_source(path)
-    loader = data.Loader(test, 4, train=False)
+    loader = Loader(test, 4, train=False)
     batches = list(loader.epoch())
     assert len(loader) == len(batches) == 3 and [b[2] for b in batches] == [4, 4, 2]
     np.testing.assert_array_equal(batches[2][1], [8, 9, -1, -1])
     np.testing.assert_array_equal(batches[2][0], x[[8, 9, 9, 9]])
     np.testing.assert_array_equal(np.concatenate([b[1] for b in batches])[:10], np.arange(10))
-    assert [b[2] for b in data.Loader(test, 5, train=False).epoch()] == [5, 5]
+    assert [b[2] for b in Loader(test, 5, train=False).epoch()] == [5, 5]
 
 
 def test_resume_gives_the_same_batches(tmp_path):
     path, _ = indexed_npz(tmp_path, n=10)
     train, _ = data.open_source(cfg(path, crop=3, mirror=True))
-    straight = data.Loader(train, 4, seed=3)
+    straight = Loader(train, 4, seed=3)
     [straight.next() for _ in range(3)]  # stops mid-epoch (position 2 of epoch 1)
     state = json.loads(json.dumps(straight.state()))
     expect = [straight.next() for _ in range(6)]
-    resumed = data.Loader(train, 4, seed=99)  # the snapshot's seed wins
+    resumed = Loader(train, 4, seed=99)  # the snapshot's seed wins
     resumed.restore(state)
     for (x1, y1), (x2, y2) in zip(expect, [resumed.next() for _ in range(6)], strict=True):
         np.testing.assert_array_equal(y1, y2)
         np.testing.assert_array_equal(x1, x2)  # same crops and flips too
     small = data.open_source(cfg(write_npz(tmp_path, "s.npz", x=np.zeros((3, 2, 2)), y=np.zeros(3))))[0]
     with raises_one_line(SNError, match="snapshot"):
-        data.Loader(small, 4).restore(state)
+        Loader(small, 4).restore(state)
 
 
 def test_check_labels(tmp_path):
@@ -371,7 +372,7 @@ def test_every_error_names_its_file(tmp_path):
             c = cfg(path, **(extra or {}))
             data.describe(c)
             train, test = data.open_source(c)
-            data.Loader(train, 2, train=True).next()  # image folders read files per batch
+            Loader(train, 2, train=True).next()  # image folders read files per batch
         message = str(e.value)
         assert path in message and "\n" not in message, f"{what}: {message}"
 
@@ -382,7 +383,7 @@ def test_bad_options():
             data.describe(cfg("synthetic", **bad))
     train, _ = data.open_source(cfg("synthetic", size=4, samples=20))
     with raises_one_line(SNError, match="batch size"):
-        data.Loader(train, 0)
+        Loader(train, 0)
 
 
 # ---------------------------------------------------------------- layers
@@ -408,7 +409,7 @@ def test_data_layer_shapes_and_forward(tmp_path):
                           crop=4, classes=3)
     assert layer.top_shapes == [(4, 2, 4, 4), (4,)] and layer.num_classes == 3
     train, _ = data.open_source(layer.cfg)
-    x, y = data.Loader(train, 4).next()
+    x, y = Loader(train, 4).next()
     tops = forward(layer, [], params, feed={"t0": x, "t1": y})
     np.testing.assert_array_equal(tops[0], x)
     np.testing.assert_array_equal(tops[1], y)

@@ -26,8 +26,9 @@ import time
 import numpy as np
 import pytest
 
+from superneuron.data.batches import Loader
 from superneuron.data.feed import data_config
-from superneuron.data.sources import Loader, open_source
+from superneuron.data.sources import open_source
 from superneuron.netfile.spec import load_spec
 from superneuron.planning import plan
 from superneuron.scheduler.allreduce import buckets_of, collective_order

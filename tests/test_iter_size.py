@@ -17,7 +17,8 @@ from superneuron import load_net
 from superneuron.cli import convert
 from superneuron.cli import plan as plan_cli
 from superneuron.cli import train as train_cli
-from superneuron.data.sources import Loader, open_source, source_config
+from superneuron.data.batches import Loader
+from superneuron.data.sources import open_source, source_config
 from superneuron.net import Net
 from superneuron.netfile.spec import loads_spec
 from superneuron.planning import plan

@@ -7,6 +7,7 @@ from one_line import cli_error, one_line, raises_one_line
 
 from superneuron.cli.train import main
 from superneuron.data import sources as data
+from superneuron.data.batches import Loader
 from superneuron.errors import SNError, SpecError
 from superneuron.netfile.spec import loads_spec
 from superneuron.train.solver_config import SolverConfig, load_solver
@@ -77,7 +78,7 @@ def test_a_batch_made_non_finite_by_scaling_names_its_samples(tmp_path):
     np.savez(tmp_path / "big.npz", x=x, y=np.zeros(6, np.int64))
     train, _ = data.open_source(dict(data.DEFAULTS, source=str(tmp_path / "big.npz"), scale=1e10,
                                      test_fraction=0.0))
-    loader = data.Loader(train, 3, shuffle=False)
+    loader = Loader(train, 3, shuffle=False)
     loader.next()  # samples 0..2 are fine
     with raises_one_line(SNError, match=r"big.npz \(train\): sample 4 is non-finite after scale, mean and std "
                                       r"\(batch of samples 3..5\)"):

@@ -12,7 +12,8 @@ import pytest
 
 from superneuron.cli.progress import PERIOD, Progress, count_tests
 from superneuron.cli.train import build_parser, main
-from superneuron.data.sources import Loader, open_source, source_config
+from superneuron.data.batches import Loader
+from superneuron.data.sources import open_source, source_config
 from superneuron.net import load_net
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig

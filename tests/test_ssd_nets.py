@@ -14,7 +14,8 @@ import pytest
 from one_line import raises_one_line
 
 from superneuron.cli import plan, train
-from superneuron.data.sources import Loader, open_source
+from superneuron.data.batches import Loader
+from superneuron.data.sources import open_source
 from superneuron.errors import SpecError
 from superneuron.graph import Graph
 from superneuron.net import Net

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from superneuron.data import sources as data
+from superneuron.data.batches import Loader
 from superneuron.data.text import read_tokens, unigram_entropy
 from superneuron.errors import SNError
 
@@ -21,7 +22,7 @@ def test_windows_targets_and_held_out_tail(tmp_path):
     np.testing.assert_array_equal(x[1], np.frombuffer(text[30:40], np.uint8))
     np.testing.assert_array_equal(train.labels[[0, 3]], [list(text[1:11]), list(text[31:41])])
     np.testing.assert_array_equal(test.batch([0])[0], np.frombuffer(text[384:394], np.uint8))
-    loader = data.Loader(train, 4, seed=0)
+    loader = Loader(train, 4, seed=0)
     xb, yb = loader.next()
     assert xb.shape == yb.shape == (4, 10)
     np.testing.assert_array_equal(yb[:, :-1], xb[:, 1:])  # each target is the next input byte

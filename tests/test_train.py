@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from one_line import raises_one_line
 
-from superneuron.data.sources import Loader, open_source, source_config
+from superneuron.data.batches import Loader
+from superneuron.data.sources import open_source, source_config
 from superneuron.errors import SNError
 from superneuron.net import load_net
 from superneuron.train.optim import make_optimizer

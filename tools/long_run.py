@@ -53,7 +53,8 @@ def folder_files(folder):
 
 
 def build(args, folder):
-    from superneuron.data.sources import Loader, open_source, source_config
+    from superneuron.data.batches import Loader
+    from superneuron.data.sources import open_source, source_config
     from superneuron.layers import parallel
     from superneuron.net import load_net
     from superneuron.train.optim import make_optimizer

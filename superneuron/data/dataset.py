@@ -99,3 +99,14 @@ class ShardDraws:
 
     def random(self, n):
         return self._part(self.rng.random(n * self.ranks), n)
+
+
+def split_by_class(labels, fraction, seed):
+    """Sorted train and test indices: from each class, round(fraction × its count) samples (halves
+    round up) chosen by a seeded shuffle go to the test set."""
+    rng = np.random.default_rng(seed)
+    is_test = np.zeros(len(labels), dtype=bool)
+    for c in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        is_test[members[:int(fraction * len(members) + 0.5)]] = True
+    return np.flatnonzero(~is_test), np.flatnonzero(is_test)

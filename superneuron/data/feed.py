@@ -9,8 +9,9 @@ sources themselves).
 """
 
 from ..errors import SNError
+from .batches import Loader
 from .readahead import ReadAhead
-from .sources import Loader, check_labels, describe, open_source, source_config, source_kind
+from .sources import check_labels, describe, open_source, source_config, source_kind
 
 FIXED_SIZE = ("npz", "cifar")        # sources whose samples have one size, which size cannot change
 RESIZED = ("digits", "synthetic", "folder")   # sources that make samples of any size

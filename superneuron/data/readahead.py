@@ -1,4 +1,4 @@
-"""Read-ahead: a training :class:`~superneuron.data.sources.Loader` whose next batch is decoded on a
+"""Read-ahead: a training :class:`~superneuron.data.batches.Loader` whose next batch is decoded on a
 worker thread while the current one trains, so the device never waits on decoding (Caffe's
 prefetching data layers). Batches, their order and :meth:`state` are exactly the wrapped
 loader's: the batch made ahead is the one ``next()`` would make, and ``state()`` is where
