@@ -26,78 +26,17 @@ versions and Splits, ``t#split``, ``t#0``..., use them), and a top may not end i
 nor take the name of a parameter.
 """
 
-import functools
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backward import inplace_choice, mark_gradients
 from .errors import LayerError, SpecError, where
 from .layers import layer_class
-from .layers.base import Layer
 from .layers.input import FED_TYPES
 from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
 from .netfile.rules import PHASES
-
-# Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
-# step will make; "accum" a parameter gradient's sum over an iteration's rounds (iter_size);
-# "bucket" the gradients of a data-parallel all-reduce, packed (scheduler/allreduce.py);
-# liveness.SCHEDULED lists those whose storage the steps manage.
-KINDS = ("data", "grad", "param", "param_grad", "state", "accum", "workspace", "encoded", "bucket")
-
-
-def storage_root(tensors, name):
-    """The tensor whose memory ``name`` uses in ``tensors`` (the graph's, or a schedule's, which
-    may alias more: see the in-place pass), following aliases; names not in ``tensors`` are
-    their own root."""
-    info = tensors.get(name)
-    while info is not None and info.alias is not None:
-        name = info.alias
-        info = tensors.get(name)
-    return name
-
-
-@dataclass
-class TensorInfo:
-    """A tensor of the iteration: name, shape, dtype, kind (one of KINDS) and the tensor whose
-    memory it shares (``alias``: an in-place top, a Split top, an in-place gradient)."""
-
-    name: str
-    shape: tuple
-    dtype: np.dtype
-    kind: str
-    alias: str = None
-
-    @functools.cached_property
-    def nbytes(self):
-        """Bytes of the tensor; computed once (planning asks millions of times; shapes do not
-        change once set, and dataclasses.replace makes a new object, which computes its own)."""
-        return math.prod(map(int, self.shape)) * np.dtype(self.dtype).itemsize
-
-
-@dataclass
-class Node:
-    """A layer placed in the graph, with the tensors it reads and writes."""
-
-    index: int
-    layer: Layer
-    spec: object                    # the LayerSpec (None for inserted Splits)
-    bottoms: list                   # tensor names
-    tops: list
-    params: dict = field(default_factory=dict)       # param name -> tensor name
-    param_specs: dict = field(default_factory=dict)  # param name -> ParamSpec (lr/decay mults set)
-    param_grads: dict = field(default_factory=dict)  # learnable param name -> tensor name
-    bottom_grads: list = field(default_factory=list)  # tensor name or None per bottom
-    top_grads: list = field(default_factory=list)     # tensor name or None per top
-    backward: bool = False          # runs a backward step
-    loss_weight: float = 0.0
-    phases: frozenset = PHASES      # TRAIN and/or TEST (Caffe's include/exclude)
-    inplace: bool = False           # its first top shares its first bottom's memory
-    kept: str = None                # why an in-place request got memory of its own
-
-    @property
-    def name(self):
-        return self.layer.name
+from .tensors import Node, TensorInfo, storage_root
 
 
 class Graph:
@@ -118,7 +57,7 @@ class Graph:
         if not self._problems:
             self._build(order)
         if not self._problems:
-            self._gradients()
+            mark_gradients(self.nodes, self.tensors, self.dtype)
         if self._problems:
             raise SpecError(self._problems)
 
@@ -268,7 +207,7 @@ class Graph:
             layer.top_shapes = [tuple(s) for s in top_shapes]
             for t, s in zip(tops, top_shapes):
                 shapes[t] = tuple(s)
-            inplace[ls.name] = self._inplace(pos, order, views, readers, backward_readers)
+            inplace[ls.name] = inplace_choice(pos, order, views, readers, backward_readers)
         if self._problems:
             return
         # Insert Splits where a version is read more than once; each read gets its own top.
@@ -343,88 +282,6 @@ class Graph:
         self.nodes.append(node)
         self._by_name[layer.name] = node
         return node
-
-    def _inplace(self, pos, order, views, readers, backward_readers):
-        """``(inplace, kept)`` for the layer at ``pos``: whether its top may share its bottom's
-        memory, and if it asked to (Caffe's ``top == bottom``) but may not, why (what it keeps).
-
-        The write may not destroy a value still read: the bottom, by this layer's backward or
-        another's; or a view of the same memory (Split, Flatten, Reshape tops), by a forward
-        after it or by another layer's backward. (A forward reader of the written version itself
-        always comes before the write.)"""
-        ls, layer, bottoms, tops = order[pos]
-        if not tops or "@" not in tops[0] or layer.ALIAS_TOPS:
-            return False, None
-        if ls.tops[0] != ls.bottoms[0]:
-            return False, f"its first top overwrites its bottom '{ls.tops[0]}' out of place"
-        if layer.top_shapes[0] != layer.bottom_shapes[0]:
-            return False, "its top's shape differs from its bottom's"
-        shared, todo = {bottoms[0]}, [bottoms[0]]
-        while todo:
-            for w in views.get(todo.pop(), ()):
-                if w not in shared:
-                    shared.add(w)
-                    todo.append(w)
-        names = [ls.name] if not layer.INPLACE and 0 in layer.backward_reads()[0] else []
-        for w in [bottoms[0]] + sorted(shared - {bottoms[0]}):
-            names += [rls.name for rls, rlayer in backward_readers.get(w, ()) if rlayer is not layer]
-            later = [order[p][0].name for p in readers.get(w, ()) if p > pos and not order[p][1].ALIAS_TOPS]
-            if names or later:
-                why = []
-                if names:
-                    why.append("read by the backward of " + ", ".join(f"'{r}'" for r in names))
-                if later:
-                    why.append("read later by " + ", ".join(f"'{r}'" for r in later))
-                return False, f"keeps '{w}', " + " and ".join(why)
-        if not layer.INPLACE:
-            return False, f"{layer.type} does not run in place"
-        return True, None
-
-    # -- gradients -----------------------------------------------------------------------
-    def _gradients(self):
-        """Decide which layers run backward and which tensors have gradients."""
-        # Forward sweep: tensors that depend on a learnable parameter.
-        requires = set()
-        training = [n for n in self.nodes if "TRAIN" in n.phases]  # only these run backward
-        for n in training:
-            learnable = any(self.tensors[t].kind == "param" for t in n.params.values())
-            if n.layer.BACKWARD and (learnable or any(
-                    b in requires for i, b in enumerate(n.bottoms) if i not in n.layer.LABEL_BOTTOMS)):
-                requires.update(n.tops)
-        # Backward sweep: tensors that reach a loss.
-        contributes = set()
-        for n in reversed(training):
-            if n.loss_weight or any(t in contributes for t in n.tops):
-                if n.layer.BACKWARD:
-                    contributes.update(b for i, b in enumerate(n.bottoms)
-                                       if i not in n.layer.LABEL_BOTTOMS)
-                if n.loss_weight:
-                    contributes.update(n.tops)
-        for n in self.nodes:
-            learnable = {k: t for k, t in n.params.items() if self.tensors[t].kind == "param"}
-            n.top_grads = [f"{t}.grad" if t in requires and t in contributes else None
-                           for t in n.tops]
-            n.bottom_grads = [f"{b}.grad" if b in requires and b in contributes
-                              and i not in n.layer.LABEL_BOTTOMS else None
-                              for i, b in enumerate(n.bottoms)]
-            n.backward = n.layer.BACKWARD and any(g is not None for g in n.top_grads) and (
-                bool(learnable) or any(g is not None for g in n.bottom_grads))
-            if n.backward:
-                n.param_grads = {k: f"{t}.grad" for k, t in learnable.items()}
-            else:
-                n.bottom_grads = [None] * len(n.bottoms)
-        for n in self.nodes:
-            for t, g in zip(n.tops, n.top_grads):
-                if g is not None:
-                    self.tensors[g] = TensorInfo(g, self.tensors[t].shape, self.dtype, "grad")
-            for k, g in n.param_grads.items():
-                self.tensors[g] = TensorInfo(g, self.tensors[n.params[k]].shape, self.dtype, "param_grad")
-        # An in-place layer writes its bottom's gradient over its top's; a view's (Flatten,
-        # Reshape) bottom gradient is its top gradient seen in the bottom's shape.
-        for n in self.nodes:
-            if n.backward and (n.layer.ALIAS_GRADS or n.inplace) and n.bottom_grads[0] is not None:
-                self.tensors[n.bottom_grads[0]].alias = n.top_grads[0]
-
 
 def _cycle(ls, bottom, producers):
     """Layer names on a cycle from ``ls`` back to itself through ``bottom``, or None."""

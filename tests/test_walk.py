@@ -7,7 +7,6 @@ from test_encode import RELU_POOL
 from test_net import feed_for
 
 from superneuron import load_net
-from superneuron.graph import TensorInfo
 from superneuron.net import Net
 from superneuron.netfile.spec import loads_spec
 from superneuron.runtime.executor import Execution
@@ -32,6 +31,7 @@ from superneuron.scheduler.steps import (
 )
 from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
 from superneuron.scheduler.workspace import _LiveAtSteps
+from superneuron.tensors import TensorInfo
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
 
