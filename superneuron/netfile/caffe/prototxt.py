@@ -9,17 +9,17 @@ So every problem is reported as ``file:line:col: layer 'name' (Type): ...`` in t
 
 ``data="synthetic"`` (or ``"synthetic:CxHxW"``) replaces Data and ImageData layers with
 synthetic data of the shape they would produce: crop size, channels from ``mean_value`` or the
-written shape, classes from the ``num_output`` feeding the loss.
+written shape, classes from the ``num_output`` feeding the loss (prototxt_data.py; the forks'
+layers: prototxt_forks.py).
 """
 
 import os
-
-import numpy as np
 
 from ...errors import SpecError, where
 from ...layers.registry import REGISTRY
 from ..yaml_read import Map, Seq
 from . import caffe_pb2
+from .prototxt_data import DataLayers, f32
 from .prototxt_forks import FORK_TYPES, bn_layers, dense_image_data
 from .textproto import parse
 
@@ -28,7 +28,6 @@ LAYER_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "param", "includ
 V1_FIELDS = {"name", "type", "bottom", "top", "loss_weight", "include", "exclude", "blobs_lr", "weight_decay"}
 DATA_TYPES = ("Data", "ImageData", "AnnotatedData")
 NESTED = ("nms_param", "save_output_param")  # the SSD fork's blocks inside a *_param: flattened too
-BOXES = 4  # synthetic boxes per image for an AnnotatedData layer
 
 # V1's enum names → the layer type names Caffe's upgrade gives them
 V1_TYPES = {
@@ -59,16 +58,11 @@ def prototxt_tree(text, file="<net>", data=None):
     return _Translator(file, data).net(net, pos)
 
 
-def _f32(value):
-    """A float field's value as written: the shortest decimal that is the same float32."""
-    return float(str(np.float32(value)))
-
-
 def _scalar(field, value):
     if field.type == field.TYPE_ENUM:
         return field.enum_type.values_by_number[value].name
     if field.type == field.TYPE_FLOAT:
-        return _f32(value)
+        return f32(value)
     if field.type == field.TYPE_MESSAGE:
         return _message(value)
     return value
@@ -96,7 +90,7 @@ def _repeated(field):
     return field.label == field.LABEL_REPEATED if hasattr(field, "label") else field.is_repeated
 
 
-class _Translator:
+class _Translator(DataLayers):
     def __init__(self, file, data):
         self.file, self.data = file, data
         self.problems = []
@@ -209,12 +203,12 @@ class _Translator:
             if rules:
                 put(key, [_message(r) for r in rules], key)
         if lp.loss_weight:
-            put("loss_weight", [_f32(w) for w in lp.loss_weight], "loss_weight")
+            put("loss_weight", [f32(w) for w in lp.loss_weight], "loss_weight")
         if v1:
             if lp.blobs_lr:
-                put("lr_mult", [_f32(v) for v in lp.blobs_lr], "blobs_lr")
+                put("lr_mult", [f32(v) for v in lp.blobs_lr], "blobs_lr")
             if lp.weight_decay:
-                put("decay_mult", [_f32(v) for v in lp.weight_decay], "weight_decay")
+                put("decay_mult", [f32(v) for v in lp.weight_decay], "weight_decay")
         elif lp.param:
             put("param", [_message(p) for p in lp.param], "param")
         if not v1 and lp.propagate_down:
@@ -222,7 +216,7 @@ class _Translator:
         if ltype in DATA_TYPES:
             return self.data_layer(lp, lpos, item, ltype)
         if ltype == "BN":
-            return bn_layers(lp, lpos, item, _message, _f32)
+            return bn_layers(lp, lpos, item, _message, f32)
         if ltype == "DenseImageData":
             return dense_image_data(self, lp, lpos, item)
         if ltype == "Input" and lp.HasField("input_param"):
@@ -281,116 +275,6 @@ class _Translator:
                 continue
             item[name] = value
             item.keymarks[name] = item.valmarks[name] = mpos.at(field.name)
-
-    # -- data layers -------------------------------------------------------------------------
-    def data_layer(self, lp, lpos, item, ltype):
-        """A Caffe Data or ImageData layer: synthetic data of its shape with ``data=synthetic``."""
-        name = item.get("name")
-        params = lp.image_data_param if ltype == "ImageData" else lp.data_param
-        ppos = lpos.child("image_data_param" if ltype == "ImageData" else "data_param")
-        tp = lp.transform_param
-        if self.data is None and ltype == "AnnotatedData":
-            self.problem(ppos.at("source") if params.source else lpos.mark, name, ltype,
-                         f"annotated LMDB '{params.source}' is not read here (its boxes); plan and train "
-                         "with --data synthetic (images with boxes)")
-            return None
-        if self.data is None:
-            return self.lmdb_layer(lp, lpos, item, ltype, params, ppos, tp)
-        crop = tp.crop_size or params.crop_size
-        resize = tp.resize_param
-        if ltype == "AnnotatedData" and not crop and resize.height and resize.height == resize.width:
-            crop = resize.height  # SSD's files warp every image to the net's size
-        if self.shape is not None:
-            channels, size = self.shape[0], self.shape[1]
-            if self.shape[1] != self.shape[2]:
-                self.problem(lpos.mark, name, ltype, "synthetic data is square: give CxSxS")
-        else:
-            channels = 1 if tp.force_gray else len(tp.mean_value) if len(tp.mean_value) > 1 else None
-            if ltype == "ImageData" and not params.is_color:
-                channels = 1
-            if ltype == "ImageData" and params.new_height and params.new_height == params.new_width:
-                size = crop or params.new_height
-            else:
-                size = crop
-            if channels is None and size:
-                channels = 3  # colour images, as Caffe decodes them unless told otherwise
-            if not size:
-                self.problem(lpos.mark, name, ltype, "the sample shape is not written (no crop_size): "
-                             "give it as --data synthetic:CxHxW, such as synthetic:1x28x28")
-                return None
-        item["type"] = "Data"
-        values = [("source", "synthetic"), ("batch_size", params.batch_size or 1),
-                  ("channels", channels), ("size", size), ("classes", self.classes(lp))]
-        if ltype == "AnnotatedData" and len(lp.top) > 1:
-            values.append(("boxes", BOXES))
-        for key, value in values:
-            item[key] = value
-            item.keymarks[key] = item.valmarks[key] = ppos.at("batch_size") if key == "batch_size" else lpos.mark
-        return item
-
-    def lmdb_layer(self, lp, lpos, item, ltype, params, ppos, tp):
-        """A Data layer reading its LMDB, or an ImageData layer its list: our Data layer with
-        Caffe's transform, ``(x - mean) * scale`` written as our ``x * scale - mean * scale``;
-        the TEST layer's source becomes the TRAIN layer's ``test_source``."""
-        name = item.get("name")
-        if ltype == "Data" and params.backend != caffe_pb2.DataParameter.LMDB:
-            self.problem(ppos.at("backend"), name, ltype,
-                         f"backend {caffe_pb2.DataParameter.DB.Name(params.backend)} is not read here (LMDB "
-                         "only; convert the data with sn-make-lmdb), or plan and train with --data synthetic")
-            return None
-        if tp.force_color or tp.force_gray:
-            self.problem(lpos.child("transform_param").mark, name, ltype, "force_color/force_gray are not supported")
-            return None
-        old = [f for f in ("scale", "mean_file", "crop_size", "mirror") if params.HasField(f)]
-        if old:  # Caffe's deprecated copies of transform_param's fields
-            self.problem(ppos.at(old[0]), name, ltype, f"'{old[0]}' belongs in transform_param")
-            return None
-        exists = os.path.isdir(params.source) if ltype == "Data" else os.path.isfile(params.source)
-        if not exists:
-            what = "LMDB" if ltype == "Data" else "image list"
-            self.problem(ppos.at("source"), name, ltype, f"{what} '{params.source}' not found; make one with "
-                         "sn-make-lmdb, or plan and train with --data synthetic (or synthetic:CxHxW)")
-            return None
-        scale = _f32(tp.scale) if tp.HasField("scale") else 1.0
-        values = {"source": params.source, "batch_size": params.batch_size or 1, "scale": scale,
-                  "crop": int(tp.crop_size), "mirror": bool(tp.mirror), "shuffle": False}  # Caffe reads in order
-        if ltype == "ImageData":
-            values.update(shuffle=bool(params.shuffle), root_folder=params.root_folder,
-                          new_height=int(params.new_height), new_width=int(params.new_width),
-                          is_color=bool(params.is_color))
-        if tp.mean_value:
-            values["mean"] = [_f32(m) * scale for m in tp.mean_value]
-        if tp.mean_file:
-            values["mean_file"] = tp.mean_file
-        phases = {r.phase for r in lp.include}
-        if caffe_pb2.TRAIN in phases:
-            for other_type, other in self.all:
-                if (other_type == ltype and other is not lp and list(other.top) == list(lp.top)
-                        and caffe_pb2.TEST in {r.phase for r in other.include}):
-                    values["test_source"] = (other.data_param if ltype == "Data" else other.image_data_param).source
-        item["type"] = "Data"
-        for key, value in values.items():
-            item[key] = value
-            item.keymarks[key] = item.valmarks[key] = lpos.mark
-        return item
-
-    def classes(self, data_lp):
-        """The classes a label top takes: the num_output of the layer that feeds the loss."""
-        if len(data_lp.top) < 2:
-            return 10
-        label = data_lp.top[1]
-        for ltype, lp in self.all:
-            if ltype == "MultiBoxLoss" and label in lp.bottom and lp.multibox_loss_param.num_classes:
-                return int(lp.multibox_loss_param.num_classes)
-            if ltype == "SoftmaxWithLoss" and len(lp.bottom) == 2 and lp.bottom[1] == label:
-                scores = lp.bottom[0]
-                for otype, other in self.all:
-                    if scores in other.top and otype in ("InnerProduct", "Convolution"):
-                        param = other.inner_product_param if otype == "InnerProduct" else other.convolution_param
-                        if param.num_output:
-                            return int(param.num_output)
-        return 10
-
 
 def is_prototxt(path):
     """Whether ``path`` names a Caffe text net (by its extension)."""
