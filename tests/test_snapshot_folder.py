@@ -184,16 +184,17 @@ def test_the_display_window_holds_one_interval_at_most(display, most, tmp_path, 
     """What a display averages is kept for one interval only; with display 0 (none), nothing:
     before, every loss of the run was kept (a float and an accuracy an iteration, for ever:
     the slow growth of tools/long_run.py's first curve)."""
+    from superneuron.train import evaluation
     from superneuron.train import trainer as train
 
     longest = []
 
-    class Window(train._Window):
+    class Window(evaluation.Window):
         def add(self, *args, **kwargs):
             super().add(*args, **kwargs)
             longest.append(len(self.losses))
 
-    monkeypatch.setattr(train, "_Window", Window)
+    monkeypatch.setattr(train, "Window", Window)
     trainer = tiny_trainer(tmp_path, 13)
     trainer.solver = trainer.solver.with_overrides(display=display)
     trainer.run()

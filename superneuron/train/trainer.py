@@ -12,14 +12,14 @@ ahead of its iteration. With ranks (mpiexec forwards Ctrl-C to each), Ctrl-C is 
 time and the ranks agree on where to stop: each iteration's all-reduce of the loss carries
 whether a rank has seen it, so that every rank stops after the same iteration and rank 0
 snapshots it.
+
+The loop is here; its test passes and display averages are in evaluation.py, its snapshots and
+resuming in checkpoints.py, and the holding of Ctrl-C in interrupt.py.
 """
 
 import collections
-import contextlib
 import json
 import os
-import signal
-import threading
 import time
 import uuid
 import weakref
@@ -29,9 +29,12 @@ import numpy as np
 from ..errors import SNError, where
 from ..files import LineFile, check_output_path
 from . import snapshot as snap
+from .checkpoints import Snapshots
+from .evaluation import Evaluation, Window
+from .interrupt import HeldInterrupt
 
 
-class Trainer:
+class Trainer(Evaluation, Snapshots):
     """Trains ``net`` (built with an optimiser) on batches from ``train_loader``.
 
     ``solver`` is a solver_config.SolverConfig (max_iter, display, test_interval, test_iter,
@@ -104,9 +107,9 @@ class Trainer:
         s = self.solver
         log = LineFile(self.log_path) if self.log_path else None
         last_test = None
-        window = _Window()
+        window = Window()
         recent = collections.deque(maxlen=s.average_loss)  # Caffe's average_loss: display smoothing
-        ctrl_c = _HeldInterrupt(always=self.group is not None)  # ranks stop where they agree
+        ctrl_c = HeldInterrupt(always=self.group is not None)  # ranks stop where they agree
         warm = False  # the first step of a run plans, allocates and warms up: left out of speeds
         self.run_images, self.run_seconds = 0, 0.0
         self._log(log, "start", net=self.net.graph.name, device=self.net.backend.name,
@@ -151,7 +154,7 @@ class Trainer:
                                   peak_bytes=self.net.peak_bytes)
                     if s.average_loss > 1:  # the mean of the last average_loss iterations, as Caffe shows
                         record["loss"] = float(np.mean(recent))
-                    window = _Window()
+                    window = Window()
                     on_event(dict(record, kind="display"))
                     self._log(log, "display", **record)
                 if self.test_loader is not None and (self.iteration == s.max_iter or (
@@ -214,172 +217,6 @@ class Trainer:
         at = where(node.spec.file, node.spec.line) if node.spec else ""
         return f"{msg}, first non-finite output at {at}layer '{node.name}' ({node.layer.type}); {advice}"
 
-    def _accuracy(self, outputs):
-        accs = [v for n, v in outputs.items() if self.net.graph.node(n).layer.type == "Accuracy"]
-        return accs[0] if accs else None
-
-    def test_batches(self):
-        """Batches in one test pass (``test_iter``, or the whole test set)."""
-        n = len(self.test_loader) if self.test_loader is not None else 0
-        return min(n, self.solver.test_iter) if self.solver.test_iter else n
-
-    def test(self, on_event=lambda event: None, cut=lambda: False):
-        """Loss and accuracy over the test set (or ``test_iter`` batches), weighting each batch
-        by its number of real samples (the last one is padded with ignored labels). Reports a
-        ``test_batch`` event after each batch. None once ``cut()`` is true before a batch (a
-        Ctrl-C held under ranks: the pass is left, and half of it is no result)."""
-        total = loss = correct = 0.0
-        has_acc = False
-        batches = self.test_batches()
-        for k, (x, y, n_valid) in enumerate(self.test_loader.epoch()):
-            if k >= batches:
-                break
-            if cut():
-                return None
-            outputs = self.net.forward({self.inputs[0]: x, self.inputs[1]: y}, train=False)
-            loss += self.net.loss * n_valid
-            acc = self._accuracy(outputs)
-            if acc is not None:
-                has_acc = True
-                correct += acc * n_valid
-            total += n_valid
-            on_event({"kind": "test_batch", "batch": k + 1, "batches": batches})
-        result = {"test_loss": loss / max(total, 1), "test_samples": int(total)}
-        if has_acc:
-            result["test_accuracy"] = correct / max(total, 1)
-        return result
-
-    # -- snapshots ------------------------------------------------------------------------
-    def _identity(self):
-        return {"net": self.net.graph.name, "fingerprint": snap.fingerprint(self.net),
-                "solver": self.solver.type}
-
-    @property
-    def snapshots(self):
-        """Whether this run writes snapshots: a snapshot folder, or the solver's snapshot_prefix."""
-        return bool(self.snapshot_dir or self.prefix)
-
-    def snapshot(self, path=None):
-        """Write the state of training to ``path`` (default: the snapshot folder, and with the
-        solver's ``snapshot_prefix`` Caffe's pair ``PREFIX_iter_N.caffemodel`` and
-        ``.solverstate``) atomically; its path (the folder's snapshot, else the solverstate).
-        With ranks, every rank calls it and rank 0 writes (the others return None), once they
-        all agree on the iteration (else SNError, and nothing is written)."""
-        if self.group is not None:
-            if not self.group.agree(self.iteration, f"the snapshot of iteration {self.iteration}"):
-                raise SNError(f"the ranks are not all at iteration {self.iteration}: "
-                              f"no snapshot written")
-            if not self.writes:
-                return None
-        written = None
-        if path is not None or self.snapshot_dir:
-            written = self._snapshot(path)
-        if path is None and self.prefix is not None:
-            from ..netfile.caffe.weights import write_caffemodel  # late: protobuf's start-up cost
-            stem = f"{self.prefix}_iter_{self.iteration}"
-            state = self._snapshot(stem + ".solverstate")
-            write_caffemodel(self.net, stem + ".caffemodel")
-            written = written or state
-        return written
-
-    def _snapshot(self, path=None):
-        path = path or os.path.join(self.snapshot_dir, f"{self.net.graph.name}_iter_{self.iteration}.npz")
-        # the resident arrays themselves (under parameter offload, the masters on the host): a
-        # device copy left placed by a test pass that Ctrl-C cut short may be half copied
-        resident, to_host = self.net.runtime.resident, self.net.backend.to_host
-        arrays = {key: to_host(resident[key.split(":", 1)[1]]) for key in snap.expected_arrays(self.net)}
-        meta = dict(self._identity(), iteration=self.iteration, loader=self.train_loader.state())
-        written = snap.write(path, json.loads(json.dumps(meta, default=_jsonable)), arrays)
-        if self.snapshot_dir and os.path.dirname(os.path.abspath(written)) == os.path.abspath(self.snapshot_dir):
-            snap.prune(self.snapshot_dir, self.net.graph.name, written, self.snapshot_keep)
-        return written
-
-    def restore(self, path, on_event=lambda event: None):
-        """Continue from the snapshot at ``path``, checked whole first; returns the path used.
-
-        ``path`` may be a folder: its newest snapshot of this net that passes every check is
-        used, and each newer one that does not is reported as a ``skipped_snapshot`` event
-        (``path``, ``error``); another net's snapshots are never considered."""
-        if not os.path.isdir(path):
-            meta, arrays = self._read(path)
-        else:
-            name = self.net.graph.name
-            files = snap.candidates(path, name)
-            if not files:
-                raise SNError(f"{path}: no snapshots of net '{name}' ({name}_iter_N.npz) to resume from")
-            errors = []
-            for file in files:
-                try:
-                    meta, arrays = self._read(file)
-                    path = file
-                    break
-                except SNError as e:
-                    errors.append(str(e))
-                    on_event({"kind": "skipped_snapshot", "path": file, "error": str(e)})
-            else:
-                raise SNError(f"{path}: none of its {len(files)} snapshots of net '{name}' is usable; "
-                              f"the newest: {errors[0]}")
-        for key, value in arrays.items():
-            self.net.backend.copy_from_host(self.net.runtime.resident[key.split(":", 1)[1]], value)
-        self.train_loader.restore(meta["loader"])
-        self.iteration = meta["iteration"]
-        return path
-
-    def _read(self, path):
-        """``(meta, arrays)`` of the snapshot at ``path`` if it fits this net, solver and data."""
-        meta, arrays = snap.read(path, snap.expected_arrays(self.net), self._identity())
-        try:
-            self.train_loader.check_state(meta.get("loader"))
-        except SNError as e:
-            raise snap.BadSnapshot(f"{path}: {e}") from None
-        return meta, arrays
-
-
-def _jsonable(value):
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(type(value))
-
-
-class _HeldInterrupt:
-    """Holds Ctrl-C back while a training step runs, so that no step is left half done (some
-    parameters updated, others not); the loop raises KeyboardInterrupt once the step is whole.
-    Outside ``held()`` Ctrl-C acts at once, as before; ``always``: held everywhere, only noted
-    (ranks, which must agree on where to stop). Only the main thread can take signals, and a
-    handler someone else installed (or SIG_IGN) is left alone outside steps."""
-
-    def __init__(self, always=False):
-        self.pending = False
-        self.holding = self.always = always
-        self.previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.getsignal(signal.SIGINT)
-            if callable(previous):
-                self.previous = previous
-                signal.signal(signal.SIGINT, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.holding:
-            self.pending = True
-        else:
-            self.previous(signum, frame)
-
-    @contextlib.contextmanager
-    def held(self):
-        """Ctrl-C within only sets ``pending``."""
-        self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = self.always
-
-    def restore(self):
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            self.previous = None
-
 
 def _check_writable(folder):
     if os.path.exists(folder) and not os.path.isdir(folder):
@@ -392,25 +229,3 @@ def _check_writable(folder):
         os.remove(probe)
     except OSError as e:
         raise SNError(f"{folder}: cannot write there ({e.strerror})") from None
-
-
-class _Window:
-    """Averages over a display interval; the first iteration is left out of speed figures."""
-
-    def __init__(self):
-        self.losses, self.accs, self.images, self.seconds = [], [], 0, 0.0
-
-    def add(self, loss, acc, images, seconds, first=False):
-        self.losses.append(loss)
-        if acc is not None:
-            self.accs.append(acc)
-        if not first:
-            self.images += images
-            self.seconds += seconds
-
-    def summary(self):
-        out = {"loss": float(np.mean(self.losses)),
-               "img_per_s": self.images / self.seconds if self.seconds else None}
-        if self.accs:
-            out["accuracy"] = float(np.mean(self.accs))
-        return out
