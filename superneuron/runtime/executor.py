@@ -329,8 +329,8 @@ class Execution(Walker):
         view = self.view
         ctx = self._context(step, node, self.draw, self.schedule.train, recompute, self.feed)
         ctx.relu = step.fused is not None  # the in-place ReLU after it, in its pass
-        if step.tensor is not None:  # its own encoded form, written in the same pass
-            ctx.encoded = view(step.tensor)
+        if step.encoded is not None:  # its own encoded form, written in the same pass
+            ctx.encoded = view(step.encoded)
         if not node.layer.ALIAS_TOPS:
             params = {k: view(t) for k, t in node.params.items()}
             node.layer.forward(ctx, [view(b) for b in node.bottoms], [view(t) for t in node.tops], params)
@@ -349,7 +349,7 @@ class Execution(Walker):
     def backward(self, step):
         self._settle_roots(step)
         node, view = self.graph.nodes[step.node], self.view
-        if step.tensor is not None:  # it reads an encoded form instead of its bottoms and tops
+        if step.encoded is not None:  # it reads an encoded form instead of its bottoms and tops
             bottoms, tops = [None] * len(node.bottoms), [None] * len(node.tops)
         else:
             bottoms, tops = node.layer.backward_operands(node.bottoms, node.tops, view)
@@ -360,8 +360,8 @@ class Execution(Walker):
         params = {k: view(t) for k, t in node.params.items()}
         param_grads = {k: view(g) for k, g in node.param_grads.items()}
         ctx = self._context(step, node, self.draw, True, False, None)
-        if step.tensor is not None:
-            ctx.encoded = view(step.tensor)
+        if step.encoded is not None:
+            ctx.encoded = view(step.encoded)
         node.layer.backward(ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads)
         if self.reducing:
             self.runtime.group.progress()

@@ -26,6 +26,7 @@ from .steps import (
     BARRIER,
     DECODE,
     ENCODE,
+    Encode,
     FORWARD,
     FREE,
     KINDS,
@@ -182,7 +183,7 @@ class CostModel:
         """Seconds the Forward ``step`` adds writing its layer's own encoded form in its pass
         (encode.py): the form's bytes, and the device's ``fused_pass`` of the operands an Encode
         of its own would read again."""
-        reads, writes = KINDS[ENCODE].uses(schedule.graph, step._replace(kind=ENCODE))
+        reads, writes = KINDS[ENCODE].uses(schedule.graph, Encode(step.encoded, None, node=step.node))
         size = schedule.tensors
         return (sum(size[t].nbytes for t in writes)
                 + self.device.fused_pass * sum(size[t].nbytes for t in reads)) / self.device.bandwidth
@@ -218,7 +219,7 @@ class CostModel:
         seconds = self.algo_seconds(layer, phase, algo)
         if step.fused is not None:
             seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
-        if step.kind == FORWARD and step.tensor is not None:
+        if step.encoded is not None and step.kind == FORWARD:
             seconds += self.encoded_seconds(schedule, step)
         return seconds
 

@@ -195,7 +195,7 @@ class _Stashes:
         labels = {self.roots.scheduled(node.bottoms[i]) for i in node.layer.LABEL_BOTTOMS}
         if r not in labels:
             forms.add("fp16")
-        if step.kind == BACKWARD and step.tensor is None:
+        if step.kind == BACKWARD and step.encoded is None:
             reads_b, reads_t = node.layer.backward_reads()
             for enc in node.layer.encodings():
                 if enc.codec != "sign" or enc.direct:
@@ -236,7 +236,7 @@ class _Stashes:
         chosen = []
         for i in range(self.turn, len(self.steps)):
             step = self.steps[i]
-            if step.kind != BACKWARD or step.tensor is not None or step.node not in self.forward_of:
+            if step.kind != BACKWARD or step.encoded is not None or step.node not in self.forward_of:
                 continue
             if layers is not None and step.node not in layers:
                 continue
@@ -310,7 +310,7 @@ class _Summary(Walker):
         self.out.append((step.tensor, step.codec, what, self.tensors[step.tensor].nbytes))
 
     def forward(self, step):
-        if step.tensor is not None:  # the layer's own form, written in its pass
+        if step.encoded is not None:  # the layer's own form, written in its pass
             node = self.graph.nodes[step.node]
             codec = direct_form(node.layer).codec
-            self.out.append((step.tensor, codec, f"{node.name}'s backward operands", self.tensors[step.tensor].nbytes))
+            self.out.append((step.encoded, codec, f"{node.name}'s backward operands", self.tensors[step.encoded].nbytes))

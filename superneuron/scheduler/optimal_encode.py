@@ -72,8 +72,8 @@ def units_of(schedule, steps, roots, model, lossy=()):
             seconds[u] += model.step_seconds(coded, s)
             at.append(k - 1 if s.kind == ENCODE else k)
         else:
-            if s.kind == FORWARD and s.tensor is not None:  # a layer's form, in its forward's pass
-                owner[s.tensor] = layer_of[s.node]
+            if s.kind == FORWARD and s.encoded is not None:  # a layer's form, in its forward's pass
+                owner[s.encoded] = layer_of[s.node]
                 seconds[layer_of[s.node]] += model.encoded_seconds(coded, s)
             at.append(k)
             k += 1
