@@ -26,7 +26,6 @@ from .steps import (
     BARRIER,
     DECODE,
     ENCODE,
-    Encode,
     FORWARD,
     FREE,
     KINDS,
@@ -36,6 +35,7 @@ from .steps import (
     UPDATE,
     WAIT,
     WAIT_REDUCE,
+    Encode,
 )
 from .walk import Copies, Walker
 

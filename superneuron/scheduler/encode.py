@@ -43,7 +43,7 @@ from .allocator import aligned
 from .inplace import inplace
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace
-from .steps import BACKWARD, FORWARD, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward
+from .steps import BACKWARD, FORWARD, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward, first_backward
 from .walk import Tally, Walker
 
 TENSOR_CODECS = ("sign", "fp16", "sparse")  # forms of one tensor, each written back by a Decode
@@ -132,7 +132,7 @@ def _plan(schedule, context):
     """The :class:`_Stashes` of ``schedule`` (lossy forms: ``context.lossy``), or None where
     nothing is stashed (no training, or no backward)."""
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
+    turn = first_backward(steps)
     if not schedule.train or turn is None:
         return None
     return _Stashes(schedule, steps, turn, tuple(getattr(context, "lossy", ()) or ()))
@@ -313,4 +313,5 @@ class _Summary(Walker):
         if step.encoded is not None:  # the layer's own form, written in its pass
             node = self.graph.nodes[step.node]
             codec = direct_form(node.layer).codec
-            self.out.append((step.encoded, codec, f"{node.name}'s backward operands", self.tensors[step.encoded].nbytes))
+            nbytes = self.tensors[step.encoded].nbytes
+            self.out.append((step.encoded, codec, f"{node.name}'s backward operands", nbytes))

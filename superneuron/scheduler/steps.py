@@ -5,17 +5,17 @@ A step is a :class:`Step`, an immutable record whose fields are named for what t
 coding step acts on: an Encode's or a Decode's is its encoded form), ``encoded`` (the layer's
 own encoded form a Forward writes in its pass or a Backward reads instead of its operands),
 ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace tensor it
-uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch that leaves its host copy for a later
-one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
-(the parameter gradients a data-parallel bucket holds, in its order), ``fused`` (the in-place
-ReLU a Recompute runs in its own pass: fuse.py).
+uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch
+that leaves its host copy for a later one), ``source`` (the tensor an Encode's or a Decode's
+encoded form stands for), ``grads`` (the parameter gradients a data-parallel bucket holds, in
+its order), ``fused`` (the in-place ReLU a Recompute runs in its own pass: fuse.py).
 
-:data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
-Those are what the passes reason about (liveness.uses follows ``reads``/``writes``). What a
-step *does* is the walker's (walk.py): one method per kind, the memory and copy effects
-(device and host memory taken and given back, copies started and waited for) written once
-in its base, the Simulator, the cost model's clock and the Runtime adding their own. Adding a
-kind is one entry here, a method in each walker that gives it a meaning, and the pass that
+:data:`KINDS` says, for each kind, what it names and what it reads and writes. Those are
+what the passes reason about (liveness.uses follows ``reads``/``writes``). What a step
+*does* is the walker's (walk.py): one method per kind, the memory and copy effects (device
+and host memory taken and given back, copies started and waited for) written once in its
+base, the Simulator, the cost model's clock and the Runtime adding their own. Adding a kind
+is one entry here, a method in each walker that gives it a meaning, and the pass that
 inserts it.
 """
 
@@ -43,6 +43,8 @@ COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the walker does between device a
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 COMMUNICATION = (ALLREDUCE, WAIT_REDUCE)
+# what a training program cut to its forward leaves out (Schedule.forward_part)
+BACKWARD_PASS = (BACKWARD, ACCUMULATE, UPDATE)
 
 
 def _layer_forward(graph, step):
@@ -283,6 +285,12 @@ def WaitReduce(bucket, grads):
 def Barrier():
     """Wait for every copy started and not yet waited for."""
     return _new(Step, (BARRIER, None, None, None, None, False, None, (), None, None, None))
+
+
+def first_backward(steps, default=None):
+    """The index of the first Backward in ``steps`` (where the forward turns back), else
+    ``default``."""
+    return next((i for i, s in enumerate(steps) if s.kind == BACKWARD), default)
 
 
 def with_algorithm(step, algorithm, workspace):
