@@ -5,10 +5,10 @@ import os
 from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
-from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
 from .scheduler.liveness import Roots
 from .scheduler.simulate import working_set
 from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, first_backward
+from .scheduler.timeline import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
