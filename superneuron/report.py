@@ -5,10 +5,10 @@ import os
 from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
-from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
 from .scheduler.liveness import Roots
 from .scheduler.simulate import working_set
-from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD
+from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, first_backward
+from .scheduler.timeline import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
@@ -209,7 +209,7 @@ def write_timeline(path, schedule, plan, budget=None):
     ax.axhline(plan.arena_bytes / gib, color="tab:orange", lw=1, ls="-.", label="arena")
     if budget is not None:
         ax.axhline(budget / gib, color="tab:red", lw=1.5, label="budget")
-    turn = next((i for i, s in enumerate(schedule.steps) if s.kind == BACKWARD), None)
+    turn = first_backward(schedule.steps)
     if turn is not None:
         ax.axvline(turn, color="black", lw=0.5, alpha=0.4)
     ax.set_xlabel("step")

@@ -457,7 +457,10 @@ def test_depthwise_is_offered_first_and_agrees_with_torch_and_finite_differences
     stride, pad = cfg.get("stride", 1), cfg.get("pad", 0)
     dil = cfg.get("dilation", 1)
     dy = np.random.default_rng(4).standard_normal(layer.top_shapes[0])
-    fn = (lambda x, weight, bias=None: F.conv2d(x, weight, bias, stride, pad, dil, groups=shape[1]))
+
+    def fn(x, weight, bias=None):
+        return F.conv2d(x, weight, bias, stride, pad, dil, groups=shape[1])
+
     y, dx, dp = torch_grads(fn, x, params, dy)
     (ours,) = forward(layer, [x], params)
     (dx_ours,), dp_ours = backward(layer, [x], [ours], [dy], params)

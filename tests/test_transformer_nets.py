@@ -69,6 +69,13 @@ def test_every_policy_gives_baselines_numbers(text_file, attn_dropout):
                   attn_dropout=attn_dropout)
         losses = [net.train_step(tokens(net), k) for k in range(3)]  # one batch, learnt
         return net, losses
+    assert_every_policy_gives_baselines_numbers(run, below_baseline=True)
+
+
+def assert_every_policy_gives_baselines_numbers(run, below_baseline=False):
+    """``run(policy) → (net, losses of three steps)``: under each of POLICIES, baseline's
+    losses and weights bit for bit, and plan equals run (``below_baseline``: a smaller peak
+    than baseline's too)."""
     base, base_losses = run("baseline")
     assert base_losses[2] < base_losses[0]  # it learns: the check below compares something
     for policy in POLICIES:
@@ -77,7 +84,8 @@ def test_every_policy_gives_baselines_numbers(text_file, attn_dropout):
         for name in base.learnable_names:
             np.testing.assert_array_equal(net.param(name), base.param(name), err_msg=f"{policy} {name}")
         assert net.peak_bytes == net.plans["train"].peak_bytes
-        assert net.peak_bytes < base.peak_bytes, policy
+        if below_baseline:
+            assert net.peak_bytes < base.peak_bytes, policy
 
 
 def test_a_tight_budget_picks_blocked_attention_and_keeps_the_numbers(text_file):
@@ -161,14 +169,7 @@ def test_vit_every_policy_gives_baselines_numbers_and_plan_equals_run(monkeypatc
     def run(policy):
         net = vit(policy, optimizer=make_optimizer(SolverConfig(type="Adam", base_lr=1e-2)))
         return net, [net.train_step(images(net), k) for k in range(3)]
-    base, base_losses = run("baseline")
-    assert base_losses[2] < base_losses[0]
-    for policy in POLICIES:
-        net, losses = run(policy)
-        assert losses == base_losses, policy
-        for name in base.learnable_names:
-            np.testing.assert_array_equal(net.param(name), base.param(name), err_msg=f"{policy} {name}")
-        assert net.peak_bytes == net.plans["train"].peak_bytes
+    assert_every_policy_gives_baselines_numbers(run)
     net = vit("superneurons")
     trace = KernelTrace(net)
     with monkeypatch.context() as m:
