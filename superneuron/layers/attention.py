@@ -101,10 +101,21 @@ class MultiHeadAttention(Layer):
         heads = ((3, n, h, t, dh), dt)
         rows = ((n * t, 3 * d), dt)
         probs, stat, mask = ((n, h, block, t), dt), ((n, h, block, 1), dt), ((block, t), np.bool_)
+        # the heads' outputs, their rows and the blocked backward's accumulator live in the
+        # rows of q, k, v (N·T·3D), dead from when q, k, v are copied into heads until the
+        # input projection's gradients are written there (:meth:`_in_rows`)
         if phase == "forward":
-            return [rows, heads, ((n, h, t, dh), dt), probs, stat, mask]
-        acc = [((n, h, t, dh), dt)] if block < t else []
-        return [rows, heads, heads, ((n, h, t, dh), dt), ((n * t, d), dt), *acc, probs, probs, stat, mask]
+            return [rows, heads, probs, stat, mask]
+        return [rows, heads, heads, probs, probs, stat, mask]
+
+    def _in_rows(self, rows):
+        """The arrays that share ``rows``: the heads' rows (N·T, D), the heads' outputs
+        (N, H, T, d) and an accumulator (N, H, T, d), its thirds in that order."""
+        n, t, d, h, dh = self.n, self.t, self.d, self.h, self.dh
+        flat = rows.reshape(-1)
+        third = n * t * d
+        return (flat[:third].reshape(n * t, d), flat[third:2 * third].reshape(n, h, t, dh),
+                flat[2 * third:].reshape(n, h, t, dh))
 
     def _drop_shapes(self, block):
         """What dropout adds, taken after :meth:`_room`'s: the mask of a block of ``block``
@@ -195,15 +206,15 @@ class MultiHeadAttention(Layer):
     def forward(self, ctx, bottoms, tops, params):
         xp, n, t, d = ctx.xp, self.n, self.t, self.d
         block = self.block if ctx.algo == "chunked" else t
-        rows, heads, ctxh, probs, stat, mask = (ctx.scratch(s, dt) for s, dt in self._room("forward", block))
+        rows, heads, probs, stat, mask = (ctx.scratch(s, dt) for s, dt in self._room("forward", block))
         keep, stage = self._drop_room(ctx, block)
         self._project(ctx, bottoms[0], params, rows, heads)
+        crow, ctxh, _ = self._in_rows(rows)  # q, k, v's rows are spent
         for a, b in self._blocks(block):
             p = self._probs(xp, heads, a, b, probs, stat, mask)
             if keep is not None:
                 p *= self._keep(ctx, a, b, keep, stage)
             xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
-        crow = rows.reshape(-1)[:n * t * d].reshape(n * t, d)  # q, k, v's rows are spent
         xp.copyto(crow.reshape(n, t, self.h, self.dh), ctxh.transpose(0, 2, 1, 3))
         y = tops[0].reshape(n * t, d)
         parallel.matmul(xp, crow, params["out_weight"].T, y)
@@ -214,15 +225,15 @@ class MultiHeadAttention(Layer):
         xp, n, t, d, h, dh = ctx.xp, self.n, self.t, self.d, self.h, self.dh
         block = self.block if ctx.algo == "blocked" else t
         room = [ctx.scratch(s, dt) for s, dt in self._room("backward", block)]
-        rows, heads, dheads, ctxh, crow = room[:5]
-        acc = room[5] if block < t else None
-        probs, dprobs, stat, mask = room[-4:]
+        rows, heads, dheads, probs, dprobs, stat, mask = room
         keep, stage = self._drop_room(ctx, block)
         x = bottoms[0].reshape(n * t, d)
         dy = top_grads[0].reshape(n * t, d)
         pg = param_grads
         # the forward again, to the heads' outputs
         self._project(ctx, bottoms[0], params, rows, heads)
+        crow, ctxh, acc = self._in_rows(rows)  # q, k, v's rows are spent until dx's
+        acc = acc if block < t else None
         for a, b in self._blocks(block):
             p = self._probs(xp, heads, a, b, probs, stat, mask)
             if keep is not None:  # u = P * mask, kept for the full backward (one block)

@@ -143,17 +143,40 @@ class GELU(_Neuron):
     KEYS = {"approximate": Key("str", "none", choices=("none", "tanh"), doc="none (erf) or tanh")}
     TOUCHES = (6, 10)
     FLOPS = (20, 30)
+    # ``chunked``: the same elementwise passes over CHUNK elements at a time, so that its scratch
+    # is that of a chunk rather than of the whole bottom (two arrays of it in the backward):
+    # the same numbers to the bit, in more, smaller calls
+    CHUNK = 1 << 20
+    CHUNKED_SPEED = 0.95
 
     def backward_reads(self):
         return (0,), ()
 
     def algorithms(self, phase):
-        return self._scratch_algos([self.dtype], [self.dtype, self.dtype], phase)
+        scratch = [self.dtype] if phase == "forward" else [self.dtype, self.dtype]
+        count = math.prod(self.bottom_shapes[0])
+        algos = [Algo("default", workspace_bytes(*[(self.bottom_shapes[0], d) for d in scratch]))]
+        if count > self.CHUNK:
+            algos.append(Algo("chunked", workspace_bytes(*[((self.CHUNK,), d) for d in scratch]),
+                              self.CHUNKED_SPEED))
+        return algos
+
+    def _pieces(self, ctx, *arrays):
+        """The pieces of ``arrays`` (same size, contiguous, flattened) that a pass takes at a
+        time: CHUNK elements under ``chunked``, the whole under ``default``."""
+        flat = [a.reshape(-1) for a in arrays]
+        count = flat[0].size
+        step = self.CHUNK if ctx.algo == "chunked" else count
+        for a in range(0, count, step):
+            yield [f[a:a + step] for f in flat]
 
     def forward(self, ctx, bottoms, tops, params):
-        xp, x, y = ctx.xp, bottoms[0], tops[0]
-        phi = self._phi(ctx, x, ctx.scratch(x.shape, self.dtype))
-        xp.multiply(x, phi, out=y)
+        xp = ctx.xp
+        whole = ctx.algo != "chunked"
+        scratch = ctx.scratch(bottoms[0].shape if whole else (self.CHUNK,), self.dtype).reshape(-1)
+        for x, y in self._pieces(ctx, bottoms[0], tops[0]):
+            phi = self._phi(ctx, x, scratch[:x.size])
+            xp.multiply(x, phi, out=y)
 
     def _phi(self, ctx, x, out):
         """``Phi(x)`` or its tanh form ``0.5 (1 + tanh(u))`` into ``out``."""
@@ -176,8 +199,15 @@ class GELU(_Neuron):
         dx = bottom_grads[0]
         if dx is None:
             return
-        xp, x, dy = ctx.xp, bottoms[0], top_grads[0]
-        a, b = ctx.scratch(x.shape, self.dtype), ctx.scratch(x.shape, self.dtype)
+        xp = ctx.xp
+        shape = bottoms[0].shape if ctx.algo != "chunked" else (self.CHUNK,)
+        room = ctx.scratch(shape, self.dtype).reshape(-1), ctx.scratch(shape, self.dtype).reshape(-1)
+        for x, dy, dx in self._pieces(ctx, bottoms[0], top_grads[0], dx):
+            self._backward_piece(ctx, x, dy, dx, room[0][:x.size], room[1][:x.size])
+
+    def _backward_piece(self, ctx, x, dy, dx, a, b):
+        """dx = dy * GELU'(x) over one piece, ``a`` and ``b`` its scratch."""
+        xp = ctx.xp
         phi = self._phi(ctx, x, a)
         if self.cfg["approximate"] == "tanh":
             # d/dx = phi + 0.5 x (1 - t^2) c (1 + 3 k x^2), t = 2 phi - 1, so 1 - t^2 = 4 phi (1 - phi)
