@@ -152,8 +152,19 @@ class GELU(_Neuron):
     def backward_reads(self):
         return (0,), ()
 
+    def grad_inplace(self):
+        return [(0, 0)]  # each piece of dy is read, into dx, after every other read of the piece
+
+    def grad_over_bottom(self):
+        return [0]  # each piece of x is read whole before that piece of dx is written
+
+    def _backward_scratch(self):
+        """The backward's scratch arrays: Phi(x), the derivative's other factor, and with the
+        tanh form 1 - Phi(x)."""
+        return 3 if self.cfg["approximate"] == "tanh" else 2
+
     def algorithms(self, phase):
-        scratch = [self.dtype] if phase == "forward" else [self.dtype, self.dtype]
+        scratch = [self.dtype] * (1 if phase == "forward" else self._backward_scratch())
         count = math.prod(self.bottom_shapes[0])
         algos = [Algo("default", workspace_bytes(*[(self.bottom_shapes[0], d) for d in scratch]))]
         if count > self.CHUNK:
@@ -201,12 +212,13 @@ class GELU(_Neuron):
             return
         xp = ctx.xp
         shape = bottoms[0].shape if ctx.algo != "chunked" else (self.CHUNK,)
-        room = ctx.scratch(shape, self.dtype).reshape(-1), ctx.scratch(shape, self.dtype).reshape(-1)
+        room = [ctx.scratch(shape, self.dtype).reshape(-1) for _ in range(self._backward_scratch())]
         for x, dy, dx in self._pieces(ctx, bottoms[0], top_grads[0], dx):
-            self._backward_piece(ctx, x, dy, dx, room[0][:x.size], room[1][:x.size])
+            self._backward_piece(ctx, x, dy, dx, *(r[:x.size] for r in room))
 
-    def _backward_piece(self, ctx, x, dy, dx, a, b):
-        """dx = dy * GELU'(x) over one piece, ``a`` and ``b`` its scratch."""
+    def _backward_piece(self, ctx, x, dy, dx, a, b, c=None):
+        """dx = dy * GELU'(x) over one piece (dx may be dy's or x's memory: both are read
+        before it is written), ``a``, ``b`` and ``c`` its scratch."""
         xp = ctx.xp
         phi = self._phi(ctx, x, a)
         if self.cfg["approximate"] == "tanh":
@@ -216,8 +228,8 @@ class GELU(_Neuron):
             b += 1.0
             b *= 0.5 * _TANH_C
             b *= x
-            xp.subtract(1.0, phi, out=dx)  # dx as scratch: written last, from dy
-            b *= dx
+            xp.subtract(1.0, phi, out=c)
+            b *= c
             b *= phi
             b *= 4.0
         else:
