@@ -106,12 +106,15 @@ class MultiHeadAttention(Layer):
         heads = ((3, n, h, t, dh), dt)
         rows = ((n * t, 3 * d), dt)
         probs, stat, mask = ((n, h, block, t), dt), ((n, h, block, 1), dt), ((block, t), np.bool_)
-        # the heads' outputs, their rows and the blocked backward's accumulator live in the
-        # rows of q, k, v (N·T·3D), dead from when q, k, v are copied into heads until the
-        # input projection's gradients are written there (:meth:`_in_rows`)
+        # the heads' outputs, their gradient and dQ live in the rows of q, k, v (N·T·3D), dead
+        # from when q, k, v are copied into heads until the input projection's gradients are
+        # written there (:meth:`_in_rows`); the blocked backward's accumulator of dK and dV
+        # in the block of probabilities or of their gradient, whichever is free at the time,
+        # and dQ moves to the first before the rows are written: so each holds N·H·T·d at least
         if phase == "forward":
             return [rows, heads, probs, stat, mask]
-        return [rows, heads, heads, probs, probs, stat, mask]
+        big = ((n, h, max(block * t, t * dh)), dt)
+        return [rows, heads, ((2, n, h, t, dh), dt), big, big, stat, mask]
 
     def _in_rows(self, rows):
         """The thirds of ``rows`` (N·T·3D), each N·T·D: the room of the heads' outputs and
@@ -221,7 +224,8 @@ class MultiHeadAttention(Layer):
         xp, n, t, d, h, dh = ctx.xp, self.n, self.t, self.d, self.h, self.dh
         block = self.block if ctx.algo == "blocked" else t
         room = [ctx.scratch(s, dt) for s, dt in self._room("backward", block)]
-        rows, heads, dheads, probs, dprobs, stat, mask = room
+        rows, heads, dkv, big, dbig, stat, mask = room
+        probs, dprobs = (a[..., :block * t].reshape(n, h, block, t) for a in (big, dbig))
         keep, stage = self._drop_room(ctx, block)
         x = bottoms[0].reshape(n * t, d)
         dy = top_grads[0].reshape(n * t, d)
@@ -236,9 +240,12 @@ class MultiHeadAttention(Layer):
         xp.copyto(dctxh, crow.reshape(n, t, h, dh).transpose(0, 2, 1, 3))
         # attention, block by block: O = U V (U = P, or P * mask with dropout), dV = U^T dO,
         # dS = P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q; with dropout, dS = U dP - P rowsum(U dP)
-        dq, dk, dv = dheads
-        acc = third.reshape(n, h, t, dh) if block < t else None
-        if acc is not None:
+        dq, (dk, dv) = third.reshape(n, h, t, dh), dkv
+        # the accumulators of dK and dV, while the probabilities' gradient, and then the
+        # probabilities, are spent (blocked)
+        acc_k, acc_v = (a[..., :t * dh].reshape(n, h, t, dh) for a in (big, dbig))
+        blocked = block < t
+        if blocked:
             dk[...] = 0
             dv[...] = 0
         for a, b in self._blocks(block):
@@ -249,11 +256,11 @@ class MultiHeadAttention(Layer):
                 u *= p
             xp.matmul(u, heads[2], out=ctxh[:, :, a:b])
             do = dctxh[:, :, a:b]
-            if acc is None:
+            if not blocked:
                 xp.matmul(u.swapaxes(-1, -2), do, out=dv)
             else:
-                xp.matmul(u.swapaxes(-1, -2), do, out=acc)
-                dv += acc
+                xp.matmul(u.swapaxes(-1, -2), do, out=acc_v)
+                dv += acc_v
             dp, st = dprobs[:, :, :b - a], stat[:, :, :b - a]
             xp.matmul(do, heads[2].swapaxes(-1, -2), out=dp)
             xp.matmul(u[..., None, :], dp[..., :, None], out=st[..., None])
@@ -265,19 +272,22 @@ class MultiHeadAttention(Layer):
                 p *= st
                 dp -= p
             xp.matmul(dp, heads[1], out=dq[:, :, a:b])
-            if acc is None:
+            if not blocked:
                 xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=dk)
             else:
-                xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=acc)
-                dk += acc
+                xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=acc_k)
+                dk += acc_k
         # the output projection's parameters, from the heads' outputs as rows (over dO's room)
         xp.copyto(drow.reshape(n, t, h, dh), ctxh.transpose(0, 2, 1, 3))
         parallel.matmul(xp, dy.T, drow, pg["out_weight"])
         if self.cfg["bias_term"]:
             xp.sum(dy, axis=0, out=pg["out_bias"])
         dq *= 1.0 / math.sqrt(dh)
-        # the input projection
-        xp.copyto(rows.reshape(n, t, 3, h, dh), dheads.transpose(1, 3, 0, 2, 4))
+        # the input projection, from dQ, dK, dV as rows (dQ moved out of the rows first)
+        xp.copyto(acc_k, dq)
+        grads = rows.reshape(n, t, 3, h, dh)
+        for i, g in enumerate((acc_k, dk, dv)):
+            xp.copyto(grads[:, :, i], g.transpose(0, 2, 1, 3))
         parallel.matmul(xp, rows.T, x, pg["in_weight"])
         if self.cfg["bias_term"]:
             xp.sum(rows, axis=0, out=pg["in_bias"])
