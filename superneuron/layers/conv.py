@@ -194,8 +194,8 @@ class Convolution(Layer):
         if not self._pointwise:
             algos.append(Algo("direct", workspace_bytes(*direct), chunked * 2 / 3))
         wino = self._winograd_algorithm(outputs)
-        if wino is not None:
-            algos.append(wino)
+        if wino is not None:  # in its place by speed: fastest first
+            algos.insert(next((i for i, a in enumerate(algos) if a.speed < wino.speed), len(algos)), wino)
         if self._depthwise_ok():
             scratch = [((c, ho, wo), dt)] + ([((c,), dt)] if "dw" in outputs else [])
             algos.insert(0, Algo("depthwise", workspace_bytes(*scratch), self.DEPTHWISE_SPEED))
