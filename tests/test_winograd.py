@@ -64,10 +64,11 @@ def test_both_tilings_correlate_as_torch_does(m):
         np.testing.assert_allclose(y, ref, rtol=1e-11, atol=1e-11 * np.abs(ref).max())
 
 
-# The float32 rounding measured below (max over 5 seeds of max |error| / max |exact|, the
-# exact value in float64), 2026-11-28: im2col 1.4e-7 forward and data gradient; F(2x2, 3x3)
-# up to 1.8x im2col's; F(4x4, 3x3) up to 10x. The bounds leave room.
-ROUNDING = {"winograd": 4.0, "winograd4": 25.0}
+# The float32 rounding measured below (max |error| / max |exact| over the output, the exact
+# value in float64; worst of 5 seeds; 4x32x12x12, 32 filters, 2026-11-28): forward im2col
+# 8.3e-7, F(2x2, 3x3) 3.3e-7 (its sums run over C alone, im2col's over 9C), F(4x4, 3x3) 4.9e-6;
+# data gradient im2col 2.1e-7, F(2x2, 3x3) 2.6e-7. The bounds, against im2col's, leave room.
+ROUNDING = {"winograd": 4.0, "winograd4": 15.0}
 
 
 def relative_error(got, exact):
@@ -95,7 +96,7 @@ def test_float32_rounding_against_im2col():
                           params["weight"], x, y4)
         errors["winograd4"].append(relative_error(y4, y64))
     worst = {k: max(v) for k, v in errors.items()}
-    assert worst["im2col"] < 1e-6 and worst["im2col dx"] < 1e-6, worst
+    assert worst["im2col"] < 2e-6 and worst["im2col dx"] < 2e-6, worst
     assert worst["winograd"] <= ROUNDING["winograd"] * worst["im2col"], worst
     assert worst["winograd dx"] <= ROUNDING["winograd"] * worst["im2col dx"], worst
     assert worst["winograd4"] <= ROUNDING["winograd4"] * worst["im2col"], worst
@@ -140,6 +141,16 @@ def test_where_winograd_is_offered(type_name, shape, cfg, offered):
         assert speeds == sorted(speeds, reverse=True)
 
 
+def test_small_maps_and_odd_sizes_count_against_it():
+    """The filters' transform is paid per call: on a few tiles (VGG-16's 2x2 maps at 32x32)
+    Winograd measured slower than im2col, and its estimate says so."""
+    def speed(shape):
+        layer, _ = build("Convolution", [shape], np.float32, num_output=shape[1], kernel_size=3, pad=1)
+        return winograd.speed(layer, "forward")
+    assert speed((16, 512, 2, 2)) < 0.6 < 1.0 < speed((16, 512, 8, 8))
+    assert speed((16, 256, 7, 7)) < speed((16, 256, 8, 8))
+
+
 def test_cost_model_prefers_it_on_wide_layers_on_the_cpu_only():
     wide, _ = build("Convolution", [(32, 256, 14, 14)], np.float32, num_output=256, kernel_size=3, pad=1)
     narrow, _ = build("Convolution", [(64, 16, 32, 32)], np.float32, num_output=16, kernel_size=3, pad=1)
@@ -172,12 +183,12 @@ def test_workspace_pass_refuses_it_where_its_workspace_does_not_fit():
 # Two wide 3x3 convolutions (where the CPU's cost model chooses Winograd), BatchNorm between
 WIDE = """\
 name: wide
-input: {data: [2, 128, 6, 6], label: [2]}
+input: {data: [4, 256, 16, 16], label: [4]}
 layers:
-  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 128, kernel_size: 3, pad: 1}
+  - {name: conv1, type: Convolution, bottom: data, top: conv1, num_output: 256, kernel_size: 3, pad: 1}
   - {name: bn1, type: BatchNorm, bottom: conv1, top: conv1}
   - {name: relu1, type: ReLU, bottom: conv1, top: conv1}
-  - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 128, kernel_size: 3, pad: 1}
+  - {name: conv2, type: Convolution, bottom: conv1, top: conv2, num_output: 256, kernel_size: 3, pad: 1}
   - {name: pool, type: Pooling, bottom: conv2, top: pool, pool: AVE, global_pooling: true}
   - {name: fc, type: InnerProduct, bottom: pool, top: fc, num_output: 5}
   - {name: loss, type: SoftmaxWithLoss, bottom: [fc, label], top: loss}

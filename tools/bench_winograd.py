@@ -2,6 +2,11 @@
 
     python tools/bench_winograd.py [--shapes 64x16x32,64x32x16,64x64x8,32x128x28,32x256x14]
                                    [--rounds 5] [--threads 1] [--clock cpu] [--json FILE]
+    python tools/bench_winograd.py --net nets/vgg16.yaml --set size=32 --set classes=10 --batch 16
+
+``--net`` times whole training iterations of a net instead, planned twice: as every user gets
+it (Winograd where the cost model chooses it) and with Winograd refused (its speed estimate
+set to nothing), the two alternated ``--rounds`` times, and prints the median seconds of each.
 
 Each shape is ``NxCxS``: batch N, C channels in and out, S x S maps, pad 1. For each, the
 forward and the backward (dw and dx) of superneuron's Convolution with ``im2col`` and with
@@ -69,8 +74,51 @@ def kernels(n, c, s):
     return out
 
 
+def bench_net(args, clock):
+    """Median seconds of a training iteration of ``args.net`` with and without Winograd."""
+    from superneuron import load_net
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
+
+    overrides = {}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        overrides[key] = json.loads(value)
+    nets, real_speed = {}, winograd.speed
+    for name, speed in (("winograd", real_speed), ("without", lambda layer, phase: 1e-3)):
+        winograd.speed = speed
+        try:
+            net = load_net(args.net, overrides=overrides, batch=args.batch, costs={},
+                           optimizer=make_optimizer(SolverConfig(base_lr=0.01, momentum=0.9)))
+        finally:
+            winograd.speed = real_speed
+        chosen = sum(s.algorithm == "winograd" for s in net.schedules["train"].steps)
+        rng = np.random.default_rng(0)
+        data, label = net.input_names
+        feed = {data: rng.standard_normal(net.input_shape(data)).astype(np.float32),
+                label: np.zeros(net.input_shape(label), np.float32)}
+        nets[name] = (net, feed, chosen)
+        net.train_step(feed, 0)  # warm up
+    times = {name: [] for name in nets}
+    for r in range(args.rounds):
+        for name in (list(nets) if r % 2 == 0 else list(nets)[::-1]):
+            net, feed, _ = nets[name]
+            start = clock()
+            net.train_step(feed, r + 1)
+            times[name].append(clock() - start)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    for name, (_, _, chosen) in nets.items():
+        print(f"{name:>9}: {med[name] * 1e3:8.1f} ms per iteration ({chosen} Winograd steps)")
+    print(f"without / winograd: {med['without'] / med['winograd']:.3f}")
+    return {"net": args.net, "set": args.set, "batch": args.batch, "seconds": med,
+            "winograd_steps": nets["winograd"][2], "speedup": med["without"] / med["winograd"]}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--net", help="time whole iterations of this net file with and without Winograd")
+    p.add_argument("--set", action="append", default=[], help="net parameter KEY=VALUE (with --net)")
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--shapes", default="64x16x32,64x32x16,64x64x8,32x128x28,32x256x14")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
@@ -81,8 +129,11 @@ def main():
     parallel.set_threads(args.threads)
     torch.set_num_threads(args.threads)
     results = []
+    if args.net:
+        with threadpool_limits(args.threads):
+            results = bench_net(args, clock)
     with threadpool_limits(args.threads), parallel.numpy_settings():
-        for shape in args.shapes.split(","):
+        for shape in ([] if args.net else args.shapes.split(",")):
             n, c, s = map(int, shape.split("x"))
             ks = kernels(n, c, s)
             times = {name: [] for name in ks}

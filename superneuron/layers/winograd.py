@@ -254,19 +254,31 @@ def _pad_into(xp, plan, padded, x):
                       x[:, :, i0::m, j0::m].transpose(1, 2, 3, 0))
 
 
+# Tiles at which the work fixed per call (the filters' transform, 16 K C floats written and
+# read back by the GEMMs) costs as much as the tiles' own: fitted to VGG-16's layers at 32x32,
+# batch 16 (tools/bench_winograd.py, 2026-11-28): forward 0.98 at 512 channels on 4x4 maps
+# (64 tiles), 0.43 on 2x2 maps (16 tiles), against 1.56 on 7x7 maps at batch 16 (256 tiles)
+FIXED_TILES = 32
+
+
 def speed(layer, phase):
     """Winograd's speed against im2col's on the CPU (the cost model divides im2col's
-    estimate by it), from the channels q = log2(sqrt(C K)): the GEMMs it saves grow as C K,
-    its transforms as C + K, so it pays on wide layers alone. Fitted to
-    tools/bench_winograd.py (2026-11-28, one thread, CPU time, 5 rounds; 3x3 pad 1 convolutions
-    of 16 to 512 channels): forward 0.68-0.78 at 16-64 channels on 8x8 to 32x32 maps, 0.96-1.18
-    at 128, 1.21 at 256, 1.56 at 512; the line below stays under most of them (a wrong
+    estimate by it): a line in the channels q = log2(sqrt(C K)) (the GEMMs it saves grow as
+    C K, its transforms as C + K, so it pays on wide layers alone), times the share of the
+    work that the tiles take beside the filters' transform (:data:`FIXED_TILES`) and the
+    share of the tiles' outputs that are kept (odd maps compute a row and a column more).
+    Fitted to tools/bench_winograd.py (2026-11-28, one thread, CPU time, median of 3-5
+    rounds; 3x3 pad 1 convolutions): forward 0.68-0.82 at 16-64 channels, 0.96-1.18 at 128,
+    1.21-1.45 at 256, 1.56 at 512 (7x7 maps); the line stays under most of them (a wrong
     Winograd costs more than a missed one). The backward (dw by im2col, dx by Winograd,
-    against im2col's one gather for both) measured 0.68-0.91 up to 128 channels, 0.98-1.06
-    at 256-512: counted at most 1.0, so that im2col keeps it unless a measured table
-    (``--profile``) says otherwise."""
+    against im2col's one gather for both) measured 0.68-0.91 up to 128 channels on large
+    batches of tiles, 0.98-1.19 at 256-512: counted at most 1.0, so that im2col keeps it
+    unless a measured table (``--profile``) says otherwise."""
     n, c, h, w, k, g, ho, wo = layer.geometry
     q = math.log2(math.sqrt(c * k))
+    th, tw = -(-ho // 2), -(-wo // 2)
+    tiles = n * th * tw
+    share = tiles / (tiles + FIXED_TILES) * (ho * wo) / (4 * th * tw)
     if phase == "forward":
-        return max(0.7, 0.95 + 0.18 * (q - 6.5))
-    return min(1.0, max(0.65, 0.8 + 0.08 * (q - 6)))
+        return max(0.7, 0.95 + 0.18 * (q - 6.5)) * share
+    return min(1.0, max(0.65, 0.8 + 0.08 * (q - 6)) * share)
