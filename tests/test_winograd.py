@@ -21,7 +21,9 @@ CASES = [((1, 3, 5, 7), dict(num_output=4, kernel_size=3, pad=1)),
          ((3, 2, 8, 8), dict(num_output=5, kernel_size=3)),
          ((2, 4, 9, 6), dict(num_output=3, kernel_size=3, pad=[2, 1])),
          ((1, 5, 3, 3), dict(num_output=2, kernel_size=3, pad=2, bias_term=False)),
-         ((2, 6, 11, 4), dict(num_output=7, kernel_size=3, pad=1))]
+         ((2, 6, 11, 4), dict(num_output=7, kernel_size=3, pad=1)),
+         # 64 tiles a sample: chunks of 16 samples, the last one short, in three slots
+         ((36, 1, 16, 15), dict(num_output=2, kernel_size=3, pad=1))]
 
 
 def by_name(layer, phase, name):
@@ -103,7 +105,13 @@ def test_float32_rounding_against_im2col():
     assert worst["winograd4"] > worst["winograd"], worst  # its larger coefficients round more
 
 
-@pytest.mark.parametrize("case", [0, 2, 3])
+def test_the_many_chunks_case_has_many_chunks():
+    layer, _ = build("Convolution", [CASES[5][0]], **CASES[5][1])
+    plan = winograd.tiling(layer, "x")
+    assert (plan.size, plan.count, plan.slots) == (16, 3, 3)
+
+
+@pytest.mark.parametrize("case", [0, 2, 3, 5])
 def test_winograd_workspace_declared_exactly(case):
     shape, cfg = CASES[case]
     layer, params = build("Convolution", [shape], **cfg)
