@@ -42,7 +42,6 @@ TRANSFORMS = {
          [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
         [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
 }
-ALGORITHMS = {"winograd": 2, "winograd4": 4}
 # Tiles per chunk: a chunk's V and M (a² x (C + K) x tiles floats) stay near a core's cache
 CHUNK_TILES = 1024
 MAX_SLOTS = 4
