@@ -1,5 +1,7 @@
 """Winograd's minimal filtering (Lavin and Gray 2016) for 3x3, stride-1, undilated, ungrouped
-convolutions on the CPU: ``winograd`` (F(2x2, 3x3)) and ``winograd4`` (F(4x4, 3x3)).
+convolutions on the CPU: the Convolution algorithm ``winograd`` is F(2x2, 3x3); F(4x4, 3x3)
+is computed here too but not offered (slower than F(2x2, 3x3) on every shape measured in
+NumPy, tools/bench_winograd.py, and rounding about 6x more than im2col).
 
 Output tiles of m x m (m = 2 or 4) are computed from input tiles of a x a (a = m + 2) as
 ``Y = A^T [(G g G^T) . (B^T d B)] A``: the filters are transformed once per call into
@@ -10,7 +12,7 @@ transforms that are additions and subtractions on whole arrays (F(4x4, 3x3)'s al
 2, 4, 5 and 8, and its larger coefficients round more: see docs/pending/wino34.md for the
 measured error).
 
-The data gradient of such a convolution is itself one (:func:`backward_data`): the top
+The data gradient of such a convolution is itself one (``convolve(..., turned=True)``): the top
 gradient, padded by 2 - p, correlated with the filters turned by 180 degrees and their in and
 out channels swapped, so it goes through the same tiles (pads up to 2; a wider pad is
 refused for the backward). The weight gradient is left to im2col (layers/im2col.py): run
