@@ -153,7 +153,10 @@ class CostModel:
             memo = self._algorithms[layer] = {}
         algos = memo.get(phase)
         if algos is None:
-            algos = memo[phase] = layer.algorithms(phase)
+            algos = layer.algorithms(phase)
+            if self.device.name != "cpu":  # a host kernel is no choice on a GPU (Algo.host_only)
+                algos = [a for a in algos if not a.host_only] or algos
+            memo[phase] = algos
         return algos
 
     def algo_seconds(self, layer, phase, algo):
