@@ -54,7 +54,8 @@ def cell(figures, live):
     if "error" in figures:
         return f"{figures['error']} (lower bound {live['lower_bound_bytes']} B)"
     if figures is live:
-        return f"{figures['peak_bytes']} B, {figures['est_seconds'] * 1e3:.2f} ms (lower bound {live['lower_bound_bytes']} B)"
+        return (f"{figures['peak_bytes']} B, {figures['est_seconds'] * 1e3:.2f} ms "
+                f"(lower bound {live['lower_bound_bytes']} B)")
     return (f"{figures['peak_bytes']} B, {figures['est_seconds'] * 1e3:.2f} ms, "
             f"x{figures['est_seconds'] / live['est_seconds']:.4f}")
 

@@ -212,11 +212,10 @@ class GELU(_Neuron):
         dx = bottom_grads[0]
         if dx is None:
             return
-        xp = ctx.xp
         shape = bottoms[0].shape if ctx.algo != "chunked" else (self.CHUNK,)
         room = [ctx.scratch(shape, self.dtype).reshape(-1) for _ in range(self._backward_scratch())]
-        for x, dy, dx in self._pieces(ctx, bottoms[0], top_grads[0], dx):
-            self._backward_piece(ctx, x, dy, dx, *(r[:x.size] for r in room))
+        for x, dy, piece in self._pieces(ctx, bottoms[0], top_grads[0], dx):
+            self._backward_piece(ctx, x, dy, piece, *(r[:x.size] for r in room))
 
     def _backward_piece(self, ctx, x, dy, dx, a, b, c=None):
         """dx = dy * GELU'(x) over one piece (dx may be dy's or x's memory: both are read
