@@ -27,7 +27,7 @@ the host all it can: 11 858 blocks' depth against 12 962 for superneurons+params
 the line of device and host bytes together guessed better there but worse on the tests' small
 nets, so the search grows from it instead). The search plans the depth guessed
 and its neighbour, and is done when one fits and the other does not (for nets/resnet.yaml
-at 224x224 it always is). Otherwise it goes on as it would without a guess: grow an upper
+at 224x224 it always is). Otherwise (depth_search.py) it goes on as it would without a guess: grow an upper
 bound to just past where a straight line through the last two plans meets the budget (arena
 bytes are close to linear in the blocks), going further each time the line falls short,
 until a plan does not fit or the cap is reached; then narrow ``(fits, does not fit)`` to
@@ -56,6 +56,7 @@ import numpy as np
 
 from . import planning
 from .backend import planning_kernels
+from .depth_search import MIN_BLOCKS, search
 from .errors import SNError
 from .graph import Graph
 from .net import Net
@@ -64,7 +65,6 @@ from .scheduler.cost import CostModel
 from .train.optim import make_optimizer
 from .train.solver_config import SolverConfig
 
-MIN_BLOCKS = 16          # depth 50: stages [3, 8, 2, 3]
 MAX_DEPTH = 5000         # the default cap on the search: 1666 blocks, some 400 000 steps to plan
 GUESS_FROM = (MIN_BLOCKS, 2 * MIN_BLOCKS)  # the depths whose floors make the guess
 
@@ -239,92 +239,6 @@ def _limit(n1, y1, n2, y2, bound):
     if y2 <= y1:
         return 1 << 40
     return n1 + (bound - y1) * (n2 - n1) // (y2 - y1)
-
-
-def search(budget, max_blocks, min_blocks=MIN_BLOCKS, guess=None):
-    """The search for one policy, as a generator: it yields the number of blocks it wants
-    planned, is sent back that plan (anything with ``blocks``, ``fits`` and ``need_bytes``, which
-    is within ``budget`` where it fits and grows with the blocks),
-    and returns ``(best, over, at_cap, probes)``: the deepest fitting plan (None when
-    ``min_blocks`` does not fit), the shallowest plan found not to fit (None at the cap), and
-    whether ``best`` is the cap. ``guess``: blocks to plan first, and then their neighbour; it
-    changes how many plans the search makes, not its answer. Assumes fitting is monotone in
-    the number of blocks."""
-    probes = 0
-    lo = prev = hi = above = None
-    if guess is not None:
-        g = min(max(guess, min_blocks), max_blocks)
-        p = yield g
-        probes += 1
-        if p.fits and g == max_blocks:
-            return p, None, True, probes
-        if p.fits:
-            q = yield g + 1
-            probes += 1
-            if not q.fits:
-                return p, q, False, probes
-            prev, lo = p, q
-        elif g == min_blocks:
-            return None, p, False, probes
-        else:
-            q = yield g - 1
-            probes += 1
-            if q.fits:
-                return q, p, False, probes
-            if q.blocks == min_blocks:
-                return None, q, False, probes
-            above, hi = p, q
-    if lo is None:
-        lo = yield min_blocks
-        probes += 1
-        if not lo.fits:
-            return None, lo, False, probes
-    misses = 0
-    while hi is None:               # grow an upper bound
-        if lo.blocks >= max_blocks:
-            return lo, None, True, probes
-        n = 2 * lo.blocks
-        if prev is not None and lo.need_bytes > prev.need_bytes:
-            # just past where the line through the last two plans meets the budget, but each
-            # time the line fell short (its guess fit) at least twice as far on as the last
-            least = lo.blocks + max(1, (lo.blocks << misses) // 16)
-            n = min(max(int(_crossing(prev, lo, budget)) + 1, least), 16 * lo.blocks)
-        p = yield min(n, max_blocks)
-        probes += 1
-        if p.fits:
-            if prev is not None:
-                misses += 1
-            prev, lo = lo, p
-        else:
-            hi = p
-    ends, bisect = True, False       # ``above``: the nearest misfit past hi
-    while hi.blocks - lo.blocks > 1:  # narrow to adjacent depths
-        width = hi.blocks - lo.blocks
-        n, line = (lo.blocks + hi.blocks) // 2, None
-        if not bisect and above is not None and above.need_bytes > hi.need_bytes:
-            line = "misfits"
-            n = int(_crossing(hi, above, budget))
-        elif not bisect and ends and hi.need_bytes > lo.need_bytes:
-            line = "ends"
-            n = int(_crossing(lo, hi, budget))
-        p = yield min(max(n, lo.blocks + 1), hi.blocks - 1)
-        probes += 1
-        if p.fits:
-            lo = p
-        else:
-            above, hi = hi, p
-        # a guess that fails to halve the interval is followed by a bisection; the line through
-        # the ends is given up for good then, as plans that hug the budget (offloading makes
-        # them) leave it flat, but not the misfits' line, which such plans do not flatten
-        bisect = line is not None and hi.blocks - lo.blocks > width // 2
-        ends = ends and not (bisect and line == "ends")
-    return lo, hi, False, probes
-
-
-def _crossing(a, b, budget):
-    """Blocks where the line through plans ``a`` and ``b`` (blocks, need bytes) meets ``budget``."""
-    slope = (b.need_bytes - a.need_bytes) / (b.blocks - a.blocks)
-    return a.blocks + (budget - a.need_bytes) / slope
 
 
 @contextlib.contextmanager

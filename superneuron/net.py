@@ -26,7 +26,7 @@ from .runtime.executor import Runtime, rank_seed
 from .runtime.profile import load_or_measure
 from .scheduler.cost import LINKS, CostModel, cached_table
 from .scheduler.simulate import compute_step, overflow_at
-from .scheduler.steps import ACCUMULATE, APPLY, BACKWARD, UPDATE
+from .scheduler.steps import ACCUMULATE, APPLY, UPDATE
 from .sizes import human_bytes
 
 
@@ -227,8 +227,7 @@ class Net:
             train = self.phase == "TRAIN"
         schedule = self.schedules["train" if train else "test"]
         if train:  # one round of the training steps, whatever the iter_size
-            schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, ACCUMULATE, UPDATE)],
-                                        rounds=1)
+            schedule = schedule.forward_part(rounds=1)
         self.outputs = self.runtime.run(schedule, self._feed(feed), iteration=0)
         return self.outputs
 
@@ -268,7 +267,7 @@ class Net:
                 found.append(node)
 
         schedule = self.schedules["train"]
-        schedule = schedule.replace([s for s in schedule.steps if s.kind not in (BACKWARD, ACCUMULATE, UPDATE)])
+        schedule = schedule.forward_part()
         self.runtime.run(schedule, self._feeds(feed), iteration=iteration, watch=watch)
         return found[0] if found else None
 

@@ -54,9 +54,10 @@ class PlanOptions:
     ``placement``: ``'dynamic'`` or ``'planned'``; ``device``: ``'cpu'`` or ``'gpu'`` (whose
     kernels and estimates planning sees); ``dtype``: of the activations, parameters and
     gradients; ``lossy``: the lossy encodings a policy that encodes may use; ``solver_seconds``:
-    a cap on the optimal policy's solving time (None: none; its work limits end it); ``ranks``: data-parallel ranks, their gradients
-    all-reduced in buckets of ``bucket_bytes``, BatchNorm over the global batch with
-    ``sync_bn``; ``offload_params``: parameters, gradients and optimiser state on the host."""
+    a cap on the optimal policy's solving time (None: none; its work limits end it); ``ranks``:
+    data-parallel ranks, their gradients all-reduced in buckets of ``bucket_bytes``, BatchNorm
+    over the global batch with ``sync_bn``; ``offload_params``: parameters, gradients and
+    optimiser state on the host."""
 
     policy: str = None
     budget: int = None

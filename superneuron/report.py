@@ -5,10 +5,10 @@ import os
 from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
-from .scheduler.cost import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
 from .scheduler.liveness import Roots
 from .scheduler.simulate import working_set
-from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD
+from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, first_backward
+from .scheduler.timeline import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
 from .sizes import human_bytes, parse_size  # noqa: F401  (report's users format sizes too)
 
 
@@ -209,7 +209,7 @@ def write_timeline(path, schedule, plan, budget=None):
     ax.axhline(plan.arena_bytes / gib, color="tab:orange", lw=1, ls="-.", label="arena")
     if budget is not None:
         ax.axhline(budget / gib, color="tab:red", lw=1.5, label="budget")
-    turn = next((i for i, s in enumerate(schedule.steps) if s.kind == BACKWARD), None)
+    turn = first_backward(schedule.steps)
     if turn is not None:
         ax.axvline(turn, color="black", lw=0.5, alpha=0.4)
     ax.set_xlabel("step")
@@ -315,8 +315,15 @@ def tradeoff_table(figures):
     for row in figures["rows"]:
         cells = [f"{v * 1e3:.2f} ms (x{v / base:.2f})" if v is not None else "-" for v in row["policies"].values()]
         rows.append([human_bytes(row["budget_bytes"]), row["label"], *cells])
-    return (f"estimated time per iteration against the budget (liveness: {human_bytes(figures['liveness_bytes'])}, "
-            f"{base * 1e3:.2f} ms)\n" + table(rows, ["budget", "", *policies]))
+    text = (f"estimated time per iteration against the budget (liveness: {human_bytes(figures['liveness_bytes'])}, "
+            f"{base * 1e3:.2f} ms; lower bound {human_bytes(figures['lower_bound_bytes'])})\n"
+            + table(rows, ["budget", "", *policies]))
+    monet = figures.get("monet")
+    if monet:
+        points = ", ".join(f"{p['fraction']:.2f} x{1 + p['overhead']:.3f}" for p in monet["points"])
+        text += (f"\nMONeT, published ({monet['net']}, measured; memory as a fraction of PyTorch's peak, "
+                 f"time against PyTorch's): {points}")
+    return text
 
 
 def write_tradeoff(path, table):
@@ -337,6 +344,12 @@ def write_tradeoff(path, table):
         if points:
             ax.plot(*zip(*points), marker="o", label=policy)
     ax.axhline(table["liveness_seconds"] * 1e3, color="tab:gray", lw=1, ls=":", label="liveness, no budget")
+    ax.axvline(table["lower_bound_bytes"] / gib, color="tab:red", lw=1, ls=":", label="lower bound")
+    if table.get("monet"):  # placed as if PyTorch's peak and time were liveness's
+        monet = table["monet"]
+        ax.scatter([p["fraction"] * table["liveness_bytes"] / gib for p in monet["points"]],
+                   [(1 + p["overhead"]) * table["liveness_seconds"] * 1e3 for p in monet["points"]],
+                   marker="x", color="black", label=f"MONeT, published ({monet['net']})")
     ax.set_xlabel("budget (GiB)")
     ax.set_ylabel("estimated ms per iteration")
     ax.set_title("time against memory")

@@ -95,7 +95,7 @@ class FakeGPUBackend(Backend):
 
 
 class FakeNccl:
-    """The few names of ``cupy.cuda.nccl`` that runtime/collective.py uses, for one rank: an
+    """The few names of ``cupy.cuda.nccl`` that runtime/nccl.py uses, for one rank: an
     all-reduce over one rank leaves its buffer as it is; each is recorded in ``sums``."""
 
     NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0

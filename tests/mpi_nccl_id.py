@@ -1,5 +1,5 @@
 """Run under mpiexec by tests/test_ranks_failures.py: NCCL's unique id exchange and the making
-of its communicator (runtime/collective.nccl_id and communicator), the code the GPU path runs,
+of its communicator (runtime/nccl.nccl_id and communicator), the code the GPU path runs,
 with a stand-in for ``cupy.cuda.nccl`` (NCCL itself needs a GPU per rank).
 ``python mpi_nccl_id.py TIMEOUT ABSENT [communicator]``: rank ABSENT (-1: none) never comes to
 the exchange (with ``communicator``: comes to the exchange, never to the communicator, whose
@@ -11,7 +11,8 @@ import random
 import sys
 import time
 
-from superneuron.runtime import collective
+from superneuron.runtime import collective, nccl
+from superneuron.runtime.mpi_group import NoAnswer
 
 
 class StandInNccl:
@@ -21,7 +22,7 @@ class StandInNccl:
     @staticmethod
     def get_unique_id():
         rng = random.Random(16)
-        return tuple(rng.randrange(-128, 128) for _ in range(collective.NCCL_ID_BYTES))
+        return tuple(rng.randrange(-128, 128) for _ in range(nccl.NCCL_ID_BYTES))
 
     class NcclCommunicator:
         """Made at once, or (``waits``: a rank is missing) not before that rank comes: never."""
@@ -42,13 +43,13 @@ def main():
         time.sleep(60)
         return
     try:
-        held = collective.nccl_id(group, StandInNccl)
+        held = nccl.nccl_id(group, StandInNccl)
         if group.rank == absent:
             time.sleep(60)
             return
         StandInNccl.NcclCommunicator.waits = absent >= 0
-        made = collective.communicator(group, StandInNccl, held)
-    except collective.NoAnswer as e:
+        made = nccl.communicator(group, StandInNccl, held)
+    except NoAnswer as e:
         print(f"error: {e}", flush=True)
         collective.abort(2)
     if group.rank != 0:  # one line per receiving rank (lines of two ranks may interleave)

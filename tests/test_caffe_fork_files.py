@@ -16,7 +16,8 @@ input: "label" input_shape { dim: 1 dim: 1 dim: 32 dim: 32 }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
         convolution_param { num_output: 8 kernel_size: 3 pad: 1 stride: 2 } }
 layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
-layer { name: "score" type: "Convolution" bottom: "conv1" top: "score" convolution_param { num_output: 5 kernel_size: 1 } }
+layer { name: "score" type: "Convolution" bottom: "conv1" top: "score"
+        convolution_param { num_output: 5 kernel_size: 1 } }
 layer { name: "upscore" type: "Deconvolution" bottom: "score" top: "upscore" param { lr_mult: 0 }
         convolution_param { num_output: 5 bias_term: false kernel_size: 4 stride: 2 group: 5
                             weight_filler { type: "bilinear" } } }
@@ -28,14 +29,16 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "crop" bottom: "label" top:
 SEGNET = '''name: "segnet_head"
 input: "data" input_shape { dim: 2 dim: 3 dim: 16 dim: 16 }
 input: "label" input_shape { dim: 2 dim: 1 dim: 16 dim: 16 }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 pad: 1 } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" top: "pool1_mask"
         pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
 layer { name: "upsample1" type: "Upsample" bottom: "pool1" bottom: "pool1_mask" top: "up1" upsample_param { scale: 2 } }
 layer { name: "norm" type: "Normalize" bottom: "up1" top: "norm"
         norm_param { across_spatial: false channel_shared: false scale_filler { type: "constant" value: 20 } } }
 layer { name: "interp" type: "Interp" bottom: "norm" top: "interp" interp_param { height: 16 width: 16 } }
-layer { name: "score" type: "Convolution" bottom: "interp" top: "score" convolution_param { num_output: 3 kernel_size: 1 } }
+layer { name: "score" type: "Convolution" bottom: "interp" top: "score"
+        convolution_param { num_output: 3 kernel_size: 1 } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "score" bottom: "label" top: "loss"
         loss_param { ignore_label: 255 normalization: VALID } }
 '''

@@ -74,8 +74,8 @@ def inception_v3_count():
 
 
 # published counts: ResNet-50 with Kaiming He's conv1 bias (101 and 152 have none, as the real
-# ResNet-101-deploy.prototxt and ResNet-152-deploy.prototxt write: torchvision's counts), VGG-16, SqueezeNet 1.1, DenseNet-121,
-# MobileNet v1 (Keras' trainable count), Caffe's AlexNet/CaffeNet with groups
+# ResNet-101-deploy.prototxt and ResNet-152-deploy.prototxt write: torchvision's counts), VGG-16,
+# SqueezeNet 1.1, DenseNet-121, MobileNet v1 (Keras' trainable count), Caffe's AlexNet/CaffeNet with groups
 ZOO = [
     ("resnet50", lambda: zoo.resnet(50), dict(loss=True), 25_557_096),
     ("resnet101", lambda: zoo.resnet(101), dict(loss=True), 44_549_160),

@@ -11,7 +11,8 @@ import pytest
 from one_line import cli_error, raises_one_line
 
 from superneuron.cli.depth import main
-from superneuron.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of, search
+from superneuron.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of
+from superneuron.depth_search import search
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.netfile.spec import load_spec

@@ -257,15 +257,15 @@ def test_a_forward_writing_its_own_form_costs_the_forms_bytes_alone_on_a_gpu():
     them again, it adds what that Encode would take."""
     g = graph_of(CHAIN)
     s = apply_policy(lower(g), "gist")
-    fused = [x for x in s.steps if x.kind == "forward" and x.tensor is not None]
+    fused = [x for x in s.steps if x.kind == "forward" and x.encoded is not None]
     assert {g.nodes[x.node].layer.type for x in fused} == {"ReLU", "Pooling"}
     for device in ("gpu", "cpu"):
         model = CostModel(device)
         for step in fused:
-            added = model.step_seconds(s, step) - model.step_seconds(s, step._replace(tensor=None))
-            alone = model.step_seconds(s, Encode(step.tensor, "?", node=step.node))
+            added = model.step_seconds(s, step) - model.step_seconds(s, step._replace(encoded=None))
+            alone = model.step_seconds(s, Encode(step.encoded, "?", node=step.node))
             if device == "gpu":
-                assert added == pytest.approx(s.tensors[step.tensor].nbytes / model.device.bandwidth)
+                assert added == pytest.approx(s.tensors[step.encoded].nbytes / model.device.bandwidth)
                 assert added * 8 < alone
             else:
                 assert added == pytest.approx(alone)

@@ -180,3 +180,121 @@ def test_imports_inside_functions_are_few_and_say_why():
     unsaid = [where for where, said in late if not said]
     assert not unsaid, "imports inside functions without a start-up reason:\n" + "\n".join(unsaid)
     assert len(late) <= MAX_LATE_IMPORTS, f"{len(late)} imports inside functions: " + ", ".join(w for w, _ in late)
+
+
+# -- what a step kind means is written once, in the walker's methods --------------------------
+
+def _kind_constants():
+    """``{name: kind}`` of the single kind constants steps.py declares (FORWARD, ALLOC, ...):
+    the groups (MEMORY, COPY, ...) are categories the vocabulary declares, one question each."""
+    tree = ast.parse(open(MODULES["superneuron.scheduler.steps"]).read())
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Constant, ast.Tuple)):
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            for target in node.targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                if len(names) == len(values) and all(isinstance(v, ast.Constant) for v in values):
+                    found.update((t.id, v.value) for t, v in zip(names, values) if t.id.isupper())
+    return found
+
+
+KIND_CONSTANTS = _kind_constants()
+
+
+def kinds_compared(function):
+    """The distinct step kinds ``function`` (an ast function) compares a ``.kind`` with, by
+    constant or by string literal, in its own body (nested functions are their own)."""
+    kinds = set(KIND_CONSTANTS.values())
+    found = set()
+
+    def mentions_kind(e):
+        return any(isinstance(n, ast.Attribute) and n.attr == "kind" for n in ast.walk(e))
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(child, ast.Compare):
+                operands = [child.left] + child.comparators
+                if any(mentions_kind(o) for o in operands):
+                    for o in operands:
+                        for n in ast.walk(o):
+                            if isinstance(n, ast.Name) and n.id in KIND_CONSTANTS:
+                                found.add(KIND_CONSTANTS[n.id])
+                            elif isinstance(n, ast.Constant) and n.value in kinds:
+                                found.add(n.value)
+            visit(child)
+
+    visit(function)
+    return found
+
+
+def _walker_classes(trees):
+    """The names of walk.Walker and of every class that derives from it, in any module."""
+    bases = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
+                                    for b in node.bases}
+    walkers, grew = {"Walker"}, True
+    while grew:
+        more = {name for name, of in bases.items() if of & walkers} - walkers
+        walkers |= more
+        grew = bool(more)
+    return walkers
+
+
+def branching_functions(trees):
+    """``[(path, function name, kinds)]``: the functions of ``trees`` ({path: ast}) outside
+    walk.py and the walkers' methods that compare step kinds with three or more kinds."""
+    walkers = _walker_classes(trees.values())
+    out = []
+    for path, tree in trees.items():
+        if path.endswith(os.path.join("scheduler", "walk.py")):
+            continue
+        methods = {id(f) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in walkers
+                   for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and id(node) not in methods:
+                kinds = kinds_compared(node)
+                if len(kinds) >= 3:
+                    out.append((path, node.name, sorted(kinds)))
+    return out
+
+
+def test_the_kind_scan_sees_a_chain_and_spares_the_walkers():
+    # a control: a three-way chain is found, by constant or by literal; a walker's method and
+    # a test for a group (MEMORY: one question) are not
+    source = '''
+def chain(step):
+    if step.kind == FORWARD:
+        return 1
+    elif step.kind in (BACKWARD, "recompute"):
+        return 2
+
+def grouped(step):
+    return step.kind in MEMORY or step.kind == FORWARD or step.kind == BACKWARD
+
+class Reading(Walker):
+    def run_one(self, step):
+        return step.kind in (FORWARD, BACKWARD, RECOMPUTE)
+
+class Deeper(Reading):
+    def run_two(self, step):
+        return step.kind in (FORWARD, BACKWARD, RECOMPUTE)
+'''
+    found = branching_functions({"x.py": ast.parse(source)})
+    assert found == [("x.py", "chain", ["backward", "forward", "recompute"])]
+    assert {"FORWARD", "ALLOC", "WAIT_REDUCE"} <= set(KIND_CONSTANTS) and "MEMORY" not in KIND_CONSTANTS
+
+
+def test_no_function_outside_the_walker_branches_over_three_kinds():
+    """What a kind means is written once per reading, in the walker's methods (walk.py and its
+    subclasses); a pass may look for the kinds it rewrites, but a function that branches over
+    three or more kinds is a chain the walker should hold (issue 31)."""
+    trees = {path: ast.parse(open(path).read(), path) for path in MODULES.values()}
+    found = branching_functions(trees)
+    assert not found, "functions that branch over 3+ step kinds:\n" + "\n".join(
+        f"{os.path.relpath(p, PACKAGE)} {name}: {', '.join(kinds)}" for p, name, kinds in found)

@@ -4,6 +4,7 @@ holding every tensor."""
 
 import numpy as np
 import pytest
+from gpu_cases import MORE_CASES, build_case, inputs_of, run_case
 from layer_harness import build
 from test_encode import POOLS, max_pool_case
 
@@ -42,28 +43,14 @@ CASES = [
 
 def _run(layer, params, bottoms, xp, backend):
     from superneuron.backend import get_backend
-    be = get_backend("gpu" if xp is not np else "cpu")
-    f, b = layer.algorithms("forward")[0], layer.algorithms("backward")[0]
-    bottoms = [xp.asarray(x) for x in bottoms]
-    params = {k: xp.asarray(v) for k, v in params.items()}
-    tops = [xp.zeros(s, layer.dtype) for s in layer.top_shapes]
-    layer.forward(Context(xp, workspace=xp.zeros(max(f.workspace, 1), xp.uint8), seed=5, backend=be),
-                  bottoms, tops, params)
-    tg = [xp.asarray(np.random.default_rng(2).standard_normal(s).astype(layer.dtype)) for s in layer.top_shapes]
-    bg = [xp.zeros(s, layer.dtype) for s in layer.bottom_shapes]
-    pg = {p.name: xp.zeros(p.shape, layer.dtype) for p in layer.param_specs() if p.learnable}
-    layer.backward(Context(xp, workspace=xp.zeros(max(b.workspace, 1), xp.uint8), seed=5, backend=be),
-                   bottoms, tops, tg, bg, params, pg)
-    host = be.to_host
-    return [host(t) for t in tops], [host(g) for g in bg], {k: host(v) for k, v in pg.items()}
+    return run_case(layer, params, bottoms, xp, get_backend("gpu" if xp is not np else "cpu"))
 
 
-@pytest.mark.parametrize("type_name, shapes, cfg", CASES)
-def test_layer_on_gpu_matches_cpu(type_name, shapes, cfg):
+@pytest.mark.parametrize("case", CASES + MORE_CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES + MORE_CASES)])
+def test_layer_on_gpu_matches_cpu(case):
     import cupy
-    layer, params = build(type_name, shapes, dtype=np.float64, **cfg)
-    rng = np.random.default_rng(1)
-    bottoms = [rng.standard_normal(s) for s in shapes]
+    layer, params = build_case(case)
+    bottoms = inputs_of(case, np.random.default_rng(1))
     cpu = _run(layer, params, bottoms, np, None)
     gpu = _run(layer, params, bottoms, cupy, None)
     for a, b in zip(cpu[0] + cpu[1], gpu[0] + gpu[1]):
@@ -415,3 +402,41 @@ def test_conv_gradient_over_its_bottom_on_gpu_gives_the_same_bits(shape, cfg):
             out.append([cupy.asnumpy(dx)] + [cupy.asnumpy(pg[k]) for k in sorted(pg)])
         for a, b in zip(*out, strict=True):
             np.testing.assert_array_equal(b.view(np.uint32), a.view(np.uint32), err_msg=algo.name)
+
+
+# -- the families of nets beyond classification ---------------------------------------------------
+
+def _family(name, device, folder):
+    """``(net, feed)`` of a small net of each family on ``device``: SSD's detection layers, a
+    GPT's attention (without dropout: its masks are the backend's)."""
+    import sys
+
+    from superneuron import load_net
+    from superneuron.net import Net
+    from superneuron.netfile.spec import prototxt_spec
+    if name == "tiny-ssd":
+        sys.path.insert(0, "tests/caffe")
+        import zoo_ssd
+        label = np.array([[0, 1, 0, .1, .1, .5, .6, 0], [0, 2, 1, .4, .3, .9, .8, 0], [1, 3, 0, .2, .2, .7, .7, 0],
+                          [-1, 0, 0, 0, 0, 0, 0, 0]], np.float32).reshape(1, 1, 4, 8)
+        feed = {"data": np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32), "label": label}
+        return Net(prototxt_spec(zoo_ssd.tiny_ssd(), "tiny_ssd.prototxt"), device=device), feed
+    if name == "gpt":
+        from test_transformer_nets import TINY_GPT, tokens
+        text = folder / "words.txt"
+        text.write_bytes(b"the quick brown fox jumps over the lazy dog\n" * 4)
+        net = load_net("nets/gpt.yaml", overrides=dict(TINY_GPT, source=f"text:{text}"),
+                       device=device)
+        return net, tokens(net)
+    raise ValueError(name)
+
+
+@pytest.mark.parametrize("name", ["tiny-ssd", "gpt"])
+def test_family_nets_on_gpu_give_the_cpus_loss_and_gradients(tmp_path, name):
+    gpu, feed = _family(name, "gpu", tmp_path)
+    cpu, _ = _family(name, "cpu", tmp_path)
+    assert gpu.forward_backward(feed) == pytest.approx(cpu.forward_backward(feed), rel=1e-4)
+    for p in cpu.learnable_names:
+        g = cpu.grad(p)
+        np.testing.assert_allclose(gpu.grad(p), g, rtol=1e-3, atol=1e-4 * max(np.abs(g).max(), 1e-6), err_msg=p)
+    assert gpu.runtime.peak_bytes == gpu.plans["train"].peak_bytes

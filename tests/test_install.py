@@ -42,7 +42,8 @@ def imported_modules():
 
 def test_the_package_imports_only_the_standard_library_and_its_base_requirements():
     base = {r.name.lower() for r in requirements("options", "install_requires")}
-    outside = {m for m in imported_modules() if m not in sys.stdlib_module_names and m not in GPU_ONLY | MPI_ONLY | HDF5_ONLY}
+    optional = GPU_ONLY | MPI_ONLY | HDF5_ONLY
+    outside = {m for m in imported_modules() if m not in sys.stdlib_module_names and m not in optional}
     assert {DISTRIBUTION.get(m, m).lower() for m in outside} <= base, outside
     assert not set(TEST_ONLY) & imported_modules()
 

@@ -73,7 +73,8 @@ def test_conv_gradients_algorithms_and_torch(shape, cfg):
     gradcheck(layer, [x], params)  # also checks that every algorithm agrees
     names = [a.name for a in layer.algorithms("forward")]
     assert names == [a.name for a in layer.algorithms("backward")]
-    assert names[:2] == ["im2col", "im2col_chunked"] and names[2:] in ([], ["direct"])
+    portable = [n for n in names if n != "winograd"]  # Winograd: in its place by speed (test_winograd.py)
+    assert portable[:2] == ["im2col", "im2col_chunked"] and portable[2:] in ([], ["direct"])
     dy = np.random.default_rng(2).standard_normal(layer.top_shapes[0])
     y, dx, dp = torch_grads(torch_conv(layer), x, params, dy)
     for name in names:
@@ -457,7 +458,10 @@ def test_depthwise_is_offered_first_and_agrees_with_torch_and_finite_differences
     stride, pad = cfg.get("stride", 1), cfg.get("pad", 0)
     dil = cfg.get("dilation", 1)
     dy = np.random.default_rng(4).standard_normal(layer.top_shapes[0])
-    fn = (lambda x, weight, bias=None: F.conv2d(x, weight, bias, stride, pad, dil, groups=shape[1]))
+
+    def fn(x, weight, bias=None):
+        return F.conv2d(x, weight, bias, stride, pad, dil, groups=shape[1])
+
     y, dx, dp = torch_grads(fn, x, params, dy)
     (ours,) = forward(layer, [x], params)
     (dx_ours,), dp_ours = backward(layer, [x], [ours], [dy], params)

@@ -3,6 +3,8 @@ t = 0 (the markers PyTorch has no equal of), against float64 finite differences 
 sequences that restart mid-way and a static input, in the workspace they declare, without
 hidden allocations, and under every policy with baseline's bits in a net."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -23,55 +25,61 @@ def markers(rng, restarts=True):
     return cont
 
 
-def test_lstm_matches_torch_from_a_zero_state():
-    rng = np.random.default_rng(0)
-    layer, params = build("LSTM", [(T, N, D), (T, N)], num_output=H)
-    x, cont = rng.standard_normal((T, N, D)), markers(rng, restarts=False)
-    dy = rng.standard_normal((T, N, H))
-    (top,) = forward(layer, [x, cont], params)
+def _torch_lstm(params):
+    """nn.LSTM with the layer's weights: ``(run, grads)``, ``run(tx)`` its output and
+    ``grads()`` its weights' gradients named and ordered as the layer's (Caffe's gate order
+    i, f, o, g; PyTorch's i, f, g, o)."""
     ref = torch.nn.LSTM(D, H).double()
-    i, f, o, g = np.split(params["W_xc"], 4)            # Caffe's gate order i, f, o, g
-    bi, bf, bo, bg = np.split(params["b_c"], 4)
-    ui, uf, uo, ug = np.split(params["W_hc"], 4)
-    with torch.no_grad():                                 # PyTorch's: i, f, g, o
-        ref.weight_ih_l0.copy_(torch.tensor(np.concatenate([i, f, g, o])))
-        ref.weight_hh_l0.copy_(torch.tensor(np.concatenate([ui, uf, ug, uo])))
-        ref.bias_ih_l0.copy_(torch.tensor(np.concatenate([bi, bf, bg, bo])))
+
+    def to_torch(w):
+        i, f, o, g = np.split(w, 4)
+        return torch.tensor(np.concatenate([i, f, g, o]))
+
+    def to_caffe(w):
+        i, f, g, o = np.split(w.numpy(), 4)
+        return np.concatenate([i, f, o, g])
+
+    with torch.no_grad():
+        ref.weight_ih_l0.copy_(to_torch(params["W_xc"]))
+        ref.weight_hh_l0.copy_(to_torch(params["W_hc"]))
+        ref.bias_ih_l0.copy_(to_torch(params["b_c"]))
         ref.bias_hh_l0.zero_()
-    tx = torch.tensor(x, requires_grad=True)
-    out, _ = ref(tx)
-    out.backward(torch.tensor(dy))
-    assert np.allclose(top, out.detach().numpy(), atol=1e-12)
-    bgrads, pgrads = _backward(layer, [x, cont], top, dy, params)
-    assert np.allclose(bgrads[0], tx.grad.numpy(), atol=1e-12)
-    gi, gf, gg, go = np.split(ref.weight_ih_l0.grad.numpy(), 4)
-    assert np.allclose(pgrads["W_xc"], np.concatenate([gi, gf, go, gg]), atol=1e-12)
-    gi, gf, gg, go = np.split(ref.weight_hh_l0.grad.numpy(), 4)
-    assert np.allclose(pgrads["W_hc"], np.concatenate([gi, gf, go, gg]), atol=1e-12)
+    return (lambda tx: ref(tx)[0],
+            lambda: {"W_xc": to_caffe(ref.weight_ih_l0.grad), "W_hc": to_caffe(ref.weight_hh_l0.grad)})
 
 
-def test_rnn_matches_torch_from_a_zero_state():
-    rng = np.random.default_rng(1)
-    layer, params = build("RNN", [(T, N, D), (T, N)], num_output=H)
-    x, cont = rng.standard_normal((T, N, D)), markers(rng, restarts=False)
-    dy = rng.standard_normal((T, N, H))
-    (top,) = forward(layer, [x, cont], params)
+def _torch_rnn(params):
+    """nn.RNN with the layer's weights, then Caffe's output layer (tanh of an inner product):
+    ``(run, grads)`` as :func:`_torch_lstm`'s."""
     ref = torch.nn.RNN(D, H).double()
     with torch.no_grad():
         ref.weight_ih_l0.copy_(torch.tensor(params["W_xh"]))
         ref.weight_hh_l0.copy_(torch.tensor(params["W_hh"]))
         ref.bias_ih_l0.copy_(torch.tensor(params["b_h"]))
         ref.bias_hh_l0.zero_()
-    tx = torch.tensor(x, requires_grad=True)
     w_ho = torch.tensor(params["W_ho"], requires_grad=True)
-    hidden, _ = ref(tx)
-    out = torch.tanh(hidden @ w_ho.T + torch.tensor(params["b_o"]))
+    return (lambda tx: torch.tanh(ref(tx)[0] @ w_ho.T + torch.tensor(params["b_o"])),
+            lambda: {"W_hh": ref.weight_hh_l0.grad.numpy(), "W_ho": w_ho.grad.numpy()})
+
+
+@pytest.mark.parametrize("kind, reference, seed", [("LSTM", _torch_lstm, 0), ("RNN", _torch_rnn, 1)])
+def test_matches_torch_from_a_zero_state(kind, reference, seed):
+    rng = np.random.default_rng(seed)
+    layer, params = build(kind, [(T, N, D), (T, N)], num_output=H)
+    x, cont = rng.standard_normal((T, N, D)), markers(rng, restarts=False)
+    dy = rng.standard_normal((T, N, H))
+    (top,) = forward(layer, [x, cont], params)
+    run, torch_grads = reference(params)
+    tx = torch.tensor(x, requires_grad=True)
+    out = run(tx)
     out.backward(torch.tensor(dy))
     assert np.allclose(top, out.detach().numpy(), atol=1e-12)
     bgrads, pgrads = _backward(layer, [x, cont], top, dy, params)
     assert np.allclose(bgrads[0], tx.grad.numpy(), atol=1e-12)
-    assert np.allclose(pgrads["W_hh"], ref.weight_hh_l0.grad.numpy(), atol=1e-12)
-    assert np.allclose(pgrads["W_ho"], w_ho.grad.numpy(), atol=1e-12)
+    expected = torch_grads()
+    assert len(expected) == 2
+    for name, grad in expected.items():
+        assert np.allclose(pgrads[name], grad, atol=1e-12), name
 
 
 def _backward(layer, bottoms, top, dy, params):
@@ -118,9 +126,11 @@ def test_runs_in_its_workspace_and_allocates_nothing_big(kind):
             ctx = Context(np, workspace=np.zeros(nbytes, np.uint8))
             top = np.zeros(layer.top_shapes[0], np.float32)
             grads = {k: np.zeros_like(v) for k, v in params.items()}
-            run = (lambda: layer.forward(ctx, [x, cont], [top], params)) if phase == "forward" else (
-                lambda: layer.backward(ctx, [x, cont], [top], [np.ones_like(top)], [np.zeros_like(x), None],
-                                       params, grads))
+            if phase == "forward":
+                run = functools.partial(layer.forward, ctx, [x, cont], [top], params)
+            else:
+                run = functools.partial(layer.backward, ctx, [x, cont], [top], [np.ones_like(top)],
+                                        [np.zeros_like(x), None], params, grads)
             if ok:
                 run()
             else:
@@ -138,7 +148,8 @@ SEQ = """
 name: seq
 input: {data: [5, 3, 4], cont: [5, 3], label: [15]}
 layers:
-  - {name: lstm1, type: LSTM, bottom: [data, cont], top: lstm1, num_output: 8, weight_filler: {type: uniform, min: -0.3, max: 0.3}}
+  - {name: lstm1, type: LSTM, bottom: [data, cont], top: lstm1, num_output: 8,
+     weight_filler: {type: uniform, min: -0.3, max: 0.3}}
   - {name: rnn1, type: RNN, bottom: [lstm1, cont], top: rnn1, num_output: 6}
   - {name: flat, type: Reshape, bottom: rnn1, top: flat, shape: [-1, 6]}
   - {name: fc, type: InnerProduct, bottom: flat, top: fc, num_output: 5}

@@ -3,6 +3,8 @@ sequence and MultiHeadAttention: float64 finite differences (and every algorithm
 the harness, and the values and gradients of torch.nn.functional (embedding, layer_norm, gelu,
 softmax, cross_entropy, multi_head_attention_forward, scaled_dot_product_attention)."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -61,6 +63,21 @@ def test_embed_gradcheck(rng):
     gradcheck(layer, [ids], params)
 
 
+def test_embed_with_its_table_as_a_bottom_gradcheck(rng):
+    """The table as a second bottom (a tied embedding): no weight of its own, the same rows
+    looked up, and the table's gradient by finite differences."""
+    layer, params = build("Embed", [(3, 5), (7, 4)], num_output=4, input_dim=7, bias_term=False)
+    assert params == {}
+    ids = rng.integers(0, 7, (3, 5)).astype(np.float64)
+    ids[0, :3] = 2
+    table = rng.standard_normal((7, 4))
+    (y,) = forward(layer, [ids, table], params)
+    np.testing.assert_array_equal(y, table[ids.astype(int)])
+    gradcheck(layer, [ids, table], params)
+    with pytest.raises(LayerError, match=r"the table \(bottom 2\) must be input_dim x num_output"):
+        build("Embed", [(3, 5), (4, 7)], num_output=4, input_dim=7)
+
+
 def test_softmax_with_loss_over_a_sequence_gradcheck(rng):
     layer, params = build("SoftmaxWithLoss", [(2, 5, 7), (2, 5)], axis=2)
     labels = rng.integers(-1, 7, (2, 5)).astype(np.float64)
@@ -84,7 +101,7 @@ def test_layer_norm_and_gelu_match_torch(rng, dtype, tol):
     for approximate in ("none", "tanh"):
         layer, params = build("GELU", [x.shape], dtype=dtype, approximate=approximate)
         y, (dx,), _ = run(layer, [x], params, dy)
-        ty, (tdx,) = torch_run(lambda v: F.gelu(v, approximate=approximate), [x], dy)
+        ty, (tdx,) = torch_run(functools.partial(F.gelu, approximate=approximate), [x], dy)
         np.testing.assert_allclose(y, ty, rtol=tol, atol=tol)
         np.testing.assert_allclose(dx, tdx, rtol=tol * 10, atol=tol * 10)
 

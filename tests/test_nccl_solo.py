@@ -14,8 +14,9 @@ from test_memory_passes import CHAIN, feed_of, graph_of, params_of
 
 from superneuron.backend import Backend
 from superneuron.errors import SNError
-from superneuron.runtime.collective import NoAnswer, SoloNccl, nccl_module
 from superneuron.runtime.executor import Runtime
+from superneuron.runtime.mpi_group import NoAnswer
+from superneuron.runtime.nccl import SoloNccl, nccl_module
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.policy import apply_policy
 from superneuron.scheduler.simulate import simulate

@@ -295,6 +295,29 @@ def test_sn_plan_tradeoff_prints_the_table_and_draws_it(tmp_path, capsys):
         if fitting:
             assert cells["optimal"] is not None and cells["optimal"] <= min(fitting) * (1 + 1e-12)
     assert table["rows"][-1]["policies"]["optimal"] is not None  # the smallest budget fits
+    near = next(r for r in table["rows"] if r["label"] == "1.1x the lower bound")
+    assert near["budget_bytes"] == round(1.1 * table["lower_bound_bytes"])
+    assert table["monet"] is None  # MONeT published nothing for this net
+
+
+def test_the_tradeoff_shows_monets_published_points_beside_the_curve(tmp_path):
+    """For the nets MONeT published (its README's tables), their points: memory as a fraction
+    of PyTorch's peak, time as an overhead over PyTorch's; printed under the table."""
+    from superneuron.report import tradeoff_table
+    from superneuron.tradeoff import monet_points
+    r50 = monet_points("resnet50")
+    assert r50["net"] == "ResNet-50, batch 184" and len(r50["points"]) == 6
+    assert r50["points"][0] == {"fraction": round(10.01 / 15.06, 4), "overhead": 0.0322}
+    assert monet_points("resnet18") is None
+    figures = {"liveness_bytes": 3 << 30, "liveness_seconds": 0.05, "lower_bound_bytes": 1 << 30,
+               "rows": [{"budget_bytes": 2 << 30, "label": "2/3 of liveness", "policies": {"optimal": 0.052}}],
+               "monet": r50}
+    text = tradeoff_table(figures)
+    assert "lower bound 1.0 GiB" in text and "MONeT, published (ResNet-50, batch 184" in text
+    assert "0.66 x1.032" in text and "0.33 x1.119" in text
+    from superneuron.report import write_tradeoff
+    write_tradeoff(tmp_path / "t.png", figures)  # drawn with them
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_does_not(monkeypatch):

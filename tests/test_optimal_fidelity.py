@@ -18,10 +18,11 @@ from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.planning import lowered, plan
 from superneuron.scheduler.context import Context
-from superneuron.scheduler.cost import STALL, CostModel
+from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.optimal import _placed, realise
 from superneuron.scheduler.optimal_model import build, solve
 from superneuron.scheduler.steps import OFFLOAD, PREFETCH, WAIT
+from superneuron.scheduler.timeline import STALL
 from superneuron.scheduler.update import update_in_backward
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig

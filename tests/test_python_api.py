@@ -25,7 +25,8 @@ TINY = os.path.join(ROOT, "tests", "nets", "tiny.yaml")
 
 def test_optim_is_reachable_after_import_superneuron():
     # a fresh interpreter: within the test session some other test may have imported it already
-    code = "import superneuron; print(superneuron.train.optim.make_optimizer({'type': 'Adam', 'base_lr': 0.001}).cfg.type)"
+    code = ("import superneuron; "
+            "print(superneuron.train.optim.make_optimizer({'type': 'Adam', 'base_lr': 0.001}).cfg.type)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0, done.stderr

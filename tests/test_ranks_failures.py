@@ -16,7 +16,7 @@ import pytest
 from one_line import one_line
 
 from superneuron.cli.ranks import telling
-from superneuron.runtime.collective import STOPPED
+from superneuron.runtime.mpi_group import STOPPED
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MPIEXEC = shutil.which("mpiexec", path=str(pathlib.Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])

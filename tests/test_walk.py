@@ -9,10 +9,10 @@ from test_net import feed_for
 from superneuron import load_net
 from superneuron.net import Net
 from superneuron.netfile.spec import loads_spec
-from superneuron.runtime.executor import Execution
+from superneuron.runtime.execution import Execution
 from superneuron.scheduler.allocator import Allocator, aligned
 from superneuron.scheduler.barrier import barrier_before_update
-from superneuron.scheduler.cost import Clock, CostModel, Link
+from superneuron.scheduler.cost import CostModel, Link
 from superneuron.scheduler.encode import _Summary
 from superneuron.scheduler.simulate import Replayer, simulate
 from superneuron.scheduler.steps import (
@@ -29,6 +29,7 @@ from superneuron.scheduler.steps import (
     Step,
     Wait,
 )
+from superneuron.scheduler.timeline import Clock
 from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
 from superneuron.scheduler.workspace import _LiveAtSteps
 from superneuron.tensors import TensorInfo

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 def dropout_scale(net, node, iteration=0):
     """Dropout's mask times 1/(1-p) for ``node`` in ``iteration``, built here from what is
-    documented, not taken from the layer: the step's seed (runtime/executor.py's step_seed:
+    documented, not taken from the layer: the step's seed (runtime/execution.py's step_seed:
     ``((seed * 1_000_003 + iteration) * 65_537 + node index) mod 2**63``), its uniform numbers
     (Context.uniform on the CPU: ``numpy.random.default_rng(seed).random`` in the layer's
     dtype), a unit kept where its number is at least p (so a fraction 1 - p is kept), and the

@@ -296,7 +296,8 @@ def _print(args, schedule, plan, info, model):
             print(report.min_memory_line(info))
         if info["opaque_layers"]:
             names = ", ".join(f"'{n}'" for n in info["opaque_layers"])
-            print(f"opaque        Python layers {names}: their bottoms and tops kept for their backward, never recomputed")
+            print(f"opaque        Python layers {names}: their bottoms and tops kept for their backward, "
+                  "never recomputed")
         if info["profile"]:
             verb = "measured and wrote" if info["profile"]["measured"] else "read"
             print(f"profile       {verb} {info['profile']['cache']}")

@@ -2,7 +2,7 @@
 
 Only rank 0 prints, from the start: the launcher's rank is known before MPI is, so argparse's
 errors and ``--help`` are not printed once per rank either. Every rank ends in the conclusion
-(runtime/collective.py, ``MpiGroup.conclude``; a rank that failed before it joined the others
+(runtime/mpi_group.py, ``MpiGroup.conclude``; a rank that failed before it joined the others
 joins first, since they cannot start MPI without it), which gathers each rank's exit status
 and a checksum of what it would say. Then each distinct failure is said once, by the first
 rank that hit it (:func:`telling`): bare, as one rank would say it, when every rank hit it (a
@@ -19,6 +19,7 @@ import zlib
 
 from ..errors import SNError
 from ..runtime import collective
+from ..runtime.mpi_group import STOPPED, NoAnswer, Stopped
 from .common import error_text, run_cli
 
 BUG = 1  # the status of an exception that is not a user error
@@ -36,8 +37,8 @@ def main(parser, run, argv=None):
 
     try:
         status = run_cli(parser, run, argv, fail=hold)
-    except collective.Stopped:  # another rank failed: it says why
-        status = collective.STOPPED
+    except Stopped:  # another rank failed: it says why
+        status = STOPPED
     except SystemExit:
         if not failures:
             raise  # --help: every rank alike, none joined
@@ -46,7 +47,7 @@ def main(parser, run, argv=None):
         failures.append((traceback.format_exc().rstrip(), BUG))
         status = BUG
     error = failures[-1][0] if failures and status == failures[-1][1] else None
-    if isinstance(error, collective.NoAnswer):  # a rank is gone or hangs: nothing else would end it
+    if isinstance(error, NoAnswer):  # a rank is gone or hangs: nothing else would end it
         print(error_text(error), file=sys.stderr)
         collective.abort(status)
     text = "" if error is None else str(error)
@@ -62,7 +63,7 @@ def main(parser, run, argv=None):
         return status
     try:
         outcome = group.conclude(status, text)
-    except collective.NoAnswer as e:
+    except NoAnswer as e:
         if text:
             print(_said(text, status, f"rank {group.rank}: "), file=sys.stderr)
         print(error_text(e), file=sys.stderr)
@@ -78,7 +79,7 @@ def telling(outcome, rank):
     ``(status, crc32 of its message)`` in ``outcome`` (None: nothing, another rank says it or
     there is nothing to say), and the status every rank exits with (the highest of the failed
     ranks', 0 when none failed)."""
-    failed = [r for r, (status, _) in enumerate(outcome) if status not in (0, collective.STOPPED)]
+    failed = [r for r, (status, _) in enumerate(outcome) if status not in (0, STOPPED)]
     final = max((outcome[r][0] for r in failed), default=0)
     if rank not in failed or outcome[rank][1] == zlib.crc32(b""):
         return None, final

@@ -16,9 +16,14 @@ the workspace pass and ``optimal`` choose as they choose convolution's:
 - forward ``chunked``: a block of ``query_block`` queries at a time (N·H·block·T);
 - backward ``full``: the probabilities recomputed whole, then every gradient from them;
 - backward ``blocked``: FlashAttention's trade, the probabilities recomputed a block of queries
-  at a time, twice (once for the heads' outputs, once for the gradients), dK and dV summed
-  over the blocks: no T² tensor, and the scores and softmax computed once more (its speed
-  estimate counts those flops: 0.93 of full's for GPT-2 small).
+  at a time, dK and dV summed over the blocks: no T² tensor. Each block's probabilities are
+  computed once: the gradient of the heads' outputs (dy W_out) needs no probabilities, so the
+  loop over the blocks that makes the gradients also makes the heads' outputs (for dW_out),
+  and the blocked backward does full's work, in more, smaller calls.
+
+The heads' outputs, their gradient and the blocked backward's accumulator live in the rows of
+q, k, v (N·T·3D), spent from when q, k, v are copied into heads until dx's rows are written:
+the workspace holds no N·T·D array besides.
 
 The form that keeps the probabilities from the forward for the backward is the same net
 written with the primitive layers (InnerProduct ``axis: 2``, Reshape, Permute, MatMul,
@@ -101,10 +106,21 @@ class MultiHeadAttention(Layer):
         heads = ((3, n, h, t, dh), dt)
         rows = ((n * t, 3 * d), dt)
         probs, stat, mask = ((n, h, block, t), dt), ((n, h, block, 1), dt), ((block, t), np.bool_)
+        # the heads' outputs, their gradient and dQ live in the rows of q, k, v (N·T·3D), dead
+        # from when q, k, v are copied into heads until the input projection's gradients are
+        # written there (:meth:`_in_rows`); the blocked backward's accumulator of dK and dV
+        # in the block of probabilities or of their gradient, whichever is free at the time,
+        # and dQ moves to the first before the rows are written: so each holds N·H·T·d at least
         if phase == "forward":
-            return [rows, heads, ((n, h, t, dh), dt), probs, stat, mask]
-        acc = [((n, h, t, dh), dt)] if block < t else []
-        return [rows, heads, heads, ((n, h, t, dh), dt), ((n * t, d), dt), *acc, probs, probs, stat, mask]
+            return [rows, heads, probs, stat, mask]
+        big = ((n, h, max(block * t, t * dh)), dt)
+        return [rows, heads, ((2, n, h, t, dh), dt), big, big, stat, mask]
+
+    def _in_rows(self, rows):
+        """The thirds of ``rows`` (N·T·3D), each N·T·D: the room of the heads' outputs and
+        their gradients while q, k, v are in ``heads``."""
+        flat, third = rows.reshape(-1), self.n * self.t * self.d
+        return flat[:third], flat[third:2 * third], flat[2 * third:]
 
     def _drop_shapes(self, block):
         """What dropout adds, taken after :meth:`_room`'s: the mask of a block of ``block``
@@ -114,16 +130,9 @@ class MultiHeadAttention(Layer):
         n, h, t, dt = self.n, self.h, self.t, self.dtype
         return [((n, h, block, t), dt)] + ([((n * h * self.block * t,), dt)] if block > self.block else [])
 
-    def _blocked_speed(self):
-        """The blocked backward's speed beside the full one's: the same work plus the scores
-        and the softmax of every block computed once more (2·N·T²·D + 5·N·H·T² flops)."""
-        n, t, d = self.n, self.t, self.d
-        full = self.cost().bwd_flops
-        return full / (full + 2.0 * n * t * t * d + 5.0 * n * self.h * t * t)
-
     def algorithms(self, phase):
         names = ("full", "chunked") if phase == "forward" else ("full", "blocked")
-        speed = self.CHUNKED_SPEED if phase == "forward" else self._blocked_speed()
+        speed = self.CHUNKED_SPEED  # the same work as full's, in more, smaller calls
         algos = [Algo(names[0], workspace_bytes(*self._room(phase, self.t), *self._drop_shapes(self.t)))]
         if self.block < self.t:
             algos.append(Algo(names[1], workspace_bytes(*self._room(phase, self.block), *self._drop_shapes(self.block)),
@@ -195,15 +204,16 @@ class MultiHeadAttention(Layer):
     def forward(self, ctx, bottoms, tops, params):
         xp, n, t, d = ctx.xp, self.n, self.t, self.d
         block = self.block if ctx.algo == "chunked" else t
-        rows, heads, ctxh, probs, stat, mask = (ctx.scratch(s, dt) for s, dt in self._room("forward", block))
+        rows, heads, probs, stat, mask = (ctx.scratch(s, dt) for s, dt in self._room("forward", block))
         keep, stage = self._drop_room(ctx, block)
         self._project(ctx, bottoms[0], params, rows, heads)
+        crow, ctxh, _ = self._in_rows(rows)  # q, k, v's rows are spent
+        crow, ctxh = crow.reshape(n * t, d), ctxh.reshape(n, self.h, t, self.dh)
         for a, b in self._blocks(block):
             p = self._probs(xp, heads, a, b, probs, stat, mask)
             if keep is not None:
                 p *= self._keep(ctx, a, b, keep, stage)
             xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
-        crow = rows.reshape(-1)[:n * t * d].reshape(n * t, d)  # q, k, v's rows are spent
         xp.copyto(crow.reshape(n, t, self.h, self.dh), ctxh.transpose(0, 2, 1, 3))
         y = tops[0].reshape(n * t, d)
         parallel.matmul(xp, crow, params["out_weight"].T, y)
@@ -214,48 +224,43 @@ class MultiHeadAttention(Layer):
         xp, n, t, d, h, dh = ctx.xp, self.n, self.t, self.d, self.h, self.dh
         block = self.block if ctx.algo == "blocked" else t
         room = [ctx.scratch(s, dt) for s, dt in self._room("backward", block)]
-        rows, heads, dheads, ctxh, crow = room[:5]
-        acc = room[5] if block < t else None
-        probs, dprobs, stat, mask = room[-4:]
+        rows, heads, dkv, big, dbig, stat, mask = room
+        probs, dprobs = (a[..., :block * t].reshape(n, h, block, t) for a in (big, dbig))
         keep, stage = self._drop_room(ctx, block)
         x = bottoms[0].reshape(n * t, d)
         dy = top_grads[0].reshape(n * t, d)
         pg = param_grads
-        # the forward again, to the heads' outputs
+        # q, k, v again; then d(heads' outputs) = dy W_out, before the heads' outputs are
+        # rebuilt (for dW_out), block by block, in the loop that needs the probabilities anyway
         self._project(ctx, bottoms[0], params, rows, heads)
-        for a, b in self._blocks(block):
-            p = self._probs(xp, heads, a, b, probs, stat, mask)
-            if keep is not None:  # u = P * mask, kept for the full backward (one block)
-                dropped = self._keep(ctx, a, b, keep, stage)
-                dropped *= p
-                p = dropped
-            xp.matmul(p, heads[2], out=ctxh[:, :, a:b])
-        xp.copyto(crow.reshape(n, t, h, dh), ctxh.transpose(0, 2, 1, 3))
-        # the output projection
-        parallel.matmul(xp, dy.T, crow, pg["out_weight"])
-        if self.cfg["bias_term"]:
-            xp.sum(dy, axis=0, out=pg["out_bias"])
-        parallel.matmul(xp, dy, params["out_weight"], crow)  # crow now holds d(heads' outputs)
-        xp.copyto(ctxh, crow.reshape(n, t, h, dh).transpose(0, 2, 1, 3))
-        # attention, block by block: dV = P^T dO, dS = P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q;
-        # with dropout, U = P * mask: dV = U^T dO, dS = U dP - P rowsum(U dP)
-        dq, dk, dv = dheads
-        if acc is not None:
+        first, second, third = self._in_rows(rows)  # q, k, v's rows are spent until dx's
+        crow, ctxh = first.reshape(n * t, d), first.reshape(n, h, t, dh)   # the heads' outputs
+        drow, dctxh = second.reshape(n * t, d), second.reshape(n, h, t, dh)  # their gradient
+        parallel.matmul(xp, dy, params["out_weight"], crow)
+        xp.copyto(dctxh, crow.reshape(n, t, h, dh).transpose(0, 2, 1, 3))
+        # attention, block by block: O = U V (U = P, or P * mask with dropout), dV = U^T dO,
+        # dS = P (dP - rowsum(P dP)), dQ = dS K, dK = dS^T Q; with dropout, dS = U dP - P rowsum(U dP)
+        dq, (dk, dv) = third.reshape(n, h, t, dh), dkv
+        # the accumulators of dK and dV, while the probabilities' gradient, and then the
+        # probabilities, are spent (blocked)
+        acc_k, acc_v = (a[..., :t * dh].reshape(n, h, t, dh) for a in (big, dbig))
+        blocked = block < t
+        if blocked:
             dk[...] = 0
             dv[...] = 0
         for a, b in self._blocks(block):
-            p = probs if block == t else self._probs(xp, heads, a, b, probs, stat, mask)
+            p = self._probs(xp, heads, a, b, probs, stat, mask)
             u = p
             if keep is not None:
-                u = dropped if block == t else self._keep(ctx, a, b, keep, stage)
-                if block < t:
-                    u *= p
-            do = ctxh[:, :, a:b]
-            if acc is None:
+                u = self._keep(ctx, a, b, keep, stage)
+                u *= p
+            xp.matmul(u, heads[2], out=ctxh[:, :, a:b])
+            do = dctxh[:, :, a:b]
+            if not blocked:
                 xp.matmul(u.swapaxes(-1, -2), do, out=dv)
             else:
-                xp.matmul(u.swapaxes(-1, -2), do, out=acc)
-                dv += acc
+                xp.matmul(u.swapaxes(-1, -2), do, out=acc_v)
+                dv += acc_v
             dp, st = dprobs[:, :, :b - a], stat[:, :, :b - a]
             xp.matmul(do, heads[2].swapaxes(-1, -2), out=dp)
             xp.matmul(u[..., None, :], dp[..., :, None], out=st[..., None])
@@ -267,14 +272,22 @@ class MultiHeadAttention(Layer):
                 p *= st
                 dp -= p
             xp.matmul(dp, heads[1], out=dq[:, :, a:b])
-            if acc is None:
+            if not blocked:
                 xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=dk)
             else:
-                xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=acc)
-                dk += acc
+                xp.matmul(dp.swapaxes(-1, -2), heads[0][:, :, a:b], out=acc_k)
+                dk += acc_k
+        # the output projection's parameters, from the heads' outputs as rows (over dO's room)
+        xp.copyto(drow.reshape(n, t, h, dh), ctxh.transpose(0, 2, 1, 3))
+        parallel.matmul(xp, dy.T, drow, pg["out_weight"])
+        if self.cfg["bias_term"]:
+            xp.sum(dy, axis=0, out=pg["out_bias"])
         dq *= 1.0 / math.sqrt(dh)
-        # the input projection
-        xp.copyto(rows.reshape(n, t, 3, h, dh), dheads.transpose(1, 3, 0, 2, 4))
+        # the input projection, from dQ, dK, dV as rows (dQ moved out of the rows first)
+        xp.copyto(acc_k, dq)
+        grads = rows.reshape(n, t, 3, h, dh)
+        for i, g in enumerate((acc_k, dk, dv)):
+            xp.copyto(grads[:, :, i], g.transpose(0, 2, 1, 3))
         parallel.matmul(xp, rows.T, x, pg["in_weight"])
         if self.cfg["bias_term"]:
             xp.sum(rows, axis=0, out=pg["in_bias"])

@@ -241,6 +241,9 @@ class Algo:
     name: str
     workspace: int = 0
     speed: float = 1.0  # relative speed estimate (higher is faster); measured tables override it
+    # a kernel for the host alone (NumPy's Winograd): a plan for a GPU leaves it out, since
+    # there cuDNN's engines run (its own Winograd among those its heuristics rank first)
+    host_only: bool = False
 
 
 @dataclass
@@ -301,6 +304,11 @@ class Context:
             raise AssertionError(f"scratch of {n} bytes at {start} exceeds workspace of {have}")
         self._used = start + n
         return self.workspace[start:start + n].view(dtype).reshape(shape)
+
+    def reset_scratch(self):
+        """Carve the workspace from its start again: for a kernel made of two parts run one
+        after the other, which declares the larger of their workspaces, not their sum."""
+        self._used = 0
 
     def load(self, dst, src):
         """Copy the host array ``src`` into the device array ``dst`` (Input and Data layers)."""

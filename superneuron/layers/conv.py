@@ -38,7 +38,7 @@ above remain the fallback where cuDNN refuses a shape.
 
 import math
 
-from . import parallel
+from . import parallel, winograd
 from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .im2col import im2col, workspace_shapes
 from .registry import register
@@ -193,10 +193,33 @@ class Convolution(Layer):
                  Algo("im2col_chunked", workspace_bytes((cols, dt), *part), chunked)]
         if not self._pointwise:
             algos.append(Algo("direct", workspace_bytes(*direct), chunked * 2 / 3))
+        wino = self._winograd_algorithm(outputs)
+        if wino is not None:  # in its place by speed: fastest first
+            algos.insert(next((i for i, a in enumerate(algos) if a.speed < wino.speed), len(algos)), wino)
         if self._depthwise_ok():
             scratch = [((c, ho, wo), dt)] + ([((c,), dt)] if "dw" in outputs else [])
             algos.insert(0, Algo("depthwise", workspace_bytes(*scratch), self.DEPTHWISE_SPEED))
         return algos
+
+    def _winograd_algorithm(self, outputs):
+        """``winograd`` (layers/winograd.py) where it applies: y by F(2x2, 3x3); in the
+        backward dw by im2col first, then dx by Winograd in the same workspace (the larger
+        of the two); None where Winograd refuses the layer."""
+        if outputs not in ({"y"}, {"dw", "dx"}):  # Deconvolution's products: not offered
+            return None
+        phase = "forward" if "y" in outputs else "backward"
+        if winograd.refusal(self, phase) is not None:
+            return None
+        speed = winograd.speed(self, phase)
+        if phase == "forward":
+            return Algo("winograd", self._winograd_bytes("x"), speed, host_only=True)
+        dw_only = workspace_bytes(*workspace_shapes(self, {"dw", "dx"}))  # im2col's, as declared
+        return Algo("winograd", max(dw_only, self._winograd_bytes("dy")), speed, host_only=True)
+
+    def _winograd_bytes(self, source):
+        """The workspace of the Winograd convolution of ``source`` ('x': the forward; 'dy':
+        the data gradient's)."""
+        return workspace_bytes(*winograd.tiling(self, source).workspace_shapes(self.dtype))
 
     def _depthwise_ok(self):
         """A depthwise convolution (every channel its own group, one filter each: MobileNet's)."""
@@ -294,6 +317,20 @@ class Convolution(Layer):
                     for i, j, out_index, in_index in self._taps:
                         scatter_add(xp, dx[s], col[:, i, j], out_index, in_index)
 
+    def _winograd(self, ctx, weight, x=None, dy=None, y=None, dw=None, dx=None):
+        """F(2x2, 3x3) (layers/winograd.py): y; or dw by im2col, then dx as the Winograd
+        convolution of dy with the turned filters, in the workspace im2col used."""
+        if y is not None:
+            plan = winograd.tiling(self, "x")
+            winograd.convolve(ctx.xp, plan, _carve(ctx, plan, self.dtype), weight, x, y)
+            return
+        if dw is not None:
+            im2col(self, ctx, weight, x=x, dy=dy, dw=dw)
+            ctx.reset_scratch()  # dw is written: dx's Winograd takes the same workspace
+        if dx is not None:
+            plan = winograd.tiling(self, "dy")
+            winograd.convolve(ctx.xp, plan, _carve(ctx, plan, self.dtype), weight, dy, dx, turned=True)
+
     def _by_tap(self, weight):
         """``weight`` as (g, K/g, C/g, kh, kw): ``[..., i, j]`` is tap (i, j)'s slice, a view."""
         n, c, h, w, k, g, ho, wo = self.geometry
@@ -366,3 +403,8 @@ class Convolution(Layer):
                     xp.multiply(dy[s][out_index], w_tap, out=prod[out_index])
                     view = dx[s][in_index]
                     xp.add(view, prod[out_index], out=view)
+
+
+def _carve(ctx, plan, dtype):
+    """The scratch arrays of a Winograd ``plan``, carved in its declared order."""
+    return [ctx.scratch(shape, dt) for shape, dt in plan.workspace_shapes(dtype)]

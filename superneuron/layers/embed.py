@@ -3,7 +3,9 @@
 ``Embed`` is Caffe's: each bottom value is a token id in ``[0, input_dim)`` (a float, as Caffe
 feeds labels) and its top row is that row of a learned ``(input_dim, num_output)`` table, plus
 a bias. The ids get no gradient; the table's gradient is the top gradient added into the rows
-of the ids that were looked up.
+of the ids that were looked up. With a second bottom, that bottom is the table (no weight of its
+own): a ``Parameter`` top that a head reads too ties the input and output embeddings, as GPT-2
+does, the table's gradient the sum of both uses (the graph's Split adds them).
 
 ``Parameter`` is Caffe's layer that hands a learned blob of a given ``shape`` to the net
 (position embeddings, a class token). Caffe broadcasts such a blob over a batch with a Tile
@@ -32,6 +34,7 @@ class Embed(Layer):
         "weight_filler": Key("filler", parse_filler({"type": "gaussian", "std": 0.02})),
         "bias_filler": Key("filler", parse_filler("constant")),
     }
+    BOTTOMS = (1, 2)
     LABEL_BOTTOMS = (0,)  # ids: never differentiated
 
     def setup(self, bottom_shapes):
@@ -39,12 +42,17 @@ class Embed(Layer):
         for key in ("num_output", "input_dim"):
             if self.cfg[key] < 1:
                 self.fail(f"{key} must be >= 1, got {self.cfg[key]}")
+        table = (self.cfg["input_dim"], self.cfg["num_output"])
+        if len(bottom_shapes) == 2 and tuple(bottom_shapes[1]) != table:
+            self.fail(f"the table (bottom 2) must be input_dim x num_output {shape_str(table)}, "
+                      f"got {shape_str(bottom_shapes[1])}")
         self.count = math.prod(shape)
         return [shape + (self.cfg["num_output"],)]
 
     def param_specs(self):
         d, v = self.cfg["num_output"], self.cfg["input_dim"]
-        specs = [ParamSpec("weight", (v, d), self.cfg["weight_filler"], fan_in=v, fan_out=d)]
+        specs = [] if len(self.bottoms) == 2 else [ParamSpec("weight", (v, d), self.cfg["weight_filler"],
+                                                             fan_in=v, fan_out=d)]
         if self.cfg["bias_term"]:
             specs.append(ParamSpec("bias", (d,), self.cfg["bias_filler"]))
         return specs
@@ -74,16 +82,18 @@ class Embed(Layer):
     def forward(self, ctx, bottoms, tops, params):
         xp = ctx.xp
         y = tops[0].reshape(self.count, -1)
-        xp.take(params["weight"], self._ids(ctx, bottoms[0]), axis=0, out=y)
+        table = bottoms[1] if len(bottoms) == 2 else params["weight"]
+        xp.take(table, self._ids(ctx, bottoms[0]), axis=0, out=y)
         if self.cfg["bias_term"]:
             y += params["bias"]
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp
         dy = top_grads[0].reshape(self.count, -1)
-        dw = param_grads["weight"]
-        dw[...] = 0
-        _scatter_add(xp, dw, self._ids(ctx, bottoms[0]), dy)
+        dw = bottom_grads[1] if len(bottom_grads) == 2 else param_grads["weight"]
+        if dw is not None:
+            dw[...] = 0
+            _scatter_add(xp, dw, self._ids(ctx, bottoms[0]), dy)
         if self.cfg["bias_term"]:
             xp.sum(dy, axis=0, out=param_grads["bias"])
 

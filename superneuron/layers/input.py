@@ -103,7 +103,8 @@ class DummyData(Layer):
 
     KEYS = {"shape": Key("shapes", None, doc="one shape per top (or one for all)"),
             "data_filler": Key("fillers", (), doc="one filler per top (or one for all); default constant 0"),
-            **{k: Key("ints", (), doc="the old form of shape, one per top") for k in ("num", "channels", "height", "width")}}
+            **{k: Key("ints", (), doc="the old form of shape, one per top")
+               for k in ("num", "channels", "height", "width")}}
     BOTTOMS = (0, 0)
     TOPS = (1, None)
     BACKWARD = False

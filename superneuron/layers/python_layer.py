@@ -123,8 +123,9 @@ class Python(Layer):
     def _check_shapes(self, blobs, arrays):
         for i, (blob, array) in enumerate(zip(blobs, arrays)):
             if tuple(blob.shape) != _caffe_shape(array.shape):
-                self.fail(f"Python layer '{self.name}' reshaped top {i} ('{self.tops[i]}') from {tuple(array.shape)} to {tuple(blob.shape)}: "
-                          f"shapes are planned ahead, so a Python layer's tops keep the shape of set-up")
+                self.fail(f"Python layer '{self.name}' reshaped top {i} ('{self.tops[i]}') from "
+                          f"{tuple(array.shape)} to {tuple(blob.shape)}: shapes are planned ahead, "
+                          "so a Python layer's tops keep the shape of set-up")
 
 
 def _caffe_shape(shape):

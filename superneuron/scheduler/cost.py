@@ -35,8 +35,9 @@ from .steps import (
     UPDATE,
     WAIT,
     WAIT_REDUCE,
+    Encode,
 )
-from .walk import Copies, Walker
+from .timeline import Clock, Timeline
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,10 @@ class CostModel:
             memo = self._algorithms[layer] = {}
         algos = memo.get(phase)
         if algos is None:
-            algos = memo[phase] = layer.algorithms(phase)
+            algos = layer.algorithms(phase)
+            if self.device.name != "cpu":  # a host kernel is no choice on a GPU (Algo.host_only)
+                algos = [a for a in algos if not a.host_only] or algos
+            memo[phase] = algos
         return algos
 
     def algo_seconds(self, layer, phase, algo):
@@ -182,7 +186,7 @@ class CostModel:
         """Seconds the Forward ``step`` adds writing its layer's own encoded form in its pass
         (encode.py): the form's bytes, and the device's ``fused_pass`` of the operands an Encode
         of its own would read again."""
-        reads, writes = KINDS[ENCODE].uses(schedule.graph, step._replace(kind=ENCODE))
+        reads, writes = KINDS[ENCODE].uses(schedule.graph, Encode(step.encoded, None, node=step.node))
         size = schedule.tensors
         return (sum(size[t].nbytes for t in writes)
                 + self.device.fused_pass * sum(size[t].nbytes for t in reads)) / self.device.bandwidth
@@ -218,7 +222,7 @@ class CostModel:
         seconds = self.algo_seconds(layer, phase, algo)
         if step.fused is not None:
             seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
-        if step.kind == FORWARD and step.tensor is not None:
+        if step.encoded is not None and step.kind == FORWARD:
             seconds += self.encoded_seconds(schedule, step)
         return seconds
 
@@ -267,32 +271,6 @@ class CostModel:
         return self.timeline(schedule).seconds
 
 
-@dataclass
-class Timeline:
-    """An iteration's estimated time: ``seconds`` in all, of which ``stall`` waiting for
-    copies and ``recompute`` re-running forwards; ``copied`` bytes moved; ``starts``: each
-    step's start time on the compute stream; ``spans``: ``(step index, stream, start, end)``
-    of every compute step (on :data:`COMPUTE_STREAM`), copy (:data:`D2H`, :data:`H2D`) and
-    stall (a Wait holding the compute stream: :data:`STALL`), all-reduce (:data:`NETWORK`) and
-    exposed communication (a WaitReduce holding it: :data:`EXPOSED`); ``communication``: the
-    seconds of every all-reduce, of which ``exposed`` held the compute stream."""
-
-    seconds: float
-    stall: float
-    recompute: float
-    copied: float
-    starts: list
-    spans: list = None
-    communication: float = 0.0
-    exposed: float = 0.0
-
-
-# The streams of a timeline's spans (a stall and exposed communication are on the compute
-# stream, marked apart).
-COMPUTE_STREAM, D2H, H2D, STALL = "compute", "device→host", "host→device", "stall"
-NETWORK, EXPOSED = "all-reduce", "exposed all-reduce"
-
-
 def as_model(costs):
     """A CostModel from ``costs``: a CostModel, a measured table (dict), or None (estimates)."""
     if isinstance(costs, CostModel):
@@ -303,86 +281,6 @@ def as_model(costs):
 def step_seconds(schedule, step, model=None):
     """Seconds of ``step`` under ``model`` (default: the GPU estimate)."""
     return (model or CostModel()).step_seconds(schedule, step)
-
-
-class Clock(Walker):
-    """The walker of the cost model: the time of each step on its stream. ``now`` is the
-    compute stream's clock; copies (the base walker's, started by Offload and Prefetch and
-    waited for by Wait) are queued on a device→host and a host→device stream
-    (:class:`_Streams`); an AllReduce on the network. It adds the seconds of compute steps
-    and the waits; memory steps take none (the base's allocator calls go to no allocator)."""
-
-    def __init__(self, model, schedule):
-        self.model, self.schedule = model, schedule
-        self.now = self.stall = self.recompute_seconds = self.update_seconds = self.copied = 0.0
-        self.communication = self.exposed = self.network = 0.0
-        self.starts, self.spans, self.done = [], [], {}  # done: bucket → when its all-reduce ends
-        super().__init__(schedule.tensors, copies=_Streams(self))
-
-    def run(self, schedule):
-        starts, methods = self.starts, self.methods
-        for step in schedule.steps:
-            starts.append(self.now)
-            methods[step.kind](self, step)
-        return self
-
-    def _span(self, stream, start, end):
-        self.spans.append((len(self.starts) - 1, stream, start, end))
-
-    def compute(self, step):
-        """A compute step holds the compute stream for its :meth:`CostModel.step_seconds`."""
-        seconds = self.model.step_seconds(self.schedule, step)
-        self._span(COMPUTE_STREAM, self.now, self.now + seconds)
-        self.now += seconds
-        return seconds
-
-    def recompute(self, step):
-        self.recompute_seconds += self.compute(step)
-
-    def update(self, step):
-        self.update_seconds += self.compute(step)
-
-    def allreduce(self, step):
-        """Packs its bucket on the compute stream, then queues the bucket's sum on the network."""
-        self.compute(step)
-        seconds = self.model.link.allreduce_seconds(self.tensors[step.tensor].nbytes)
-        self.communication += seconds
-        self.network = self.done[step.tensor] = max(self.network, self.now) + seconds
-        self._span(NETWORK, self.network - seconds, self.network)
-
-    def waitreduce(self, step):
-        """Unpacks its bucket, once its all-reduce is done (any wait is *exposed*)."""
-        self.now += self.model.step_seconds(self.schedule, step)
-        end = self.done[step.tensor]
-        if end > self.now:
-            self.exposed += end - self.now
-            self._span(EXPOSED, self.now, end)
-            self.now = end
-
-
-class _Streams(Copies):
-    """The copies of a :class:`Clock`: each queued on its direction's stream, from when it is
-    issued or its stream is free; the handle is when it ends, and a Wait before then holds the
-    compute stream (a stall)."""
-
-    def __init__(self, clock):
-        self.clock = weakref.proxy(clock)  # no cycle: see walk.Walker
-        self.free_at = {OFFLOAD: 0.0, PREFETCH: 0.0}
-
-    def start(self, name, nbytes, kind):
-        clock = self.clock
-        seconds = clock.model.copy_seconds(nbytes)
-        clock.copied += nbytes
-        end = self.free_at[kind] = max(self.free_at[kind], clock.now) + seconds
-        clock._span(D2H if kind == OFFLOAD else H2D, end - seconds, end)
-        return end
-
-    def wait(self, name, end, what, planned):
-        clock = self.clock
-        if end > clock.now:
-            clock.stall += end - clock.now
-            clock._span(STALL, clock.now, end)
-            clock.now = end
 
 
 # -- measured tables -----------------------------------------------------------------------------

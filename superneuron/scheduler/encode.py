@@ -43,7 +43,7 @@ from .allocator import aligned
 from .inplace import inplace
 from .liveness import Roots, allocate_live
 from .schedule import add_workspace
-from .steps import BACKWARD, FORWARD, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward
+from .steps import BACKWARD, FORWARD, MEMORY, RECOMPUTE, Backward, Decode, Encode, Forward, first_backward
 from .walk import Tally, Walker
 
 TENSOR_CODECS = ("sign", "fp16", "sparse")  # forms of one tensor, each written back by a Decode
@@ -132,7 +132,7 @@ def _plan(schedule, context):
     """The :class:`_Stashes` of ``schedule`` (lossy forms: ``context.lossy``), or None where
     nothing is stashed (no training, or no backward)."""
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
+    turn = first_backward(steps)
     if not schedule.train or turn is None:
         return None
     return _Stashes(schedule, steps, turn, tuple(getattr(context, "lossy", ()) or ()))
@@ -195,7 +195,7 @@ class _Stashes:
         labels = {self.roots.scheduled(node.bottoms[i]) for i in node.layer.LABEL_BOTTOMS}
         if r not in labels:
             forms.add("fp16")
-        if step.kind == BACKWARD and step.tensor is None:
+        if step.kind == BACKWARD and step.encoded is None:
             reads_b, reads_t = node.layer.backward_reads()
             for enc in node.layer.encodings():
                 if enc.codec != "sign" or enc.direct:
@@ -236,7 +236,7 @@ class _Stashes:
         chosen = []
         for i in range(self.turn, len(self.steps)):
             step = self.steps[i]
-            if step.kind != BACKWARD or step.tensor is not None or step.node not in self.forward_of:
+            if step.kind != BACKWARD or step.encoded is not None or step.node not in self.forward_of:
                 continue
             if layers is not None and step.node not in layers:
                 continue
@@ -310,7 +310,8 @@ class _Summary(Walker):
         self.out.append((step.tensor, step.codec, what, self.tensors[step.tensor].nbytes))
 
     def forward(self, step):
-        if step.tensor is not None:  # the layer's own form, written in its pass
+        if step.encoded is not None:  # the layer's own form, written in its pass
             node = self.graph.nodes[step.node]
             codec = direct_form(node.layer).codec
-            self.out.append((step.tensor, codec, f"{node.name}'s backward operands", self.tensors[step.tensor].nbytes))
+            nbytes = self.tensors[step.encoded].nbytes
+            self.out.append((step.encoded, codec, f"{node.name}'s backward operands", nbytes))

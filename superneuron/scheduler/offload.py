@@ -34,7 +34,7 @@ import math
 
 from .liveness import Roots, allocate_live, intervals
 from .simulate import replay, resident_arenas
-from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, PREFETCH, Alloc, Free, Offload, Prefetch, Wait
+from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, PREFETCH, Alloc, Free, Offload, Prefetch, Wait, first_backward
 from .walk import NO_MEMORY, Walker
 from .workspace import smallest_workspaces
 
@@ -73,7 +73,7 @@ def _gaps(schedule, steps, model, only=None):
     take (None: every gap of every root, with :data:`LOOKAHEAD`) and how many steps each
     root's copies may run ahead of the compute."""
     roots = Roots.of(schedule)
-    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), None)
+    turn = first_backward(steps)
     if turn is None:
         return [], {}
     last, writes, gaps, gradient = {}, {}, [], set()

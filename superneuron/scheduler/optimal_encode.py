@@ -29,7 +29,7 @@ from ..options import PlanOptions
 from .context import Context
 from .encode import encode, units
 from .liveness import Roots, intervals
-from .steps import BACKWARD, CODING, ENCODE, FORWARD, MEMORY
+from .steps import CODING, ENCODE, FORWARD, MEMORY, first_backward
 
 
 @dataclass
@@ -61,26 +61,12 @@ def units_of(schedule, steps, roots, model, lossy=()):
     owner = {r: u for u, (_, rs) in enumerate(found) for r in rs}  # a root or an encoded form → its unit
     layer_of = {n: u for u, (layers, _) in enumerate(found) for n in layers}
     coded_steps = [s for s in coded.steps if s.kind not in MEMORY]
-    at, k = [], 0  # each coded step's compute step in ``steps``
-    seconds, encoded = [0.0] * len(found), [set() for _ in found]
-    for s in coded_steps:
-        if s.kind in CODING:
-            u = owner[s.source] if s.source is not None else layer_of[s.node]  # a tensor's form, a layer's
-            owner[s.tensor] = u
-            if s.source is not None:
-                encoded[u].add(s.source)
-            seconds[u] += model.step_seconds(coded, s)
-            at.append(k - 1 if s.kind == ENCODE else k)
-        else:
-            if s.kind == FORWARD and s.tensor is not None:  # a layer's form, in its forward's pass
-                owner[s.tensor] = layer_of[s.node]
-                seconds[layer_of[s.node]] += model.encoded_seconds(coded, s)
-            at.append(k)
-            k += 1
-    assert k == len(steps), "the encode pass adds coding steps only"
+    at, seconds, encoded = _coding_costs(coded, coded_steps, len(found), owner, layer_of, model)
+    assert len(coded_steps) == len(steps) + sum(s.kind in CODING for s in coded_steps), \
+        "the encode pass adds coding steps only"
     events = [{} for _ in found]
     coded_roots = Roots.of(coded)
-    turn = next((i for i, s in enumerate(coded_steps) if s.kind == BACKWARD), len(coded_steps))
+    turn = first_backward(coded_steps, len(coded_steps))
     read_after = {r for s in coded_steps[turn:] for r in coded_roots.uses(s)[0]}
     for u, (_, rs) in enumerate(found):  # roots no step reads whole after the turn: no stash is left
         encoded[u] |= {r for r in rs if r not in read_after}
@@ -93,6 +79,31 @@ def units_of(schedule, steps, roots, model, lossy=()):
             _add(events[u], a, b, -roots.size(r))
     return [Unit(layers, rs, seconds[u], sorted((i, -v) for i, v in events[u].items() if v), frozenset(encoded[u]))
             for u, (layers, rs) in enumerate(found)]
+
+
+def _coding_costs(coded, coded_steps, count, owner, layer_of, model):
+    """``(at, seconds, encoded)`` of the ``count`` units in ``coded`` (the encode pass's
+    schedule; ``coded_steps``, its steps but the memory ones): ``at``, each coded step's compute
+    step in the schedule before the pass (an Encode's, the step it follows); ``seconds``, each
+    unit's coding time; ``encoded``, each unit's roots that have a tensor form. Fills ``owner``
+    (a root or an encoded form → its unit) with the encoded forms."""
+    at, k = [], 0
+    seconds, encoded = [0.0] * count, [set() for _ in range(count)]
+    for s in coded_steps:
+        if s.kind in CODING:
+            u = owner[s.source] if s.source is not None else layer_of[s.node]  # a tensor's form, a layer's
+            owner[s.tensor] = u
+            if s.source is not None:
+                encoded[u].add(s.source)
+            seconds[u] += model.step_seconds(coded, s)
+            at.append(k - 1 if s.kind == ENCODE else k)
+        else:
+            if s.kind == FORWARD and s.encoded is not None:  # a layer's form, in its forward's pass
+                owner[s.encoded] = layer_of[s.node]
+                seconds[layer_of[s.node]] += model.encoded_seconds(coded, s)
+            at.append(k)
+            k += 1
+    return at, seconds, encoded
 
 
 def _add(events, first, last, nbytes):

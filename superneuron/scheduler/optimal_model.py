@@ -64,7 +64,7 @@ from .inplace import inplace
 from .liveness import Roots, intervals, liveness
 from .optimal_stashes import Stash, stashes_of  # noqa: F401 (Stash: the program's input, as Model)
 from .simulate import simulate
-from .steps import BACKWARD, LAYER_STEPS, MEMORY
+from .steps import LAYER_STEPS, MEMORY, first_backward
 
 MIP_GAP = 0.005  # HiGHS stops once its solution is proven within this of the best
 SWAP_COST = 0.02  # of a swap's copy time, its cost in the objective: copies that hide are not free
@@ -144,7 +144,7 @@ def build(schedule, model, joins=True, lossy=()):
             fixed_seconds += fastest[-1]
             if step.workspace and roots.scheduled(step.workspace):
                 fixed_ws[i] = roots.size(step.workspace)
-    turn = next((i for i, s in enumerate(steps) if s.kind == BACKWARD), n)
+    turn = first_backward(steps, n)
     stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
     return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
                  sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains,

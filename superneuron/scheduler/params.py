@@ -30,16 +30,13 @@ schedules get the same prefetches (they share the runtime's resident layout).
 
 from .liveness import liveness
 from .steps import (
-    APPLY,
     BACKWARD,
     COMMUNICATION,
+    COPY,
     LAYER_STEPS,
     MEMORY,
-    OFFLOAD,
-    PREFETCH,
     RESIDENT_ONLY,
     UPDATE,
-    WAIT,
     WAIT_REDUCE,
     Apply,
     Offload,
@@ -66,51 +63,81 @@ def offload_params(schedule, context=None):
     # accumulators: the host sums the rounds' gradients where they land)
     state = [t for t in schedule.resident if t not in graph.tensors]
     host = set(learnable) | grads | set(state)
-    update_ws = [s.workspace for s in schedule.steps if s.kind == UPDATE and s.workspace]
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
-    compute = [i for i, s in enumerate(steps) if s.kind not in (OFFLOAD, PREFETCH, WAIT, APPLY) + COMMUNICATION]
-    ahead = {i: compute[k - 1] if k else i for k, i in enumerate(compute)}   # the compute step before
-    after, following = {}, None  # each step → the compute step after it
-    for i in range(len(steps) - 1, -1, -1):
-        after[i] = following
-        if i in ahead:
-            following = i
-    number = {i: k for k, i in enumerate(compute)}
-    update = next((number[i] for i, s in enumerate(steps) if s.kind == UPDATE), None)
-    reduced = {g: i for i, s in enumerate(steps) if s.kind == WAIT_REDUCE for g in s.grads}
+    order = _Order(steps)
     # with ranks, a gradient's copy starts only at its bucket's WaitReduce, just before the
     # update: there is no backward left to hide its host update behind, so no diet
-    diet = update is not None and not schedule.whole_update and not reduced
-    kept = set()  # the gradients with a host place: those its backwards write, but under the diet
-    before, behind, last_use = {}, {}, {}
-    for i, step in enumerate(steps):
-        if step.kind not in LAYER_STEPS:
-            continue
-        node = graph.nodes[step.node]
-        for t in node.params.values():
-            if t in host and last_use.get(t) not in (i, ahead[i]):  # else it is still there
-                before.setdefault(ahead[i], []).append(Prefetch(t, keep=True))
-                before.setdefault(i, []).append(Wait(t))
-            last_use[t] = i
-        if step.kind == BACKWARD:
-            for g in node.param_grads.values():
-                at = reduced.get(g, i)  # its bucket's average, where there are ranks
-                behind.setdefault(at, []).append(Offload(g))
-                j = after[at]  # Accumulate and Update read the gradients: their copies end before
-                done = at if j is None or steps[j].kind in RESIDENT_ONLY else j
-                behind.setdefault(done, []).append(Wait(g))
-                if diet:  # after its Wait: the host update starts there (in the same list, later)
-                    applied = compute[max(number[done], min(number[done] + APPLY_LAG, update - 1))]
-                    behind.setdefault(applied, []).append(Apply(g))
-                else:
-                    kept.add(g)
+    diet = order.update is not None and not schedule.whole_update and not order.reduced
+    prefetch_at, wait_at = _parameter_copies(steps, graph, host, order)
+    behind, kept = _gradient_copies(steps, graph, order, diet)
     out = []
     for i, step in enumerate(steps):
-        prefetches = [s for s in before.get(i, ()) if s.kind == PREFETCH]
-        waits = [s for s in before.get(i, ()) if s.kind == WAIT]
-        out += prefetches + waits
+        out += prefetch_at.get(i, []) + wait_at.get(i, [])
         out.append(step)
         out += behind.get(i, ())
     resident = [t for t in schedule.resident if t not in host]
-    host_resident = [t for t in schedule.resident if t in host and (t in kept or t not in grads)] + update_ws
+    host_resident = [t for t in schedule.resident if t in host and (t in kept or t not in grads)] + order.update_ws
     return liveness(schedule.replace(out, resident=resident, host_resident=host_resident), context)
+
+
+class _Order:
+    """Where things are in ``steps`` (no memory steps): ``compute``, the indices of the steps
+    that are neither copies nor communication; ``ahead`` and ``after``, each step's compute
+    step before and after it; ``number``, a compute step's rank among them; ``update``, the
+    Update's rank (None: none); ``reduced``, gradient → the index of its bucket's WaitReduce;
+    ``update_ws``, the Update's workspaces (host-resident with the state they serve)."""
+
+    def __init__(self, steps):
+        self.compute = [i for i, s in enumerate(steps) if s.kind not in COPY + COMMUNICATION]
+        self.ahead = {i: self.compute[k - 1] if k else i for k, i in enumerate(self.compute)}
+        self.after, following = {}, None
+        for i in range(len(steps) - 1, -1, -1):
+            self.after[i] = following
+            if i in self.ahead:
+                following = i
+        self.number = {i: k for k, i in enumerate(self.compute)}
+        updates = [i for i, s in enumerate(steps) if s.kind == UPDATE]
+        self.update = self.number[updates[0]] if updates else None
+        self.update_ws = [steps[i].workspace for i in updates if steps[i].workspace]
+        self.reduced = {g: i for i, s in enumerate(steps) if s.kind == WAIT_REDUCE for g in s.grads}
+
+
+def _parameter_copies(steps, graph, host, order):
+    """``(prefetch_at, wait_at)``: step index → the Prefetches (keeping the host master) and
+    the Waits to put before it, for the host parameters each layer step reads: the Prefetch
+    before the compute step ahead of it, the Wait right before it, unless the step just
+    before used the parameter too."""
+    prefetch_at, wait_at, last_use = {}, {}, {}
+    for i, step in enumerate(steps):
+        if step.kind not in LAYER_STEPS:
+            continue
+        for t in graph.nodes[step.node].params.values():
+            if t in host and last_use.get(t) not in (i, order.ahead[i]):  # else it is still there
+                prefetch_at.setdefault(order.ahead[i], []).append(Prefetch(t, keep=True))
+                wait_at.setdefault(i, []).append(Wait(t))
+            last_use[t] = i
+    return prefetch_at, wait_at
+
+
+def _gradient_copies(steps, graph, order, diet):
+    """``(behind, kept)``: step index → the copy steps to put after it for the parameter
+    gradients each Backward writes (its Offload, its Wait after the next compute step, and
+    under the ``diet`` its Apply); ``kept``, the gradients that keep a host place all
+    iteration (those not on the diet)."""
+    behind, kept = {}, set()
+    compute, number = order.compute, order.number
+    for i, step in enumerate(steps):
+        if step.kind != BACKWARD:
+            continue
+        for g in graph.nodes[step.node].param_grads.values():
+            at = order.reduced.get(g, i)  # its bucket's average, where there are ranks
+            behind.setdefault(at, []).append(Offload(g))
+            j = order.after[at]  # Accumulate and Update read the gradients: their copies end before
+            done = at if j is None or steps[j].kind in RESIDENT_ONLY else j
+            behind.setdefault(done, []).append(Wait(g))
+            if diet:  # after its Wait: the host update starts there (in the same list, later)
+                applied = compute[max(number[done], min(number[done] + APPLY_LAG, order.update - 1))]
+                behind.setdefault(applied, []).append(Apply(g))
+            else:
+                kept.add(g)
+    return behind, kept

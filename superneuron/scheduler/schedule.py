@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..tensors import TensorInfo
 from .allocator import aligned
-from .steps import MEMORY
+from .steps import BACKWARD_PASS, MEMORY
 
 
 @dataclass
@@ -56,6 +56,11 @@ class Schedule:
                         policy or self.policy, offsets,
                         self.host_resident if host_resident is None else host_resident, self.whole_update,
                         self.roots, self.rounds if rounds is None else rounds, self.optimizer)
+
+    def forward_part(self, rounds=None):
+        """The program cut to its forward (a training-mode forward: Net.forward, and
+        Net.first_non_finite's check): without its Backward, Accumulate and Update steps."""
+        return self.replace([s for s in self.steps if s.kind not in BACKWARD_PASS], rounds=rounds)
 
     @property
     def resident_bytes(self):

@@ -143,7 +143,7 @@ def largest_working_set(schedule, roots=None, smallest=False):
             if extra is None:
                 algos = schedule.graph.nodes[step.node].layer.algorithms(key[1])
                 extra = least[key] = aligned(min((a.workspace for a in algos), default=0))
-            if step.kind == FORWARD and step.tensor is not None and step.workspace:
+            if step.kind == FORWARD and step.encoded is not None and step.workspace:
                 touched.add(step.workspace)  # its encoded form's scratch (encode.py): no choice
         elif step.workspace and scheduled(step.workspace):
             touched.add(step.workspace)

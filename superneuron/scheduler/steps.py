@@ -1,20 +1,21 @@
 """The step vocabulary: every kind of step an iteration is made of, declared once.
 
 A step is a :class:`Step`, an immutable record whose fields are named for what they hold:
-``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory or copy step
-acts on; the encoded form an Encode or a Forward writes, or a Decode or a Backward reads),
+``node`` (the graph node a compute step runs), ``tensor`` (the tensor a memory, copy or
+coding step acts on: an Encode's or a Decode's is its encoded form), ``encoded`` (the layer's
+own encoded form a Forward writes in its pass or a Backward reads instead of its operands),
 ``algorithm`` and ``workspace`` (the algorithm a compute step runs and the workspace tensor it
-uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch that leaves its host copy for a later
-one), ``source`` (the tensor an Encode's or a Decode's encoded form stands for), ``grads``
-(the parameter gradients a data-parallel bucket holds, in its order), ``fused`` (the in-place
-ReLU a Recompute runs in its own pass: fuse.py).
+uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch
+that leaves its host copy for a later one), ``source`` (the tensor an Encode's or a Decode's
+encoded form stands for), ``grads`` (the parameter gradients a data-parallel bucket holds, in
+its order), ``fused`` (the in-place ReLU a Recompute runs in its own pass: fuse.py).
 
-:data:`KINDS` says, for each kind, what it names, what it reads and writes, and what device
-Those are what the passes reason about (liveness.uses follows ``reads``/``writes``). What a
-step *does* is the walker's (walk.py): one method per kind, the memory and copy effects
-(device and host memory taken and given back, copies started and waited for) written once
-in its base, the Simulator, the cost model's clock and the Runtime adding their own. Adding a
-kind is one entry here, a method in each walker that gives it a meaning, and the pass that
+:data:`KINDS` says, for each kind, what it names and what it reads and writes. Those are
+what the passes reason about (liveness.uses follows ``reads``/``writes``). What a step
+*does* is the walker's (walk.py): one method per kind, the memory and copy effects (device
+and host memory taken and given back, copies started and waited for) written once in its
+base, the Simulator, the cost model's clock and the Runtime adding their own. Adding a kind
+is one entry here, a method in each walker that gives it a meaning, and the pass that
 inserts it.
 """
 
@@ -42,6 +43,8 @@ COPY = (OFFLOAD, PREFETCH, WAIT, APPLY)  # what the walker does between device a
 CODING = (ENCODE, DECODE)  # Gist's encodings (scheduler/encode.py)
 LAYER_STEPS = (FORWARD, BACKWARD, RECOMPUTE)  # compute steps that run one layer
 COMMUNICATION = (ALLREDUCE, WAIT_REDUCE)
+# what a training program cut to its forward leaves out (Schedule.forward_part)
+BACKWARD_PASS = (BACKWARD, ACCUMULATE, UPDATE)
 
 
 def _layer_forward(graph, step):
@@ -50,8 +53,8 @@ def _layer_forward(graph, step):
         return (), ()
     if step.fused is not None:  # and its ReLU's top, the same memory
         return list(node.bottoms) + list(node.params.values()), list(node.tops) + graph.nodes[step.fused].tops
-    if step.tensor is not None:  # and its own encoded form, in the same pass (encode.py)
-        return list(node.bottoms) + list(node.params.values()), list(node.tops) + [step.tensor]
+    if step.encoded is not None:  # and its own encoded form, in the same pass (encode.py)
+        return list(node.bottoms) + list(node.params.values()), list(node.tops) + [step.encoded]
     return list(node.bottoms) + list(node.params.values()), node.tops
 
 
@@ -63,8 +66,8 @@ def _operands(node):
 
 def _layer_backward(graph, step):
     node = graph.nodes[step.node]
-    # a Backward that names a tensor reads that encoded form of its operands instead of them
-    reads = [step.tensor] if step.tensor is not None else _operands(node)
+    # a Backward that names an encoded form reads it instead of its operands
+    reads = [step.encoded] if step.encoded is not None else _operands(node)
     reads += [g for g in node.top_grads if g is not None] + list(node.params.values())
     writes = [g for g in node.bottom_grads if g is not None] + list(node.param_grads.values())
     return reads, writes
@@ -169,9 +172,8 @@ class Step(NamedTuple):
 
     kind: str
     node: int = None          # compute steps of one layer: the graph node's index
-    tensor: str = None        # memory and copy steps: the tensor they act on; Encode, Decode: the
-    #                           encoded form; a Backward: an encoded form it reads (Layer.encodings);
-    #                           a Forward: the layer's own encoded form it writes too (encode.py)
+    tensor: str = None        # memory, copy and coding steps: the tensor they act on (Encode,
+    #                           Decode: the encoded form; AllReduce, WaitReduce: the bucket)
     algorithm: str = None     # compute steps: the algorithm chosen
     workspace: str = None     # compute steps: the workspace tensor, if any
     keep: bool = False        # Prefetch: its host copy stays for a later Prefetch
@@ -181,6 +183,8 @@ class Step(NamedTuple):
     fused: int = None         # a Recompute: the node of the ReLU, in place on its top, that its
     #                           layer runs in the same pass (fuse.py)
     codec: str = None         # Encode, Decode: the codec of the encoded form (layers/codecs.py)
+    encoded: str = None       # a Forward: the layer's own encoded form it writes in the same pass
+    #                           (encode.py); a Backward: that form, read instead of its operands
 
     def describe(self, graph):
         """A human-readable line, e.g. ``Forward(conv1) [im2col]``, ``Prefetch(x) [keep]`` or
@@ -192,8 +196,8 @@ class Step(NamedTuple):
             text += f" [{self.algorithm or self.codec}]"
         elif self.keep:
             text += " [keep]"
-        if runs_a_layer and self.tensor:  # the encoded form a Backward reads, a Forward writes
-            text += f" {'reads' if self.kind == BACKWARD else 'writes'} {self.tensor}"
+        if self.encoded:  # the encoded form a Backward reads, a Forward writes
+            text += f" {'reads' if self.kind == BACKWARD else 'writes'} {self.encoded}"
         if self.fused is not None:
             text += f" + ReLU({graph.nodes[self.fused].name})"
         return text
@@ -206,81 +210,87 @@ _new = tuple.__new__  # memory and copy steps are made by the hundred thousand p
 def Forward(node, algorithm=None, workspace=None, encoded=None):
     """The forward of node ``node``; ``encoded``: the layer's own encoded form (Layer.encodings,
     ``direct``) that it writes in the same pass, for its Backward to read."""
-    return _new(Step, (FORWARD, node, encoded, algorithm, workspace, False, None, (), None, None))
+    return _new(Step, (FORWARD, node, None, algorithm, workspace, False, None, (), None, None, encoded))
 
 
 def Backward(node, algorithm=None, workspace=None, encoded=None):
     """The backward of node ``node``; ``encoded``: the encoded form (a layer's own, see
     Layer.encodings) it reads instead of its bottoms and tops."""
-    return _new(Step, (BACKWARD, node, encoded, algorithm, workspace, False, None, (), None, None))
+    return _new(Step, (BACKWARD, node, None, algorithm, workspace, False, None, (), None, None, encoded))
 
 
 def Recompute(node, algorithm=None, workspace=None, fused=None):
     """Node ``node``'s forward again, for the backward; ``fused``: the node of the in-place
     ReLU on its top that it runs in the same pass (Layer.fuses_relu)."""
-    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused, None))
+    return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused, None, None))
 
 
 def Accumulate():
     """Adds this round's parameter gradients to their accumulators (``Schedule.rounds`` > 1)."""
-    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None, None))
+    return _new(Step, (ACCUMULATE, None, None, None, None, False, None, (), None, None, None))
 
 
 def Update(workspace=None, grads=()):
     """The optimiser's update of the parameters of ``grads`` (none: of every resident gradient)."""
-    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None, None))
+    return _new(Step, (UPDATE, None, None, None, workspace, False, None, tuple(grads), None, None, None))
 
 
 def Alloc(tensor):
-    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None, None))
+    return _new(Step, (ALLOC, None, tensor, None, None, False, None, (), None, None, None))
 
 
 def Free(tensor):
-    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None, None))
+    return _new(Step, (FREE, None, tensor, None, None, False, None, (), None, None, None))
 
 
 def Offload(tensor):
-    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None, None))
+    return _new(Step, (OFFLOAD, None, tensor, None, None, False, None, (), None, None, None))
 
 
 def Prefetch(tensor, keep=False):
     """A host→device copy of ``tensor``; ``keep``: its host copy stays for a later Prefetch."""
-    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None, None))
+    return _new(Step, (PREFETCH, None, tensor, None, None, keep, None, (), None, None, None))
 
 
 def Wait(tensor):
-    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None, None))
+    return _new(Step, (WAIT, None, tensor, None, None, False, None, (), None, None, None))
 
 
 def Encode(tensor, codec, source=None, node=None, workspace=None):
     """Write ``tensor``, the ``codec`` form of ``source`` (or, with ``node`` and no source, the
     form of what that layer's backward reads, which its backward then reads itself)."""
-    return _new(Step, (ENCODE, node, tensor, None, workspace, False, source, (), None, codec))
+    return _new(Step, (ENCODE, node, tensor, None, workspace, False, source, (), None, codec, None))
 
 
 def Decode(tensor, codec, source, workspace=None):
     """Write ``source`` back from ``tensor``, its ``codec`` form."""
-    return _new(Step, (DECODE, None, tensor, None, workspace, False, source, (), None, codec))
+    return _new(Step, (DECODE, None, tensor, None, workspace, False, source, (), None, codec, None))
 
 
 def Apply(grad):
     """The host update of ``grad``'s parameter (parameter offload) is done: its host copy goes."""
-    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None, None))
+    return _new(Step, (APPLY, None, grad, None, None, False, None, (), None, None, None))
 
 
 def AllReduce(bucket, grads):
     """Start the all-reduce of ``bucket`` (a tensor), once ``grads`` are packed into it."""
-    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None, None))
+    return _new(Step, (ALLREDUCE, None, bucket, None, None, False, None, tuple(grads), None, None, None))
 
 
 def WaitReduce(bucket, grads):
     """Wait for ``bucket``'s all-reduce and write the ranks' average back into ``grads``."""
-    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None, None))
+    return _new(Step, (WAIT_REDUCE, None, bucket, None, None, False, None, tuple(grads), None, None, None))
 
 
 def Barrier():
     """Wait for every copy started and not yet waited for."""
-    return _new(Step, (BARRIER, None, None, None, None, False, None, (), None, None))
+    return _new(Step, (BARRIER, None, None, None, None, False, None, (), None, None, None))
+
+
+def first_backward(steps, default=None):
+    """The index of the first Backward in ``steps`` (where the forward turns back), else
+    ``default``."""
+    return next((i for i, s in enumerate(steps) if s.kind == BACKWARD), default)
 
 
 def with_algorithm(step, algorithm, workspace):

@@ -12,7 +12,7 @@ which does nothing.
 The readings are subclasses that override only what they add:
 - the Simulator (simulate.Replayer): bytes, on planning allocators, with nothing more;
 - the cost model's clock (cost.Clock): seconds per stream, its copies queued on streams;
-- the Runtime (runtime/executor.Execution): kernels, on the arena, with real copies;
+- the Runtime (runtime/execution.Execution): kernels, on the arena, with real copies;
 - the sweeps of the passes (:class:`Tally` below, workspace.py, encode.py, offload.py).
 They all make the same allocator calls in the same order, so plan equals run by construction.
 
