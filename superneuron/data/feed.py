@@ -113,7 +113,7 @@ def loaders(cfg, train_set, test_set, batch, seed=0, shard=(0, 1)):
     shuffled (unless ``cfg`` says ``shuffle: false``) by ``seed`` and read ahead on a thread
     where its source decodes per batch; the test set in order, None when it is empty.
     ``shard``: ``(rank, ranks)``: ``batch`` is the global batch, of which the training loader
-    gives rank ``rank``'s part (data.Loader); the test loader's batch is then one rank's."""
+    gives rank ``rank``'s part (batches.Loader); the test loader's batch is then one rank's."""
     train = Loader(train_set, batch, shuffle=cfg.get("shuffle", True), seed=seed, train=True, shard=shard)
     if source_kind(cfg["source"]) in READ_AHEAD:
         train = ReadAhead(train)
