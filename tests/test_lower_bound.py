@@ -16,9 +16,9 @@ from test_net import SMALL
 from superneuron import planning
 from superneuron.cli.plan import main as sn_plan
 from superneuron.graph import Graph
+from superneuron.graph.tensors import storage_root
 from superneuron.netfile.spec import load_spec, loads_spec
 from superneuron.scheduler.allocator import aligned
-from superneuron.tensors import storage_root
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
 

@@ -16,6 +16,7 @@ import pytest
 
 from superneuron.backend import Backend
 from superneuron.graph import Graph
+from superneuron.graph.tensors import storage_root as root
 from superneuron.layers.base import fill
 from superneuron.net import Net
 from superneuron.netfile.spec import load_spec, loads_spec
@@ -28,7 +29,6 @@ from superneuron.scheduler.policy import POLICIES, apply_policy
 from superneuron.scheduler.recompute import recompute, with_recomputes
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.steps import COPY, MEMORY, Free, Offload, Wait
-from superneuron.tensors import storage_root as root
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
 

@@ -20,6 +20,7 @@ from test_optimal import optimal_within_budget_and_fastest, planned
 from test_optimal_joins import model_of, modelled
 
 from superneuron.errors import SNError
+from superneuron.graph.tensors import storage_root
 from superneuron.layers.conv import Convolution
 from superneuron.scheduler import optimal_encode
 from superneuron.scheduler.cost import CostModel
@@ -27,7 +28,6 @@ from superneuron.scheduler.encode import encode, units
 from superneuron.scheduler.liveness import liveness
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal_model import build, solve
-from superneuron.tensors import storage_root
 
 GPU = CostModel("gpu")
 

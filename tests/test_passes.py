@@ -14,6 +14,7 @@ from one_line import raises_one_line
 from superneuron.backend import Backend
 from superneuron.errors import SNError
 from superneuron.graph import Graph
+from superneuron.graph.tensors import storage_root as root
 from superneuron.layers.base import fill
 from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
@@ -25,7 +26,6 @@ from superneuron.scheduler.placement import arena_bytes, lifetimes, plan_offsets
 from superneuron.scheduler.policy import POLICIES, apply_policy
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.steps import MEMORY
-from superneuron.tensors import storage_root as root
 
 # paths as the tests load them (from the repository root); found from this file, so that a run
 # from another folder fails loudly instead of testing fewer nets

@@ -7,6 +7,7 @@ from test_encode import RELU_POOL
 from test_net import feed_for
 
 from superneuron import load_net
+from superneuron.graph.tensors import TensorInfo
 from superneuron.net import Net
 from superneuron.netfile.spec import loads_spec
 from superneuron.runtime.execution import Execution
@@ -32,7 +33,6 @@ from superneuron.scheduler.steps import (
 from superneuron.scheduler.timeline import Clock
 from superneuron.scheduler.walk import KEEPING, OFFLOADING, PREFETCHING, Copies, Walker, live_after
 from superneuron.scheduler.workspace import _LiveAtSteps
-from superneuron.tensors import TensorInfo
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
 

@@ -245,10 +245,10 @@ def test_a_workspace_no_layout_leaves_room_for_is_pinned_under_the_limit_first()
     workspace takes all the limit leaves at its step."""
     import types
 
+    from superneuron.graph.tensors import TensorInfo
     from superneuron.scheduler import placement
     from superneuron.scheduler.allocator import ALIGN
     from superneuron.scheduler.steps import Alloc, Forward, Free
-    from superneuron.tensors import TensorInfo
     tensors_ = [(0, 5, 4), (5, 7, 5), (0, 4, 3), (3, 4, 2), (2, 4, 4)]  # (first step, last step, units)
     workspaces = {4: 2, 6: 10, 7: 10}  # step: units
     limit = 15 * ALIGN

@@ -18,8 +18,8 @@ Update), and params.py copies its gradients to the host after its WaitReduce. So
 holds at most two buckets' gradients at once, and the host optimiser still overlaps the backward.
 """
 
+from ..graph.tensors import TensorInfo
 from ..options import DEFAULT_BUCKET_BYTES
-from ..tensors import TensorInfo
 from .steps import BACKWARD, COMMUNICATION, FREE, LAYER_STEPS, RESIDENT_ONLY, Alloc, AllReduce, Free, WaitReduce
 
 

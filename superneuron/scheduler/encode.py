@@ -38,7 +38,7 @@ rewrite: linear in the steps.
 
 import numpy as np
 
-from ..tensors import TensorInfo
+from ..graph.tensors import TensorInfo
 from .allocator import aligned
 from .inplace import inplace
 from .liveness import Roots, allocate_live

@@ -21,7 +21,7 @@ before that backward. Resident tensors (parameters, their gradients, optimiser s
 never scheduled.
 """
 
-from ..tensors import KINDS
+from ..graph.tensors import KINDS
 from .allocator import aligned
 from .steps import KINDS as STEP_KINDS
 from .steps import MEMORY, Alloc, Free

@@ -5,7 +5,7 @@ Memory steps name storage roots only: tensors that alias another (in-place tops,
 in-place gradients) take no storage of their own.
 """
 
-from ..tensors import TensorInfo
+from ..graph.tensors import TensorInfo
 from .schedule import Schedule, add_workspace
 from .steps import Accumulate, Alloc, Backward, Forward, Free, Update
 

@@ -5,7 +5,7 @@ with every tensor it touches and where the resident ones live. A pass is a funct
 
 from dataclasses import dataclass, field
 
-from ..tensors import TensorInfo
+from ..graph.tensors import TensorInfo
 from .allocator import aligned
 from .steps import BACKWARD_PASS, MEMORY
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .layers.base import Layer
-from .netfile.rules import PHASES
+from ..layers.base import Layer
+from ..netfile.rules import PHASES
 
 # Tensor kinds (DESIGN.md): "encoded" is a feature map's encoded form (Gist), which an Encode
 # step will make; "accum" a parameter gradient's sum over an iteration's rounds (iter_size);

@@ -30,12 +30,12 @@ import math
 
 import numpy as np
 
+from ..errors import LayerError, SpecError, where
+from ..layers import layer_class
+from ..layers.input import FED_TYPES
+from ..limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
+from ..netfile.rules import PHASES
 from .backward import inplace_choice, mark_gradients
-from .errors import LayerError, SpecError, where
-from .layers import layer_class
-from .layers.input import FED_TYPES
-from .limits import MAX_PROBLEMS, MAX_TENSOR_BYTES, over
-from .netfile.rules import PHASES
 from .tensors import Node, TensorInfo, storage_root
 
 
