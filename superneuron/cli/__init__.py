@@ -1,1 +1,1 @@
-"""Command-line tools: sn-train (and later sn-plan, sn-depth). Thin: parse, wire, print."""
+"""Command-line tools: sn-train, sn-plan, sn-depth, sn-convert, sn-make-lmdb. Thin: parse, call, print."""
