@@ -11,9 +11,9 @@ import pytest
 from one_line import cli_error, raises_one_line
 
 from superneuron.cli.depth import main
-from superneuron.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of
-from superneuron.depth_search import search
 from superneuron.errors import SNError
+from superneuron.explore.depth import MIN_BLOCKS, Planner, blocks_of, deepest, depth_of
+from superneuron.explore.depth_search import search
 from superneuron.graph import Graph
 from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions

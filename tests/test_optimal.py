@@ -303,8 +303,8 @@ def test_sn_plan_tradeoff_prints_the_table_and_draws_it(tmp_path, capsys):
 def test_the_tradeoff_shows_monets_published_points_beside_the_curve(tmp_path):
     """For the nets MONeT published (its README's tables), their points: memory as a fraction
     of PyTorch's peak, time as an overhead over PyTorch's; printed under the table."""
+    from superneuron.explore.tradeoff import monet_points
     from superneuron.report import tradeoff_table
-    from superneuron.tradeoff import monet_points
     r50 = monet_points("resnet50")
     assert r50["net"] == "ResNet-50, batch 184" and len(r50["points"]) == 6
     assert r50["points"][0] == {"fraction": round(10.01 / 15.06, 4), "overhead": 0.0322}

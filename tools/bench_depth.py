@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from superneuron.depth import Planner, blocks_of  # noqa: E402
+from superneuron.explore.depth import Planner, blocks_of  # noqa: E402
 from superneuron.report import human_bytes, parse_size  # noqa: E402
 
 POLICIES = ("baseline", "liveness", "recompute", "offload", "superneurons", "superneurons+params")

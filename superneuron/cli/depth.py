@@ -22,8 +22,8 @@ import os
 import sys
 import time
 
-from ..depth import MAX_DEPTH, Planner, deepest, verify
 from ..errors import SNError
+from ..explore.depth import MAX_DEPTH, Planner, deepest, verify
 from ..limits import MAX_DATA_SIDE, MAX_SEARCH_DEPTH, over
 from ..netfile.spec import parse_overrides
 from ..options import PlanOptions

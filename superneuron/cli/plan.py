@@ -25,6 +25,7 @@ import sys
 from .. import report
 from ..backend import get_backend, gpu_available, planning_kernels
 from ..errors import SNError
+from ..explore.tradeoff import tradeoff
 from ..files import check_output_path
 from ..graph import Graph
 from ..planning import lowered, min_memory, plan
@@ -37,7 +38,6 @@ from ..scheduler.placement import PLACEMENTS, arena_bytes
 from ..scheduler.simulate import compute_step, overflow_at
 from ..scheduler.steps import ALLREDUCE, COMMUNICATION, MEMORY, WAIT_REDUCE
 from ..sizes import parse_size
-from ..tradeoff import tradeoff
 from ..train.optim import make_optimizer
 from .common import load_spec_from_args, net_arguments, options_from_args, run_cli, solver_from_args
 from .progress import Working

@@ -54,16 +54,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import planning
-from .backend import planning_kernels
+from .. import planning
+from ..backend import planning_kernels
+from ..errors import SNError
+from ..graph import Graph
+from ..net import Net
+from ..netfile.spec import load_spec
+from ..scheduler.cost import CostModel
+from ..train.optim import make_optimizer
+from ..train.solver_config import SolverConfig
 from .depth_search import MIN_BLOCKS, search
-from .errors import SNError
-from .graph import Graph
-from .net import Net
-from .netfile.spec import load_spec
-from .scheduler.cost import CostModel
-from .train.optim import make_optimizer
-from .train.solver_config import SolverConfig
 
 MAX_DEPTH = 5000         # the default cap on the search: 1666 blocks, some 400 000 steps to plan
 GUESS_FROM = (MIN_BLOCKS, 2 * MIN_BLOCKS)  # the depths whose floors make the guess

@@ -11,11 +11,11 @@ PyTorch's peak (which keeps and frees as liveness does) and their time an overhe
 import dataclasses
 from fractions import Fraction
 
-from .errors import SNError
-from .planning import fits, plan
-from .scheduler.context import Context
-from .scheduler.optimal import smallest_budget
-from .scheduler.policy import passes_of
+from ..errors import SNError
+from ..planning import fits, plan
+from ..scheduler.context import Context
+from ..scheduler.optimal import smallest_budget
+from ..scheduler.policy import passes_of
 
 POLICIES = ("liveness", "recompute", "offload", "superneurons", "optimal")
 FRACTIONS = (2 / 3, 1 / 2, 1 / 3, 1 / 4)  # of liveness's peak (its arena without a budget)
