@@ -1,5 +1,5 @@
 """sn-depth: the deepest ResNet whose training iteration fits a device memory budget, under
-each memory policy, found by planning alone (superneuron/depth.py says how).
+each memory policy, found by planning alone (superneuron/explore/depth.py says how).
 
     sn-depth --memory 12GiB --batch 16 --host-memory 128GiB   # nets/resnet.yaml, every policy
     sn-depth --memory 40GiB --batch 16 --policies baseline,liveness --json
