@@ -250,9 +250,9 @@ class Graph:
         return node
 
     def _add_node(self, ls, layer, bottoms, tops, inplace=False, kept=None):
-        # an Input or Data layer runs in both phases: a train_val file's TEST input was dropped
-        # for it (_instantiate), so the test forward reads its tensors, fed by the test loader
-        both = ls is None or ls.type in ("Input", "Data")
+        # a fed layer runs in both phases: a train_val file's TEST input was dropped for it
+        # (_instantiate), so the test forward reads its tensors, fed by the test loader
+        both = ls is None or ls.type in FED_TYPES
         node = Node(len(self.nodes), layer, ls, list(bottoms), list(tops), inplace=inplace, kept=kept,
                     phases=PHASES if both else ls.phases)
         for t, s in zip(tops, layer.top_shapes):

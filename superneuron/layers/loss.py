@@ -92,11 +92,7 @@ class SigmoidCrossEntropyLoss(Layer):
     @property
     def mode(self):
         """The normalization in force: ``normalization``, else ``normalize``'s, else BATCH_SIZE."""
-        if self.cfg["normalization"] is not None:
-            return self.cfg["normalization"]
-        if self.cfg["normalize"] is not None:
-            return "VALID" if self.cfg["normalize"] else "BATCH_SIZE"
-        return "BATCH_SIZE"
+        return normalization_in_force(self.cfg, "BATCH_SIZE")
 
     def backward_reads(self):
         return (0, 1), ()
@@ -164,3 +160,13 @@ class SigmoidCrossEntropyLoss(Layer):
         if ignored is not None:
             xp.copyto(dx, 0, where=ignored)
         dx *= top_grads[0] / self._normalizer(xp, ignored)
+
+
+def normalization_in_force(cfg, default):
+    """Caffe's rule for a loss's normalizer: ``normalization`` when given, else the older
+    ``normalize`` (true: VALID, false: BATCH_SIZE), else ``default``."""
+    if cfg.get("normalization") is not None:
+        return cfg["normalization"]
+    if cfg.get("normalize") is not None:
+        return "VALID" if cfg["normalize"] else "BATCH_SIZE"
+    return default

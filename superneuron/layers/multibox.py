@@ -26,6 +26,7 @@ from . import boxes
 from .base import Cost, Key, Layer
 from .detection import to_host
 from .join import shape_str
+from .loss import normalization_in_force
 from .registry import register
 
 FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -108,11 +109,7 @@ class MultiBoxLoss(Layer):
     @property
     def normalization(self):
         """The normalization in force: ``normalization``, else ``normalize``'s, else VALID."""
-        if self.cfg["normalization"] is not None:
-            return self.cfg["normalization"]
-        if self.cfg["normalize"] is not None:
-            return "VALID" if self.cfg["normalize"] else "BATCH_SIZE"
-        return "VALID"
+        return normalization_in_force(self.cfg, "VALID")
 
     def backward_reads(self):
         return (0, 1, 2, 3), ()

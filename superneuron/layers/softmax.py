@@ -10,6 +10,7 @@ import numpy as np
 
 from .base import Algo, Cost, Key, Layer, workspace_bytes
 from .join import shape_str
+from .loss import normalization_in_force
 from .norm import _ncl, axis_setup
 from .registry import register
 
@@ -229,9 +230,7 @@ class SoftmaxWithLoss(_ScoresAndLabels):
     @property
     def mode(self):
         """The normalization in force: ``normalization``, else ``normalize``'s (Caffe's rule)."""
-        if self.cfg.get("normalization") is not None:
-            return self.cfg["normalization"]
-        return "VALID" if self.cfg["normalize"] else "BATCH_SIZE"
+        return normalization_in_force(self.cfg, "VALID")
 
     def backward_reads(self):
         return (0, 1), ()
