@@ -12,6 +12,9 @@ high-water mark VmHWM beside it), the arena's real peak and size, the mean secon
 iteration over those iterations, the mean loss, and the count and bytes of the snapshot files
 in the folder. The JSON is rewritten at each sample, so a run stopped early (``--minutes``, a
 kill) leaves its curve; its ``summary`` compares the first sample after warm-up with the last.
+``--plot FILE.png`` draws the curve (resident memory, the arena's peak, time per iteration and
+the snapshot files against the iteration) at the end; ``--replot JSON --plot FILE.png`` draws
+an earlier run's without training.
 """
 
 import argparse
@@ -52,6 +55,31 @@ def folder_files(folder):
     return len(files), sum(os.path.getsize(f) for f in files)
 
 
+def plot(record, png):
+    """Draw ``record``'s samples into ``png``: four panels sharing the iteration axis."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = record["samples"]
+    iters = [s["iter"] for s in samples]
+    panels = [("resident memory (MiB)", [s["rss_bytes"] / 2**20 for s in samples]),
+              ("arena peak (MiB)", [s["arena_peak_bytes"] / 2**20 for s in samples]),
+              ("ms per iteration", [s["ms_per_iter"] for s in samples]),
+              ("snapshot files", [s["snapshot_files"] for s in samples])]
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, figsize=(7, 8))
+    for ax, (label, values) in zip(axes, panels):
+        ax.plot(iters, values, marker=".", linewidth=1)
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("iteration")
+    axes[0].set_title(f"{record['net']}, {record['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
 def build(args, folder):
     from superneuron.data.batches import Loader
     from superneuron.data.sources import open_source, source_config
@@ -89,7 +117,15 @@ def main(argv=None):
     p.add_argument("--snapshot-minutes", type=float, default=3.0)
     p.add_argument("--snapshot-keep", type=int, default=3)
     p.add_argument("--json", default="benchmarks/long_run_cpu.json")
+    p.add_argument("--plot", metavar="PNG", help="draw the curve into this file at the end")
+    p.add_argument("--replot", metavar="JSON", help="draw an earlier run's JSON (with --plot) and stop")
     args = p.parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            p.error("--replot needs --plot PNG")
+        with open(args.replot) as f:
+            plot(json.load(f), args.plot)
+        return
 
     folder = tempfile.mkdtemp(prefix="sn-long-run-")
     trainer = build(args, folder)
@@ -154,6 +190,8 @@ def main(argv=None):
     finally:
         save()
         shutil.rmtree(folder, ignore_errors=True)
+        if args.plot and samples:
+            plot(record, args.plot)
     print(json.dumps(record.get("summary", {})))
 
 
