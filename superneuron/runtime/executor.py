@@ -128,11 +128,11 @@ class Runtime:
         """Round ``k`` of ``when = (iteration, k)`` of ``schedule`` on the device, nothing read
         back (``finite``: the losses of the rounds before were finite): the arenas placed anew,
         its steps walked. ``checked``: the layers whose fed labels were checked on the host
-        (default: those ``feed`` lets :meth:`_check_labels` check now). The Execution walked:
+        (default: those ``feed`` lets :meth:`check_labels` check now). The Execution walked:
         its ``outputs`` are device scalars, which :meth:`read_outputs` reads (a captured CUDA
         graph, runtime/graphs.py, replays this and reads them after each launch)."""
         self.schedule = schedule
-        self._labels_checked = self._check_labels(feed) if checked is None else checked
+        self._labels_checked = self.check_labels(feed) if checked is None else checked
         self.arena.reset(schedule.offsets)
         self.host.reset()
         execution = self._run_steps(schedule, feed, when, optimizer, watch, finite)
@@ -212,7 +212,7 @@ class Runtime:
             else:
                 grad += acc
 
-    def _check_labels(self, feed):
+    def check_labels(self, feed):
         """Check the labels fed on the host (where they are NumPy) for every layer that reads
         labels straight from the feed; the names of those layers, whose forward then need not
         read them back from the device."""
