@@ -7,6 +7,8 @@ learning rate) can differ between replays: the same losses and parameters as a r
 show that it is refreshed, and that nothing else the iteration needs changed."""
 
 import contextlib
+import json
+import os
 import types
 
 import numpy as np
@@ -23,6 +25,7 @@ from superneuron.train.optim import Optimizer, make_optimizer
 from superneuron.train.solver_config import SolverConfig
 
 FINITE = "the losses' finiteness, before the update"
+TINY = os.path.join(os.path.dirname(__file__), "nets", "tiny.yaml")
 
 
 class FakeGraphs:
@@ -236,3 +239,44 @@ def test_the_one_kernel_sgd_rewrites_its_rates_in_its_table_for_a_replay():
     optimizer._fused = fused
     optimizer.refresh(3)  # iteration 3: 0.05
     np.testing.assert_array_equal(cp_tables[0], optim_kernels.rates([1.0, 0.3], 0.05))
+
+
+def _cli_losses(tmp_path, capsys, name, *flags, net=TINY):
+    from superneuron.cli.train import main
+    log = tmp_path / f"{name}.jsonl"
+    assert main([str(net), "--iters", "4", "--display", "1", "--test-interval", "2", "--log", str(log), *flags]) == 0
+    return [json.loads(line)["loss"] for line in open(log) if '"loss"' in line], capsys.readouterr().out
+
+
+def test_sn_train_on_the_cpu_says_off_once_and_trains_the_same(tmp_path, capsys):
+    plain, _ = _cli_losses(tmp_path, capsys, "plain")
+    flagged, out = _cli_losses(tmp_path, capsys, "flagged", "--cuda-graph")
+    assert flagged == plain and len(plain) == 4
+    assert out.count("cuda graph") == 1 and "cuda graph: off (CPU backend)\n" in out
+
+
+def test_sn_train_says_when_it_captured_and_how_many_it_replayed(tmp_path, capsys, monkeypatch):
+    """Through the stand-in capture (and SGD as the GPU's one kernel takes it), with a test
+    pass between replays: the losses of the run without the flag; a line when the graph is
+    captured, and the count of replays at the end."""
+    net = tmp_path / "tiny_no_dropout.yaml"  # the tiny net's Dropout would stop the capture
+    text = open(TINY).read()
+    net.write_text("\n".join(line for line in text.splitlines() if "type: Dropout" not in line)
+                   .replace("bottom: drop,", "bottom: pool,"))
+    plain, _ = _cli_losses(tmp_path, capsys, "plain", net=net)
+    monkeypatch.setattr("superneuron.net.get_backend", lambda device: GraphBackend())
+    monkeypatch.setattr(Optimizer, "guards_on_device", lambda self, xp: True)
+    graphed, out = _cli_losses(tmp_path, capsys, "graphed", "--cuda-graph", net=net)
+    assert graphed == plain
+    lines = [line for line in out.splitlines() if "cuda graph" in line.lower()]
+    assert lines[:2] == ["cuda graph: on: 1 warm-up iteration, then one captured and replayed",
+                         "cuda graph: on: captured at iteration 1, replayed since"], lines
+    assert "2 iterations replayed from the CUDA graph" in out
+
+
+def test_sn_train_names_the_layer_that_stops_the_capture(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("superneuron.net.get_backend", lambda device: GraphBackend())
+    _, out = _cli_losses(tmp_path, capsys, "graphed", "--cuda-graph")
+    lines = [line for line in out.splitlines() if "cuda graph" in line.lower()]
+    assert lines == ["cuda graph: off (random numbers drawn each iteration from a host seed: Dropout layer "
+                     "'drop')"], lines
