@@ -280,3 +280,67 @@ def test_sn_train_names_the_layer_that_stops_the_capture(tmp_path, capsys, monke
     lines = [line for line in out.splitlines() if "cuda graph" in line.lower()]
     assert lines == ["cuda graph: off (random numbers drawn each iteration from a host seed: Dropout layer "
                      "'drop')"], lines
+
+
+class _FakeCudaModule:
+    """The few names of ``cupy.cuda`` CudaGraphs uses, logging each call in ``log``."""
+
+    def __init__(self):
+        log = self.log = []
+        self.allocator = "default"
+
+        class Stream:
+            def __init__(self):
+                self.ptr = 77
+
+            def __enter__(self):
+                log.append("stream on")
+
+            def __exit__(self, *exc):
+                log.append("stream off")
+
+            def begin_capture(self):
+                log.append("begin")
+
+            def end_capture(self):
+                log.append("end")
+                return types.SimpleNamespace(launch=lambda stream: log.append(("launch", stream.ptr)))
+
+        self.Stream = Stream
+        self.MemoryPool = lambda: types.SimpleNamespace(malloc="pool")
+
+    def get_allocator(self):
+        return self.allocator
+
+    def set_allocator(self, allocator):
+        self.log.append(("allocator", allocator))
+        self.allocator = allocator
+
+
+def test_cuda_graphs_capture_on_their_stream_with_their_pool_and_cudnn_follows():
+    """CudaGraphs over a stand-in for cupy.cuda: work goes on its stream, cuDNN's handle moves
+    there and back, the private pool serves only while asked, a capture that raises is ended
+    (its error the one raised), a launch goes on the stream and returns what the capture did."""
+    cuda = _FakeCudaModule()
+    kernels = types.SimpleNamespace(cudnn=types.SimpleNamespace(set_stream=None),
+                                    use_stream=lambda ptr: cuda.log.append(("cudnn", ptr)))
+    api = graphs.CudaGraphs(types.SimpleNamespace(cuda=cuda), kernels)
+    assert api.unable is None
+    with api.running(pool=True):
+        graph = api.capture(lambda: "execution")
+    assert cuda.log == [("allocator", "pool"), ("cudnn", 77), "stream on", "begin", "end", "stream off",
+                        ("cudnn", 0), ("allocator", "default")]
+    del cuda.log[:]
+    with api.running():
+        assert api.launch(graph) == "execution"
+    assert cuda.log == [("cudnn", 77), "stream on", ("launch", 77), "stream off", ("cudnn", 0)]
+    del cuda.log[:]
+
+    def broken():
+        raise RuntimeError("not permitted")
+    with pytest.raises(RuntimeError, match="not permitted"):
+        api.capture(broken)
+    assert cuda.log == ["begin", "end"]
+    old = graphs.CudaGraphs(types.SimpleNamespace(cuda=cuda), types.SimpleNamespace(cudnn=object()))
+    assert "no set_stream" in old.unable
+    assert graphs.blocker(_runtime(), types.SimpleNamespace(rounds=1, steps=[], train=True), old) == old.unable

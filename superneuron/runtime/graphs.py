@@ -57,6 +57,8 @@ def blocker(runtime, schedule, api):
     (a few words), or None."""
     if api is None:
         return f"{runtime.backend.name.upper()} backend"
+    if getattr(api, "unable", None):
+        return api.unable
     if runtime.group is not None:
         return f"data-parallel over {runtime.group.size} ranks: the collectives are not captured"
     if runtime.host_update:
@@ -201,6 +203,11 @@ class CudaGraphs:
         self.cupy, self.kernels = cupy, kernels
         self.stream = cupy.cuda.Stream()
         self.pool = cupy.cuda.MemoryPool()
+        self.unable = None  # why this GPU cannot capture, where that is known at once
+        if not hasattr(cupy.cuda.Stream, "begin_capture"):
+            self.unable = f"CuPy {getattr(cupy, '__version__', '')} has no stream capture"
+        elif kernels is not None and not hasattr(getattr(kernels, "cudnn", None), "set_stream"):
+            self.unable = "the cuDNN Frontend cannot move its handle onto the capture stream (no set_stream)"
 
     @contextlib.contextmanager
     def running(self, pool=False):
