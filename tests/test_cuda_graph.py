@@ -187,6 +187,10 @@ def test_what_the_optimiser_lets_a_replay_repeat():
     fused = DeviceGuard(SolverConfig(lr_policy="step", stepsize=1))
     fused._fused = object()  # the one-kernel SGD ran: its rates are device tables
     assert fused.replay_blocker(np) is None
+    assert fused.replay_blocker(types) is None  # (any module but NumPy: a device's)
+    fused._fused, fused.fused_missing = False, "CompileException: nvrtc"
+    assert fused.replay_blocker(types) == ("the update took SGD's per-parameter path, which reads host values "
+                                           "(CompileException: nvrtc)")
 
 
 def test_the_placement_kept_for_replays_is_all_that_reset_starts_anew():

@@ -98,7 +98,7 @@ class IterationGraph:
         self.api = graph_api(runtime.backend) if api is None else api
         self.warmup, self.warmed = warmup, 0
         self.reason = blocker(runtime, schedule, self.api)
-        self.graph = self.staging = self.checked = self.placed = self.execution = None
+        self.graph = self.staging = self.checked = self.placed = None
         self.captured_at, self.replays = None, 0
 
     @property

@@ -130,6 +130,9 @@ class Optimizer:
         if not self.guards_on_device(xp):
             return (f"solver {self.cfg.type}: its update reads host values each iteration (only SGD and "
                     f"Nesterov in one kernel take theirs from the device)")
+        if xp is not np and not self._fused:  # float64, or a kernel that did not compile
+            return ("the update took SGD's per-parameter path, which reads host values"
+                    + (f" ({self.fused_missing})" if self.fused_missing else ""))
         rate_changes = self.cfg.lr_policy != "fixed" or bool(self.cfg.warmup_iter)
         if rate_changes and not self._fused:
             return (f"the learning rate changes (lr_policy {self.cfg.lr_policy}) and this update takes it "
