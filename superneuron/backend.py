@@ -33,6 +33,7 @@ class Backend:
 
     def __init__(self):
         self.syncs = collections.Counter()  # host_sync's reasons, each with how often
+        self.draws = 0  # calls of uniform(): random numbers from a host seed (runtime/graphs.py)
 
     def host_sync(self, reason):
         """Say that the host is about to read a device value (``reason``: which, and why). On a
@@ -65,6 +66,7 @@ class Backend:
 
     def uniform(self, seed, out):
         """Fill ``out`` with U[0, 1) numbers determined by ``seed`` alone."""
+        self.draws += 1
         np.random.default_rng(seed).random(out=out, dtype=out.dtype)
         return out
 
@@ -167,6 +169,7 @@ class GPUBackend(Backend):
         return self.xp.asnumpy(array)
 
     def uniform(self, seed, out):
+        self.draws += 1
         gen = self.xp.random.default_rng(seed)
         out[...] = gen.random(out.shape, dtype=out.dtype)
         return out

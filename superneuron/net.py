@@ -23,6 +23,7 @@ from .options import PlanOptions
 from .planning import min_memory, plan
 from .report import overflow_line
 from .runtime.executor import Runtime, rank_seed
+from .runtime.graphs import IterationGraph
 from .runtime.profile import load_or_measure
 from .scheduler.cost import LINKS, CostModel, cached_table
 from .scheduler.simulate import compute_step, overflow_at
@@ -47,7 +48,10 @@ class Net:
     host; ``offload_params`` keeps the parameters there. ``device``: ``'cpu'``, ``'gpu'`` or a
     backend.Backend; ``dtype``: ``'float32'`` or ``'float64'``. ``lossy``: the lossy encodings
     a policy that encodes may keep stashes in (``('fp16',)``: ``--lossy fp16``).
-    ``solver_seconds``: the time limit of the optimal policy's solver.
+    ``solver_seconds``: the time limit of the optimal policy's solver. ``cuda_graph``: on a GPU,
+    :meth:`train_step` captures one training iteration as a CUDA graph after a warm-up and
+    replays it (runtime/graphs.py); where that cannot be done, :attr:`graph_line` says why and
+    the iterations run as without it.
 
     ``optimizer`` (an optim.Optimizer) adds its state to the resident region and lets
     :meth:`train_step` update the parameters. ``costs`` times the steps for the passes that
@@ -91,6 +95,7 @@ class Net:
             raise SNError(f"needs {human_bytes(host)} of host memory for offloaded tensors; "
                           f"--host-memory {human_bytes(host_memory)} (policy {self.policy})")
         self.runtime = self._runtime(memory or needed, host, seed)
+        self.graphs = IterationGraph(self.runtime, self.schedules["train"]) if options.cuda_graph else None
         self._init_params(seed)
         self.outputs = {}  # scalar tops (losses, accuracies) of the last run, by layer name
 
@@ -98,6 +103,12 @@ class Net:
     def policy(self):
         """The policy planned, as users write it (``superneurons+params``)."""
         return self.options.name
+
+    @property
+    def graph_line(self):
+        """Where the CUDA graph of the training iteration stands, one line (``cuda graph: off
+        (CPU backend)``), or None without ``cuda_graph``."""
+        return None if self.graphs is None else self.graphs.line
 
     @property
     def ranks(self):
@@ -251,6 +262,9 @@ class Net:
         are summed, the update scales them by 1 / K, and the loss and outputs are the means
         over the K batches (Caffe's gradient accumulation)."""
         assert self.optimizer is not None, "Net was built without an optimizer"
+        if self.graphs is not None:
+            self.outputs = self.graphs.step(self._feeds(feed), iteration, self.optimizer)
+            return self.loss
         self.outputs = self.runtime.run(self.schedules["train"], self._feeds(feed), iteration=iteration,
                                        optimizer=self.optimizer)
         return self.loss

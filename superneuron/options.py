@@ -43,7 +43,8 @@ ALIASES = {"memory": "budget"}
 # The flag each field comes from, for errors that a user of either door reads.
 FLAGS = {"budget": "--memory", "host_memory": "--host-memory", "workspace_limit": "--workspace-limit",
          "bucket_bytes": "--bucket-size", "solver_seconds": "--solver-time", "ranks": "--ranks",
-         "placement": "--placement", "policy": "--policy", "device": "--device", "lossy": "--lossy"}
+         "placement": "--placement", "policy": "--policy", "device": "--device", "lossy": "--lossy",
+         "cuda_graph": "--cuda-graph"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,9 @@ class PlanOptions:
     a cap on the optimal policy's solving time (None: none; its work limits end it); ``ranks``:
     data-parallel ranks, their gradients all-reduced in buckets of ``bucket_bytes``, BatchNorm
     over the global batch with ``sync_bn``; ``offload_params``: parameters, gradients and
-    optimiser state on the host."""
+    optimiser state on the host; ``cuda_graph``: a training iteration is captured once as a CUDA
+    graph and replayed (runtime/graphs.py; where it cannot be, the run says why and goes on
+    without). The last is a run's option rather than a plan's: no pass reads it."""
 
     policy: str = None
     budget: int = None
@@ -72,6 +75,7 @@ class PlanOptions:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     sync_bn: bool = False
     offload_params: bool = False
+    cuda_graph: bool = False
 
     def __post_init__(self):
         def put(name, value):
@@ -94,6 +98,7 @@ class PlanOptions:
             raise SNError(f"{_flag('ranks')} must be a whole number of at least 1, got {self.ranks!r}")
         put("sync_bn", bool(self.sync_bn))
         put("offload_params", bool(self.offload_params))
+        put("cuda_graph", bool(self.cuda_graph))
         policy = self.policy
         if policy is None:
             policy = "auto" if self.budget is not None else "baseline"

@@ -440,3 +440,31 @@ def test_family_nets_on_gpu_give_the_cpus_loss_and_gradients(tmp_path, name):
         g = cpu.grad(p)
         np.testing.assert_allclose(gpu.grad(p), g, rtol=1e-3, atol=1e-4 * max(np.abs(g).max(), 1e-6), err_msg=p)
     assert gpu.runtime.peak_bytes == gpu.plans["train"].peak_bytes
+
+
+@pytest.mark.parametrize("path, policy", [("nets/lenet.yaml", "baseline"), ("nets/resnet.yaml", "superneurons")])
+def test_a_captured_iteration_replays_to_the_losses_and_parameters_of_a_run_without(path, policy):
+    """--cuda-graph (runtime/graphs.py): one warm-up iteration, one captured, four replayed, on
+    six batches, at a learning rate that halves every two iterations (the one-kernel SGD's rate
+    tables refreshed before each launch): the losses and parameters of the same run without the
+    graph, within float32 rounding (the same kernels on the same addresses: cuDNN's engines
+    may sum in another order from run to run). ResNet-18 under superneurons: BatchNorm, and
+    offloads and prefetches on the copy streams with their events, inside the graph."""
+    from test_net import feed_for, small_net
+
+    from superneuron.train.optim import make_optimizer
+    from superneuron.train.solver_config import SolverConfig
+    solver = SolverConfig(momentum=0.9, weight_decay=1e-4, base_lr=0.01, lr_policy="step", stepsize=2, gamma=0.5)
+    nets = {flag: small_net(path, device="gpu", policy=policy, optimizer=make_optimizer(solver), cuda_graph=flag)
+            for flag in (False, True)}
+    batches = [feed_for(nets[False], seed=k) for k in range(6)]
+    losses = {flag: [net.train_step(feed, it) for it, feed in enumerate(batches)] for flag, net in nets.items()}
+    graphed = nets[True]
+    assert graphed.graph_line == "cuda graph: on: captured at iteration 1, replayed since", graphed.graph_line
+    assert graphed.graphs.replays == 4 and len(set(losses[False])) == 6
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5, atol=1e-6)
+    for name in graphed.param_names:
+        a, b = graphed.param(name), nets[False].param(name)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=name)
+    if policy == "superneurons":
+        assert type(graphed.runtime.copies).__name__ == "StreamCopies" and graphed.runtime.stalls == 0

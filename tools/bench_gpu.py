@@ -3,12 +3,14 @@
     python tools/bench_gpu.py [--nets resnet50,resnet101,vgg16] [--batch 64] [--iters 20]
                               [--policies liveness,superneurons] [--tf32]
                               [--max-batch-budget 16GiB] [--depth-budget 12GiB]
-                              [--json benchmarks/gpu_h100.json]
+                              [--cuda-graph liveness] [--json benchmarks/gpu_h100.json]
 
 Speed: each net trains (SGD with momentum, synthetic data already on the device, 224x224)
 under each policy and in PyTorch eager (torchvision's model, ``cudnn.benchmark = True``), after
 warm-up iterations, timed with CUDA events; images per second, the peak device bytes (ours: the
 arena's real peak; PyTorch: ``torch.cuda.max_memory_allocated``) and the ratios to PyTorch.
+``--cuda-graph P,...``: those policies again with ``sn-train --cuda-graph`` (``P+cuda_graph``
+in the JSON: its line, the iterations replayed, and its speed against P's, run just before).
 Both run in the same math mode: full float32 (TF32 off in cuDNN and cuBLAS), or TF32 in both
 with ``--tf32``.
 
@@ -67,13 +69,14 @@ def time_ours(net, feed, iters, warmup):
     return cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters
 
 
-def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
+def ours(name, batch, policy, iters, warmup, size=224, **settings):
+    """One net timed under ``policy``; ``settings``: Net's (``memory``, ``costs``, ``cuda_graph``)."""
     from superneuron.net import Net
     from superneuron.netfile.spec import load_spec
     path, overrides, _ = NETS[name]
     t0 = time.perf_counter()
     net = Net(load_spec(path, overrides=dict(overrides, size=size), batch=batch), device="gpu",
-              policy=policy, optimizer=solver(), memory=memory, costs=costs)
+              policy=policy, optimizer=solver(), **settings)
     setup = time.perf_counter() - t0
     seconds = time_ours(net, device_batch(batch, size), iters, warmup)
     plan = net.plans["train"]
@@ -86,7 +89,8 @@ def ours(name, batch, policy, iters, warmup, size=224, memory=None, costs=None):
             "blocked": net.runtime.blocked, "syncs_inside": dict(net.runtime.syncs_inside or {}),
             "fused_update": bool(net.optimizer._fused), "fused_missing": net.optimizer.fused_missing,
             "outside_allocations": net.runtime.outside.count,
-            "outside_bytes": net.runtime.outside.bytes}
+            "outside_bytes": net.runtime.outside.bytes,
+            "cuda_graph": net.graph_line, "graph_replays": net.graphs.replays if net.graphs else 0}
 
 
 def torch_model(name, depth_blocks=None):
@@ -214,6 +218,8 @@ def main():
     ap.add_argument("--measure", action="store_true",
                     help="time every layer's algorithms on this GPU first (sn-train --profile), "
                          "as cudnn.benchmark does for PyTorch")
+    ap.add_argument("--cuda-graph", default="",
+                    help="policies (of --policies, without @) to time again with --cuda-graph, e.g. liveness")
     ap.add_argument("--json", default=None)
     ap.add_argument("--gpu-tests-xml", default=None,
                     help="pytest's JUnit XML of the GPU tests: their counts go in as gpu_tests")
@@ -230,6 +236,7 @@ def main():
         os.environ["CUPY_TF32"] = "1"
     policies = args.policies.split(",")
     plain = [p for p in policies if "@" not in p]
+    graphed = [p for p in args.cuda_graph.split(",") if p]
     result = {"device": cupy.cuda.runtime.getDeviceProperties(0)["name"].decode(),
               "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
               "cupy": cupy.__version__, "python": platform.python_version(),
@@ -264,6 +271,16 @@ def main():
                   f"x{r['peak_vs_pytorch']:.2f} peak  stalls {r['stalls']}  outside "
                   f"{r['outside_allocations']} allocs / {human_bytes(r['outside_bytes'])}  "
                   f"setup {r['setup_seconds']:.1f}s", flush=True)
+            if policy in graphed:  # the same again through a CUDA graph, right after it
+                g = ours(name, args.batch, base, args.iters, args.warmup, cuda_graph=True,
+                         costs="measure" if args.measure else None)
+                g["speed_vs_pytorch"] = g["images_per_second"] / ref["images_per_second"]
+                g["speed_vs_uncaptured"] = g["images_per_second"] / r["images_per_second"]
+                row[policy + "+cuda_graph"] = g
+                save(args.json, result)
+                print(f"{name:10s} {policy + '+cuda_graph':12s} {g['images_per_second']:7.1f} img/s  "
+                      f"x{g['speed_vs_uncaptured']:.2f} against {policy} without; {g['cuda_graph']}, "
+                      f"{g['graph_replays']} replays", flush=True)
         result["nets"][name] = row
         save(args.json, result)
     if args.max_batch_budget:

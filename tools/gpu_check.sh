@@ -12,7 +12,8 @@
 #   grad_diag.json        tools/grad_diag.py: ResNet-18's parameter errors against float64,
 #                         three ways (as is, deterministic engines, no FFT/Winograd)
 #   bench_gpu.json        tools/bench_gpu.py: ResNet-50 at batch 64 against PyTorch (fp32),
-#                         with the GPU tests' counts in it (gpu_tests)
+#                         liveness also with --cuda-graph (liveness+cuda_graph), with the GPU
+#                         tests' counts in it (gpu_tests)
 #   optimal_measured.json tools/optimal_table.py --nets resnet50 --measured
 #   depth_verify.json     sn-depth --memory 12GiB --batch 16 --verify --device gpu --json
 #
@@ -82,7 +83,7 @@ stage "GPU tests" 38 env PYTHONPATH="$PWD/tools${PYTHONPATH:+:$PYTHONPATH}" \
     -rfE --tb=short --durations=15 --junitxml="$OUT/gpu_tests.xml" $GPU_TESTS
 stage "gradient diagnosis" 13 $PY tools/grad_diag.py --json "$OUT/grad_diag.json"
 stage "speed benchmark" 22 $PY tools/bench_gpu.py --nets resnet50 --batch 64 \
-    --policies liveness,superneurons@0.33,optimal@0.33 --iters 10 --warmup 3 \
+    --policies liveness,superneurons@0.33,optimal@0.33 --cuda-graph liveness --iters 10 --warmup 3 \
     --gpu-tests-xml "$OUT/gpu_tests.xml" --json "$OUT/bench_gpu.json"
 stage "measured optimal table" 13 $PY tools/optimal_table.py --nets resnet50 --measured --solver-time 10 \
     --json "$OUT/optimal_measured.json"

@@ -57,14 +57,14 @@ def options_from_args(args, policy=None, **changes):
     """The options.PlanOptions of ``args``: --policy (not given: ``policy``, and where that is
     None, ``auto`` under --memory, else ``baseline``) with --offload-params, --memory,
     --host-memory, --workspace-limit, --placement, --device, --lossy, --solver-time, and where
-    the tool has them --bucket-size and --sync-bn; ``changes``: fields set besides (``ranks``).
+    the tool has them --bucket-size, --sync-bn and --cuda-graph; ``changes``: fields set besides (``ranks``).
     Checked once there: SNError, one line, for a bad size or name."""
     settings = {"policy": args.policy or policy, "budget": args.memory or None,
                 "host_memory": getattr(args, "host_memory", None) or None,
                 "workspace_limit": args.workspace_limit or None, "placement": args.placement,
                 "device": args.device, "lossy": tuple(args.lossy), "solver_seconds": args.solver_time,
                 "offload_params": getattr(args, "offload_params", False),
-                "sync_bn": getattr(args, "sync_bn", False)}
+                "sync_bn": getattr(args, "sync_bn", False), "cuda_graph": getattr(args, "cuda_graph", False)}
     if getattr(args, "bucket_size", None):
         settings["bucket_bytes"] = args.bucket_size
     settings.update(changes)

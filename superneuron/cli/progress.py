@@ -128,6 +128,8 @@ class Progress:
                        f"({event['test_samples']} images)")
         elif kind == "snapshot":
             self.write(f"snapshot: {event['path']}")
+        elif kind == "note":
+            self.write(event["text"])
         elif kind == "interrupted":
             self.interrupted = True
             saved = f"; snapshot {event['path']}" if event["path"] else ""

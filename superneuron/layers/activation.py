@@ -179,6 +179,9 @@ class Dropout(Layer):
     def algorithms(self, phase):
         return [Algo("default", workspace_bytes((self.bottom_shapes[0], self.dtype)))]
 
+    def draws(self, train):
+        return bool(self.cfg["dropout_ratio"]) and (train if self.enabled is None else self.enabled)
+
     def _mask(self, ctx, shape):
         """The scaled mask of this step: 1/(1-p) for kept units, 0 for dropped ones."""
         xp, p = ctx.xp, self.cfg["dropout_ratio"]

@@ -176,7 +176,10 @@ class MultiHeadAttention(Layer):
         return [(a, min(a + block, self.t)) for a in range(0, self.t, block)]
 
     def _dropping(self, ctx):
-        return bool(self.cfg["dropout_ratio"]) and (ctx.train if self.enabled is None else self.enabled)
+        return self.draws(ctx.train)
+
+    def draws(self, train):
+        return bool(self.cfg["dropout_ratio"]) and (train if self.enabled is None else self.enabled)
 
     def _drop_room(self, ctx, block):
         """The dropout mask's block and the staging block, when this step drops."""

@@ -343,6 +343,8 @@ class Layer:
     kernels = None      # vendor kernels of the device (layers/cudnn.py), set by the Graph
     source_file = None  # the net file that wrote it, set by the Graph (Python layers look beside it)
     RECOMPUTABLE = True  # False: its forward must run once an iteration (a user's Python layer)
+    HOST_CODE = False  # its forward or backward runs host code of its own (a user's Python layer),
+    #                    which a captured CUDA graph would not run again (runtime/graphs.py)
 
     def __init__(self, name, bottoms, tops, cfg, dtype=np.float32):
         self.name, self.bottoms, self.tops = name, list(bottoms), list(tops)
@@ -417,6 +419,12 @@ class Layer:
         get = get or (lambda x: x)
         return ([get(b) if i in reads_b else None for i, b in enumerate(bottoms)],
                 [get(t) if i in reads_t else None for i, t in enumerate(tops)])
+
+    def draws(self, train):
+        """Whether a step of this layer draws random numbers (``ctx.uniform``) in the phase
+        ``train`` says: their seed is the iteration's, a host value that a captured CUDA graph
+        would replay unchanged (runtime/graphs.py). Default: no."""
+        return False
 
     def algorithms(self, phase):
         """Ways to run ``phase`` (``'forward'`` or ``'backward'``), fastest first."""

@@ -17,7 +17,8 @@ that fits the memory free at each step is chosen, cached per GPU model.
 The backward step runs the data and weight gradients one after the other in the same
 workspace, so it needs the larger of their two. Kernels read and write the arena through raw
 device pointers and run on the cuDNN handle's stream, the CUDA default stream, where CuPy's
-kernels run too, so no extra synchronisation is needed.
+kernels run too, so no extra synchronisation is needed (a CUDA graph's capture moves both onto
+its own stream for a while: :meth:`Cudnn.use_stream`).
 
 Math mode: float32 in, float32 out and float32 arithmetic; engines that round inputs to TF32
 on tensor cores are left out unless ``tf32=True`` (``SN_TF32=1``), so that results agree with
@@ -121,6 +122,12 @@ class Cudnn:
             candidates = int(os.environ.get("SN_CUDNN_CANDIDATES", "2") or 2)
         self.candidates = max(2, candidates)  # configurations offered per operation, cudnn_lean included
         self._ops = {}   # (op, geometry) → _Op, or None where cuDNN refuses it
+
+    def use_stream(self, ptr):
+        """Run this handle's kernels on the CUDA stream at ``ptr`` from now on (0: the default
+        stream, where they run unless told; runtime/graphs.py moves them onto the stream it
+        captures a training iteration on, and back)."""
+        self.cudnn.set_stream(handle=self.handle, stream=ptr)
 
     def describe(self):
         """``'cuDNN 9.19.0 through the cuDNN Frontend 1.32.0'`` (what versions it can tell)."""

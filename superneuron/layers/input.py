@@ -134,6 +134,9 @@ class DummyData(Layer):
     def backward_reads(self):
         return (), ()
 
+    def draws(self, train):
+        return any(f["type"] != "constant" for f in self.fillers)
+
     def algorithms(self, phase):
         gaussian = [s for s, f in zip(self.top_shapes, self.fillers) if f["type"] == "gaussian"]
         largest = max((int(np.prod(s)) for s in gaussian), default=0)

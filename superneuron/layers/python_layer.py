@@ -60,6 +60,7 @@ class Python(Layer):
     BOTTOMS = (0, None)
     TOPS = (0, None)
     RECOMPUTABLE = False
+    HOST_CODE = True
     ANY_TOP_LOSS = True  # a loss_weight on its top makes it a loss (Caffe's pyloss)
 
     def setup(self, bottom_shapes):

@@ -15,6 +15,7 @@ state (``Event.done``, which queries without blocking), so the runtime's count o
 had to wait measures the overlap instead of always reading zero.
 """
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 from ..backend import address
@@ -36,6 +37,11 @@ class ThreadCopies:
         self.queues = {d: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sn-{d}")
                        for d in ("d2h", "h2d")}
 
+    @contextlib.contextmanager
+    def captured(self):
+        """(StreamCopies.captured's counterpart: threads have no events to hold back.)"""
+        yield
+
     def start(self, dst, src, direction):
         """Start copying ``src`` into ``dst`` (``direction``: ``'d2h'`` or ``'h2d'``)."""
         import numpy as np
@@ -56,6 +62,19 @@ class StreamCopies:
         self.cuda = cuda
         self.streams = {d: cuda.Stream(non_blocking=True) for d in ("d2h", "h2d")}
         self.in_flight = []  # (event, dst, src): the buffers stay referenced until it completes
+        self.capturing = False  # a CUDA graph is being captured (runtime/graphs.py): no event queries
+
+    @contextlib.contextmanager
+    def captured(self):
+        """While a CUDA graph is captured: its events cannot be queried (one recorded in a
+        capture is no point in time, and asking is an error), so a copy counts as done when its
+        Wait is reached, nothing is pruned, and the captured copies are forgotten afterwards
+        (their buffers are the arenas', which outlive the graph)."""
+        before, self.capturing = list(self.in_flight), True
+        try:
+            yield
+        finally:
+            self.in_flight, self.capturing = before, False
 
     def start(self, dst, src, direction):
         """Queue the copy of ``src`` into ``dst`` (contiguous, of equal size) on ``direction``'s
@@ -67,9 +86,10 @@ class StreamCopies:
         assert dst.nbytes == src.nbytes, (dst.nbytes, src.nbytes)
         cuda.runtime.memcpyAsync(address(dst), address(src), src.nbytes, kind, stream.ptr)
         finished = stream.record()
-        self.in_flight = [c for c in self.in_flight if not c[0].done]  # queried, never waited on
+        if not self.capturing:
+            self.in_flight = [c for c in self.in_flight if not c[0].done]  # queried, never waited on
         self.in_flight.append((finished, dst, src))
-        return Copy(lambda: finished.done, lambda: cuda.get_current_stream().wait_event(finished),
+        return Copy(lambda: self.capturing or finished.done, lambda: cuda.get_current_stream().wait_event(finished),
                     finished.synchronize, keep=(dst, src))
 
     def close(self):

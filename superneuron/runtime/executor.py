@@ -112,28 +112,47 @@ class Runtime:
         rounds = schedule.rounds
         feeds = [feed] if rounds == 1 else list(feed)
         assert len(feeds) == rounds, f"a schedule of {rounds} rounds takes {rounds} feeds, got {len(feeds)}"
-        arena = self.arena
-        self.schedule = schedule
         totals, finite = {}, True
         with self.backend.watch_allocations() as outside, parallel.numpy_settings():
             for k, one in enumerate(feeds):
-                self._labels_checked = self._check_labels(one)
-                arena.reset(schedule.offsets)
-                self.host.reset()
-                outputs = self._run_steps(schedule, one, iteration, optimizer, watch, k, finite)
+                execution = self.walk_round(schedule, one, (iteration, k), optimizer, watch, finite)
+                outputs = self.read_outputs(execution, iteration)
                 finite = finite and all(math.isfinite(outputs[n.name]) for n in self.graph.losses
                                         if n.name in outputs)
                 for name, value in outputs.items():
                     totals[name] = totals.get(name, 0.0) + value
-                self.peak_bytes = max(self.peak_bytes, arena.peak_bytes)
-                self.arena_bytes = max(self.arena_bytes, arena.high_water)
-                self.host_peak = max(self.host_peak, self.host.high_water)
         self.outside = outside  # what the array library allocated beside the arena
         return totals if rounds == 1 else {name: total / rounds for name, total in totals.items()}
 
-    def _run_steps(self, schedule, feed, iteration, optimizer, watch, round_=0, finite=True):
-        """One round of ``schedule`` (``round_`` of its rounds; ``finite``: the losses of the
-        rounds before were finite): its outputs."""
+    def walk_round(self, schedule, feed, when, optimizer, watch=None, finite=True, checked=None):
+        """Round ``k`` of ``when = (iteration, k)`` of ``schedule`` on the device, nothing read
+        back (``finite``: the losses of the rounds before were finite): the arenas placed anew,
+        its steps walked. ``checked``: the layers whose fed labels were checked on the host
+        (default: those ``feed`` lets :meth:`check_labels` check now). The Execution walked:
+        its ``outputs`` are device scalars, which :meth:`read_outputs` reads (a captured CUDA
+        graph, runtime/graphs.py, replays this and reads them after each launch)."""
+        self.schedule = schedule
+        self._labels_checked = self.check_labels(feed) if checked is None else checked
+        self.arena.reset(schedule.offsets)
+        self.host.reset()
+        execution = self._run_steps(schedule, feed, when, optimizer, watch, finite)
+        self.peak_bytes = max(self.peak_bytes, self.arena.peak_bytes)
+        self.arena_bytes = max(self.arena_bytes, self.arena.high_water)
+        self.host_peak = max(self.host_peak, self.host.high_water)
+        return execution
+
+    def read_outputs(self, execution, iteration):
+        """The scalar outputs of a round walked (:meth:`walk_round`), read back as floats at the
+        iteration's end (data-parallel: once the ranks' sums are settled)."""
+        if self.group is not None:
+            self.group.settle(f"the all-reduces of iteration {iteration}")
+        self.backend.host_sync("the outputs, at the end of the iteration")
+        return {name: float(value) for name, value in execution.outputs.items()}
+
+    def _run_steps(self, schedule, feed, when, optimizer, watch, finite=True):
+        """The steps of round ``when[1]`` of iteration ``when[0]`` (``finite``: the losses of the
+        rounds before were finite): the Execution walked."""
+        iteration, round_ = when
         last = round_ == schedule.rounds - 1
         update = next((s for s in schedule.steps if s.kind == UPDATE), None) if last else None
         if self.host_update and update is not None:
@@ -151,10 +170,7 @@ class Runtime:
         assert not execution.reducing, f"all-reduces never waited for: {sorted(execution.reducing)}"
         # what made the host wait for the device before the iteration's end (see finite_losses)
         self.syncs_inside = self.backend.syncs - syncs_before
-        if self.group is not None:
-            self.group.settle(f"the all-reduces of iteration {iteration}")
-        self.backend.host_sync("the outputs, at the end of the iteration")
-        return {name: float(value) for name, value in execution.outputs.items()}
+        return execution
 
     def _finite_losses(self, outputs, optimizer):
         """Whether every loss computed so far is finite: True or False, read back from the
@@ -196,7 +212,7 @@ class Runtime:
             else:
                 grad += acc
 
-    def _check_labels(self, feed):
+    def check_labels(self, feed):
         """Check the labels fed on the host (where they are NumPy) for every layer that reads
         labels straight from the feed; the names of those layers, whose forward then need not
         read them back from the device."""

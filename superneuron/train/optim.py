@@ -120,6 +120,32 @@ class Optimizer:
         return (xp is not np and optim_kernels.mode_of(self.cfg) is not None
                 and os.environ.get("SN_FUSED_UPDATE", "1") != "0")
 
+    def replay_blocker(self, xp):
+        """Why an update of this optimiser, once captured in a CUDA graph (runtime/graphs.py),
+        could not be replayed at a later iteration, or None where it can. Asked after an update
+        has run. What changes from one iteration to the next must reach the kernels through
+        device memory: the one-kernel SGD (guards_on_device) reads the losses' finiteness as a
+        device flag and its rates from tables that :meth:`refresh` rewrites; every other path
+        takes the rate, and Adam its step, as host numbers, which a replay would repeat."""
+        if not self.guards_on_device(xp):
+            return (f"solver {self.cfg.type}: its update reads host values each iteration (only SGD and "
+                    f"Nesterov in one kernel take theirs from the device)")
+        if xp is not np and not self._fused:  # float64, or a kernel that did not compile
+            return ("the update took SGD's per-parameter path, which reads host values"
+                    + (f" ({self.fused_missing})" if self.fused_missing else ""))
+        rate_changes = self.cfg.lr_policy != "fixed" or bool(self.cfg.warmup_iter)
+        if rate_changes and not self._fused:
+            return (f"the learning rate changes (lr_policy {self.cfg.lr_policy}) and this update takes it "
+                    f"from the host" + (f": {self.fused_missing}" if self.fused_missing else ""))
+        return None
+
+    def refresh(self, it):
+        """Before a captured update is replayed for 0-based iteration ``it``: write that
+        iteration's learning rates where the one-kernel SGD reads them (nothing to do elsewhere:
+        :meth:`replay_blocker` allows no other path whose rate changes)."""
+        if self._fused:
+            self._fused.refresh(self.lr(it))
+
     def update(self, xp, it, entries, scratch, finite=None):
         """One step at 0-based iteration ``it`` for every entry; grads are left overwritten.
         With ``iter_size`` K > 1 the grads hold the sum of K batches' gradients. ``finite``

@@ -86,33 +86,57 @@ def table(entries, lr, weight_decay, address):
     v = np.array([address(e[2][0]) if e[2] else 0 for e in entries], np.int64)
     sizes = np.array([e[0].size for e in entries], np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    lrs = np.array([lr * e[3] for e in entries], np.float64).astype(np.float32)
+    lrs = rates([e[3] for e in entries], lr)
     decays = np.array([weight_decay * e[4] for e in entries], np.float64).astype(np.float32)
     return w, g, v, starts, int(sizes.sum()), lrs, decays
 
 
+def rates(lr_mults, lr):
+    """Each tensor's learning rate ``lr * lr_mult`` (float32, rounded as the NumPy path rounds a
+    Python float against a float32 array)."""
+    return np.array([lr * m for m in lr_mults], np.float64).astype(np.float32)
+
+
 class FusedSGD:
-    """The kernel on CuPy ``cupy``, with the device tables of the Update steps seen so far."""
+    """The kernel on CuPy ``cupy``, with the device tables of the Update steps seen so far.
+
+    A table's learning rates live on the device and are written again where the rate has
+    changed since (:meth:`refresh`, or an update at a new rate), so that a captured CUDA graph of
+    the update (runtime/graphs.py), which replays the kernel on the same tables, runs each
+    iteration at that iteration's rate once :meth:`refresh` has written it before the launch."""
 
     def __init__(self, cupy):
         self.cupy = cupy
         self.kernel = cupy.RawKernel(KERNEL, "sgd_multi", options=("--fmad=false",))
-        self.tables = {}  # (pointers, lr, decay) → the device arrays
+        self.tables = {}  # (pointers, decay, multipliers) → [device arrays, the lr written, lr_mults]
         self.always = cupy.ones((), dtype=bool)
+
+    def refresh(self, lr):
+        """Write ``lr``'s per-tensor rates into every table whose rates are another's."""
+        for t in self.tables.values():
+            self._write_rates(t, lr)
+
+    def _write_rates(self, t, lr):
+        arrays, written, lr_mults = t
+        if written != lr:  # (outside a capture: a copy from the host)
+            arrays[5].set(rates(lr_mults, lr))
+            t[1] = lr
 
     def update(self, entries, lr, weight_decay, mu, mode, ok=None):
         """One launch updating every entry (float32, contiguous); none where the device flag
         ``ok`` (a 0-d bool array) is false."""
         cp = self.cupy
         key = (tuple((address(e[0]), address(e[1]), address(e[2][0]) if e[2] else 0) for e in entries),
-               lr, weight_decay, tuple((e[3], e[4]) for e in entries))
+               weight_decay, tuple((e[3], e[4]) for e in entries))
         if key not in self.tables:
             if len(self.tables) > 4096:  # a schedule has a few hundred Update steps at most
                 self.tables.clear()
             w, g, v, starts, total, lrs, decays = table(entries, lr, weight_decay, address)
-            self.tables[key] = ([cp.asarray(a) for a in (w, g, v, starts)], len(entries), total,
-                                cp.asarray(lrs), cp.asarray(decays))
-        (w, g, v, starts), count, total, lrs, decays = self.tables[key]
+            arrays = [cp.asarray(a) for a in (w, g, v, starts)] + [total, cp.asarray(lrs), cp.asarray(decays)]
+            self.tables[key] = [arrays, lr, [e[3] for e in entries]]
+        t = self.tables[key]
+        self._write_rates(t, lr)
+        (w, g, v, starts, total, lrs, decays), count = t[0], len(entries)
         threads = 256
         blocks = max(1, min(4096, -(-total // threads)))
         self.kernel((blocks,), (threads,), (w, g, v, starts, np.int64(count), np.int64(total), lrs, decays,

@@ -98,7 +98,8 @@ class Trainer(Evaluation, Snapshots):
         On Ctrl-C (KeyboardInterrupt) it snapshots the state after the last whole iteration and
         returns (with ranks, after the iteration they agree on: see the module's docstring); a
         non-finite loss is an SNError naming the iteration and the first layer whose top went
-        non-finite."""
+        non-finite. ``note`` (with its ``text``): the net's ``graph_line`` has changed (its CUDA
+        graph was captured, or given up)."""
         # NumPy's overflow warnings would bury the one-line error a non-finite loss gets
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return self._run(on_event)
@@ -111,6 +112,7 @@ class Trainer(Evaluation, Snapshots):
         recent = collections.deque(maxlen=s.average_loss)  # Caffe's average_loss: display smoothing
         ctrl_c = HeldInterrupt(always=self.group is not None)  # ranks stop where they agree
         warm = False  # the first step of a run plans, allocates and warms up: left out of speeds
+        graph_line = self.net.graph_line
         self.run_images, self.run_seconds = 0, 0.0
         self._log(log, "start", net=self.net.graph.name, device=self.net.backend.name,
                   policy=self.net.policy, batch=self.train_loader.batch, iter_size=self.net.iter_size,
@@ -148,6 +150,9 @@ class Trainer(Evaluation, Snapshots):
                 recent.append(loss)
                 on_event({"kind": "iter", "iter": self.iteration, "loss": loss, "images": images,
                           "seconds": seconds, "warmup": not warm})
+                if self.net.graph_line != graph_line:  # captured, or given up (net.py's cuda_graph)
+                    graph_line = self.net.graph_line
+                    on_event({"kind": "note", "text": graph_line})
                 warm = True
                 if s.display and (self.iteration % s.display == 0 or self.iteration == s.max_iter):
                     record = dict(window.summary(), iter=self.iteration, lr=self.net.optimizer.lr(it),
