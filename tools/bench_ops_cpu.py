@@ -18,7 +18,7 @@ BatchNorm rows, and the Scale rows have none. PyTorch's autograd passes the sum'
 without a copy (superneuron copies it to the shortcut's gradient): none either. The layers
 after the last stage (pooling, inner product, loss: under 1 % of an iteration) are left out,
 and so are the optimiser and the runtime between the steps: the totals are the kernels of
-an iteration, each hot in cache, as a lower bound of what an iteration costs.
+an iteration, each timed alone (three calls in a row), less than a whole iteration costs.
 """
 
 import argparse
