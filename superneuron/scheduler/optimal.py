@@ -268,7 +268,7 @@ def _solved(schedule, context, info):
         for recomputed in sorted(earlier, key=earlier.get) if fixed else [frozenset()]:
             beat = None if best is None else best.seconds
             found = _rounds(schedule, context, model, (swaps, recomputed, joins), until, phases, beat)
-            phases[-1]["encodings"] = encodings
+            phases[-1].update(encodings=encodings, fixed=bool(recomputed))  # fixed: a narrower program
             if found is None:
                 continue
             last = found
