@@ -108,9 +108,10 @@ def plan_from_args(args, keep=None):
     if getattr(args, "profile", False):
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
-        table, path, measured = load_or_measure(graph, backend)
-        model = CostModel(backend.name, table, link=link)
-        profile = {"cache": path, "measured": measured, "entries": len(table)}
+        measured = load_or_measure(graph, backend)
+        model = CostModel(backend.name, measured.table, link=link)
+        profile = {"cache": measured.path, "measured": measured.measured, "entries": len(measured.table),
+                   "rejected": [list(r) for r in measured.rejected]}
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
         keep["base"], keep["options"] = base, options
@@ -301,6 +302,8 @@ def _print(args, schedule, plan, info, model):
         if info["profile"]:
             verb = "measured and wrote" if info["profile"]["measured"] else "read"
             print(f"profile       {verb} {info['profile']['cache']}")
+            if info["profile"]["rejected"]:
+                print(report.rejected_line(info["profile"]["rejected"]))
         if args.layers:
             print()
             print(report.layers_table(schedule, plan))
