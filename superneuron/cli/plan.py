@@ -8,7 +8,8 @@ policy, without running a kernel or allocating the arena.
 
 The estimated iteration time comes from the cost model (scheduler/cost.py): the layers' flops
 and bytes at --device's assumed rates, or, with --profile, each kernel timed once on the CPU
-backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR); copies to and from the host at
+backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR; an algorithm whose results miss
+float64's by more than float32 rounding is left out and named); copies to and from the host at
 the device's copy bandwidth, on streams of their own. It shows what recomputation and stalls
 on copies add, against the same net under ``liveness``.
 
