@@ -94,7 +94,8 @@ def rejected_line(rejected):
     each = ", ".join(f"{layer} {algo} {phase} ({error:.1e} > {tolerance:.1e})"
                      for layer, algo, phase, error, tolerance in rejected)
     return f"rejected      {len(rejected)} algorithm{'s' if len(rejected) != 1 else ''} beyond float32 " \
-           f"rounding of float64 (relative error > tolerance), never planned: {each}"
+           f"rounding of float64 (relative error > tolerance), left out of the plan unless a layer has " \
+           f"no other: {each}"
 
 
 def min_memory_line(info):

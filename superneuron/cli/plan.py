@@ -109,10 +109,10 @@ def plan_from_args(args, keep=None):
     if getattr(args, "profile", False):
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
-        measured = load_or_measure(graph, backend)
-        model = CostModel(backend.name, measured.table, link=link)
-        profile = {"cache": measured.path, "measured": measured.measured, "entries": len(measured.table),
-                   "rejected": [list(r) for r in measured.rejected]}
+        profiled = load_or_measure(graph, backend)
+        model = CostModel(backend.name, profiled.table, link=link)
+        profile = {"cache": profiled.path, "measured": profiled.measured, "entries": len(profiled.table),
+                   "rejected": [list(r) for r in profiled.rejected]}
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
         keep["base"], keep["options"] = base, options
