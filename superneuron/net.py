@@ -139,8 +139,9 @@ class Net:
 
     def _cost_model(self, costs):
         name = self.backend.name
+        self.costs_rejected = []  # the algorithms a measured table's float64 check rejected
         if costs == "measure":
-            costs = load_or_measure(self.graph, self.backend)[0]
+            costs, _, _, self.costs_rejected = load_or_measure(self.graph, self.backend)
         elif costs is None:
             costs = cached_table(self.graph, self.backend.device_model())  # keyed by the GPU's model
         self.costs_measured = isinstance(costs, dict) and bool(costs)

@@ -86,6 +86,18 @@ def overflow_line(over, peak_bytes, peak_step, budget):
             f"{peak_step}; budget {human_bytes(budget)} ({human_bytes(over['needs_bytes'] - budget)} over)")
 
 
+def rejected_line(rejected):
+    """The note of ``--profile`` on the algorithms its float64 check rejected (runtime/profile.py's
+    ``Profile.rejected``), or None when it rejected none."""
+    if not rejected:
+        return None
+    each = ", ".join(f"{layer} {algo} {phase} ({error:.1e} > {tolerance:.1e})"
+                     for layer, algo, phase, error, tolerance in rejected)
+    return f"rejected      {len(rejected)} algorithm{'s' if len(rejected) != 1 else ''} beyond float32 " \
+           f"rounding of float64 (relative error > tolerance), left out of the plan unless a layer has " \
+           f"no other: {each}"
+
+
 def min_memory_line(info):
     """The line of ``sn-plan --min-memory``."""
     need = info["min_memory_bytes"]

@@ -13,6 +13,7 @@ from superneuron.layers import winograd
 from superneuron.layers.base import Context
 from superneuron.net import Net
 from superneuron.netfile.spec import loads_spec
+from superneuron.runtime.profile import relative_error  # --profile's float64 check measures so
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.workspace import choose
 
@@ -71,10 +72,6 @@ def test_both_tilings_correlate_as_torch_does(m):
 # 8.3e-7, F(2x2, 3x3) 3.3e-7 (its sums run over C alone, im2col's over 9C), F(4x4, 3x3) 4.9e-6;
 # data gradient im2col 2.1e-7, F(2x2, 3x3) 2.6e-7. The bounds, against im2col's, leave room.
 ROUNDING = {"winograd": 4.0, "winograd4": 15.0}
-
-
-def relative_error(got, exact):
-    return float(np.abs(got - exact).max() / np.abs(exact).max())
 
 
 def test_float32_rounding_against_im2col():

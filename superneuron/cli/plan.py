@@ -8,7 +8,8 @@ policy, without running a kernel or allocating the arena.
 
 The estimated iteration time comes from the cost model (scheduler/cost.py): the layers' flops
 and bytes at --device's assumed rates, or, with --profile, each kernel timed once on the CPU
-backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR); copies to and from the host at
+backend (cached under ~/.cache/superneuron, or $SN_CACHE_DIR; an algorithm whose results miss
+float64's by more than float32 rounding is left out and named); copies to and from the host at
 the device's copy bandwidth, on streams of their own. It shows what recomputation and stalls
 on copies add, against the same net under ``liveness``.
 
@@ -108,9 +109,10 @@ def plan_from_args(args, keep=None):
     if getattr(args, "profile", False):
         usable = args.device == "gpu" and gpu_available()[0]
         backend = get_backend("gpu" if usable else "cpu")
-        table, path, measured = load_or_measure(graph, backend)
-        model = CostModel(backend.name, table, link=link)
-        profile = {"cache": path, "measured": measured, "entries": len(table)}
+        profiled = load_or_measure(graph, backend)
+        model = CostModel(backend.name, profiled.table, link=link)
+        profile = {"cache": profiled.path, "measured": profiled.measured, "entries": len(profiled.table),
+                   "rejected": [list(r) for r in profiled.rejected]}
     base = lowered(graph, optimizer=optimizer)
     if keep is not None:
         keep["base"], keep["options"] = base, options
@@ -301,6 +303,8 @@ def _print(args, schedule, plan, info, model):
         if info["profile"]:
             verb = "measured and wrote" if info["profile"]["measured"] else "read"
             print(f"profile       {verb} {info['profile']['cache']}")
+            if info["profile"]["rejected"]:
+                print(report.rejected_line(info["profile"]["rejected"]))
         if args.layers:
             print()
             print(report.layers_table(schedule, plan))

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from .. import __version__
+from .. import __version__, report
 from ..backend import free_device_bytes
 from ..data.feed import data_config, fixed_side, loaders, open_data
 from ..errors import SNError
@@ -173,6 +173,8 @@ def _train(args, group):
     print(f"solver: {solver.describe()} | {solver.max_iter} iterations")
     print(f"convolutions: {net.backend.convolutions()}")
     print(f"costs: {'measured on this device' if net.costs_measured else 'estimated'}")
+    if net.costs_rejected:
+        print(report.rejected_line(net.costs_rejected))
     print(f"memory: policy {net.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
           f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
           f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else ""))

@@ -6,13 +6,16 @@ the chosen algorithm's relative ``speed``. runtime/profile.py times each distinc
 shapes, configuration, algorithm, phase) once on a backend instead (kernels run there, never
 here); its table is cached as JSON under ``~/.cache/superneuron/`` (``$SN_CACHE_DIR``
 overrides the folder), keyed by device and the network's shape signature, and
-:class:`CostModel` prefers it where it has an entry. The workspace pass ranks algorithms with
+:class:`CostModel` prefers it where it has an entry. An algorithm that failed the table's
+float64 check (runtime/profile.py) has an infinite time there, and the model leaves it out of
+the layer's algorithms, so that no pass chooses it. The workspace pass ranks algorithms with
 this model; sn-plan sums it into an estimated iteration time; the trace times its spans with
 it.
 """
 
 import hashlib
 import json
+import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -137,6 +140,7 @@ class CostModel:
     def __init__(self, device="gpu", table=None, link=None):
         self.device = DEVICES[device] if isinstance(device, str) else device
         self.table = table or {}
+        self._rejects = math.inf in self.table.values()  # algorithms the float64 check rejected
         self.link = link or LINKS["cpu" if self.device.name == "cpu" else "gpu"]
         self._estimates = weakref.WeakKeyDictionary()  # layer → {(phase, algo, speed): seconds}
         self._algorithms = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
@@ -147,7 +151,8 @@ class CostModel:
         Context holds it: no module keeps it). A layer's shapes are fixed once its graph is
         built, so its algorithms are too, and planning a deep net asks for them hundreds of
         thousands of times (a convolution works its workspaces out anew on each call). The
-        list is shared: callers must not change it."""
+        list is shared: callers must not change it. An algorithm the measured table rejects
+        (an infinite time: it failed the float64 check) is left out, unless all are."""
         memo = self._algorithms.get(layer)
         if memo is None:
             memo = self._algorithms[layer] = {}
@@ -156,6 +161,8 @@ class CostModel:
             algos = layer.algorithms(phase)
             if self.device.name != "cpu":  # a host kernel is no choice on a GPU (Algo.host_only)
                 algos = [a for a in algos if not a.host_only] or algos
+            if len(algos) > 1 and self._rejects:
+                algos = [a for a in algos if self.table.get(entry_key(layer, a.name, phase)) != math.inf] or algos
             memo[phase] = algos
         return algos
 
@@ -299,6 +306,11 @@ def entries(graph, train=True):
     return out
 
 
+# The cache files' format: 2 added each algorithm's float64 check ("checks"); a file of another
+# format (or none: the first) is measured again, never trusted unchecked.
+CACHE_FORMAT = 2
+
+
 def cache_dir():
     """Where measured tables are kept: ``$SN_CACHE_DIR``, else ``~/.cache/superneuron``."""
     return os.environ.get("SN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "superneuron")
@@ -310,10 +322,31 @@ def cache_path(graph, device_name, train=True):
     return os.path.join(cache_dir(), f"costs-{device_name}-{sig}.json")
 
 
-def cached_table(graph, device_name, train=True):
-    """The measured table of ``graph`` on ``device_name`` if one is cached, else None."""
+def cached(graph, device_name, train=True):
+    """The cache file of ``graph`` on ``device_name``, read (``{"format", "device", "costs":
+    {key: seconds}, "checks": {key: [error, tolerance]}}``), or None where there is none or it
+    is of another :data:`CACHE_FORMAT`."""
     path = cache_path(graph, device_name, train)
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)["costs"]
+        data = json.load(f)
+    return data if data.get("format") == CACHE_FORMAT else None
+
+
+def rejections(data):
+    """``{key: (error, tolerance)}``: the algorithms of a cache file's ``data`` whose float64
+    check failed (an error that is not within its tolerance: NaN or infinite too)."""
+    return {k: (e, t) for k, (e, t) in data.get("checks", {}).items() if not e <= t}
+
+
+def table_of(data):
+    """The measured table of a cache file's ``data``: its times, an infinite one for each
+    algorithm it rejects (:class:`CostModel` then never offers it)."""
+    return {**data["costs"], **dict.fromkeys(rejections(data), math.inf)}
+
+
+def cached_table(graph, device_name, train=True):
+    """The measured table of ``graph`` on ``device_name`` if one is cached, else None."""
+    data = cached(graph, device_name, train)
+    return None if data is None else table_of(data)

@@ -6,7 +6,9 @@ resident bytes and the scheduled bytes live there (the step's own workspace asid
 chosen workspace never lifts the peak over the budget when a smaller algorithm would have
 fitted. Without a budget every step gets its fastest algorithm. ``limit`` caps any one
 workspace where the layer offers a choice (Caffe's ``--workspace-limit``); the workspace of a
-layer with a single algorithm is part of that layer, not a choice, and is left alone.
+layer with a single algorithm is part of that layer, not a choice, and is left alone. An
+algorithm the cost model leaves out (a measured table's float64 check rejected it) is never
+chosen, and a step lowered with it is moved to one the model keeps.
 
 The pass runs after liveness and before placement. It rewrites a step's ``algo`` and its
 workspace tensor (a new TensorInfo of the chosen size, allocated right before the step and
@@ -108,7 +110,7 @@ class _Chooser:
             layer = graph.nodes[step.node].layer
             phase = phase_of(step)
             algos = model.algorithms(layer, phase)
-            if len(algos) < 2:
+            if len(algos) < 2 and algos[0].name == step.algorithm:  # else the model rejected the step's
                 continue
             room = None if free_at is None else free_at - live[i]
             algo = choose(algos, functools.partial(model.algo_seconds, layer, phase), room, limit)
