@@ -12,7 +12,11 @@ high-water mark VmHWM beside it), the arena's real peak and size, the mean secon
 iteration over those iterations, the mean loss, and the count and bytes of the snapshot files
 in the folder. The JSON is rewritten at each sample, so a run stopped early (``--minutes``, a
 kill) leaves its curve; its ``summary`` compares the first sample after warm-up with the last.
-``--plot FILE.png`` draws the curve (resident memory, the arena's peak, time per iteration and
+``--versus-fresh N`` then times N blocks of iterations of the trained net beside a new one
+built the same way in this process, alternated (trained, new, new, trained), and records the
+median ratio of their times: 1.0 when nothing in the run slowed its iterations, whatever the
+machine's load meanwhile (the wall clock alone cannot tell load from slowdown on a shared
+machine). ``--plot FILE.png`` draws the curve (resident memory, the arena's peak, time per iteration and
 the snapshot files against the iteration) at the end; ``--replot JSON --plot FILE.png`` draws
 an earlier run's without training.
 """
@@ -81,6 +85,38 @@ def plot(record, png):
     plt.close(fig)
 
 
+def versus_fresh(trained, args, blocks, iters):
+    """``{ratio_cpu, ratio_wall, ...}``: ``blocks`` blocks of ``iters`` iterations of the
+    ``trained`` Trainer's net against a new one's, in the order trained, new, new, trained, each
+    block's CPU and wall seconds; the ratios are trained / new, their medians over the blocks."""
+    import statistics
+
+    folder = tempfile.mkdtemp(prefix="sn-long-run-fresh-")
+    try:
+        fresh = build(args, folder)
+
+        def block(trainer, n):
+            cpu, wall = time.process_time(), time.perf_counter()
+            for _ in range(n):
+                x, y = trainer.train_loader.next()
+                trainer.net.train_step({trainer.inputs[0]: x, trainer.inputs[1]: y}, trainer.iteration)
+                trainer.iteration += 1
+            return time.process_time() - cpu, time.perf_counter() - wall
+
+        block(fresh, 5)  # its first iterations plan, allocate and warm up
+        ratios_cpu, ratios_wall = [], []
+        for _ in range(blocks):
+            a1, b1, b2, a2 = block(trained, iters), block(fresh, iters), block(fresh, iters), block(trained, iters)
+            ratios_cpu.append((a1[0] + a2[0]) / (b1[0] + b2[0]))
+            ratios_wall.append((a1[1] + a2[1]) / (b1[1] + b2[1]))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"blocks": blocks, "iters_per_block": iters, "order": "trained, new, new, trained",
+            "ratio_cpu_median": round(statistics.median(ratios_cpu), 4),
+            "ratio_wall_median": round(statistics.median(ratios_wall), 4),
+            "ratios_cpu": [round(r, 4) for r in ratios_cpu], "ratios_wall": [round(r, 4) for r in ratios_wall]}
+
+
 def build(args, folder):
     from superneuron.data.batches import Loader
     from superneuron.data.sources import open_source, source_config
@@ -118,6 +154,9 @@ def main(argv=None):
     p.add_argument("--snapshot-minutes", type=float, default=3.0)
     p.add_argument("--snapshot-keep", type=int, default=3)
     p.add_argument("--json", default="benchmarks/long_run_cpu.json")
+    p.add_argument("--versus-fresh", type=int, default=0, metavar="N",
+                   help="at the end, N alternated blocks of the trained net against a new one")
+    p.add_argument("--block-iters", type=int, default=50, help="iterations a --versus-fresh block")
     p.add_argument("--plot", metavar="PNG", help="draw the curve into this file at the end")
     p.add_argument("--replot", metavar="JSON", help="draw an earlier run's JSON (with --plot) and stop")
     args = p.parse_args(argv)
@@ -192,6 +231,9 @@ def main(argv=None):
 
     try:
         trainer.run(on_event)
+        if args.versus_fresh:
+            record["versus_fresh"] = versus_fresh(trainer, args, args.versus_fresh, args.block_iters)
+            print(json.dumps(record["versus_fresh"]), flush=True)
     finally:
         save()
         shutil.rmtree(folder, ignore_errors=True)
