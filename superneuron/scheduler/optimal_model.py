@@ -157,7 +157,8 @@ class Solution:
     """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
     proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time), ``nodes``
-    (branch-and-bound nodes); the sets
+    (branch-and-bound nodes), ``fixed`` (whether the relaxation with its integral part fixed
+    gave it: optimal_highs.py), ``runs`` (the seconds of each HiGHS run); the sets
     are None when it found no schedule. ``encode``: ``(layers, roots)``, the encodings chosen
     (encode.py's ``only``)."""
 
@@ -172,9 +173,11 @@ class Solution:
     seconds: float
     encode: tuple = (frozenset(), frozenset())
     nodes: int = 0
+    fixed: bool = False
+    runs: dict = field(default_factory=dict)
 
 
-def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None):
+def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None, cutoff=None):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
     resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
     (None: unbounded); a :class:`Solution`, the same on every run (optimal_highs.py: one
@@ -182,7 +185,8 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
     None). ``time_limit``: a safety cap in seconds (None: none; a solve it ends may differ
     between runs). ``swaps``: offer the swap option (a harder program: its copies' streams are
     constrained too). ``recomputed``: roots that must be recomputed (an earlier solution's:
-    the program left is much smaller)."""
+    the program left is much smaller). ``cutoff`` (seconds): where the program's relaxation
+    shows that no answer is faster, none (the sets None, the bound given; optimal_highs.py)."""
     from scipy.optimize import LinearConstraint
     from scipy.sparse import coo_array
 
@@ -287,12 +291,14 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
         res = optimal_highs.run(c, integrality, np.concatenate([lower, np.full(n, -np.inf)]),
                                 np.concatenate([np.ones(nx), np.full(n, np.inf)]),
                                 LinearConstraint(matrix, np.array(lo), np.array(hi)), MIP_GAP,
-                                node_limit or optimal_highs.NODE_LIMIT, time_limit)
+                                node_limit or optimal_highs.NODE_LIMIT, time_limit,
+                                None if cutoff is None else (cutoff - m.fixed_seconds) * MS)
     seconds = time.perf_counter() - start
     base = m.fixed_seconds
     dual = None if res.bound is None else base + res.bound / MS
     if res.x is None:
-        return Solution(None, None, None, None, None, dual, None, res.message, seconds, nodes=res.nodes)
+        return Solution(None, None, None, None, None, dual, None, res.message, seconds, nodes=res.nodes,
+                        runs=res.seconds)
     x = res.x
     recompute = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "rec" and x[j] > 0.5}
     offload = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "off" and x[j] > 0.5}
@@ -300,7 +306,7 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
     return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual, res.gap, res.message, seconds,
-                    optimal_encode.chosen(m, columns, x), res.nodes)
+                    optimal_encode.chosen(m, columns, x), res.nodes, res.fixed, res.seconds)
 
 
 def _triggers(m, columns, cost, row, opening, closing):
