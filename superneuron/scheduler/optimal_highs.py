@@ -12,7 +12,12 @@ most of a solve at the root separating cuts before its heuristics find a first s
 about a second); every integer column it leaves at 0 or 1 is fixed there and the few left
 fractional are solved as a small program (RENS, Berthold 2014). Where that solution is within
 ``gap`` of the relaxation's bound (a bound on the whole program's optimum too), it is the
-answer, with that gap proven; else the whole program is solved as before.
+answer, with that gap proven; else only the columns at 1 are fixed, those at 0 left free with
+the fractional ones, and solved again (where fixing the zeros too left no integer answer:
+ResNet-1001 at 1/3 of liveness's arena, the last program's 17 fractional binaries of 11 815
+could not be completed so, and with the zeros free a 0.3 % answer came in 0.3 s, where the
+whole program took 42 s to 0.002 %; HiGHS on the whole program stops at the same ``gap``);
+else the whole program is solved as before.
 
 A caller that would throw away any answer above a ``cutoff`` (the optimal policy: a round
 whose optimum cannot beat the best plan realised so far) says so, and where the relaxation's
@@ -41,7 +46,7 @@ class Result:
     lower bound of the program's optimum, None where unknown), ``gap`` (relative, proven),
     ``message`` (HiGHS's), ``nodes`` (branch-and-bound nodes), ``fixed`` (whether the answer
     came from the relaxation with its integral part fixed), ``seconds`` (of each HiGHS run:
-    ``"relaxation"``, ``"small"``, ``"whole"``)."""
+    ``"relaxation"``, ``"small"``, ``"ones"`` (the zeros free too), ``"whole"``)."""
 
     x: np.ndarray
     fun: float
@@ -72,14 +77,15 @@ def run(c, integrality, lower, upper, constraints, gap, node_limit=NODE_LIMIT, t
         return Result(None, None, relaxed.fun, None, "the relaxation's bound is above the cutoff", 0,
                       seconds=seconds)
     x, binary = relaxed.x, integrality > 0
-    pinned = binary & ((x <= INTEGRAL) | (x >= 1 - INTEGRAL))
-    low, high = lower.copy(), upper.copy()
-    low[pinned] = high[pinned] = np.round(x[pinned])
-    small = _milp(c, integrality, Bounds(low, high), constraints, options, seconds, "small")
+    ones = binary & (x >= 1 - INTEGRAL)
     bound = relaxed.fun
-    if small.x is not None and small.fun - bound <= gap * max(abs(small.fun), 1e-9):
-        return Result(small.x, small.fun, bound, max(small.fun - bound, 0.0) / max(abs(small.fun), 1e-9),
-                      small.message, _nodes(small), fixed=True, seconds=seconds)
+    for what, pinned in (("small", ones | (binary & (x <= INTEGRAL))), ("ones", ones)):
+        low, high = lower.copy(), upper.copy()
+        low[pinned] = high[pinned] = np.round(x[pinned])
+        small = _milp(c, integrality, Bounds(low, high), constraints, options, seconds, what)
+        if small.x is not None and small.fun - bound <= gap * max(abs(small.fun), 1e-9):
+            return Result(small.x, small.fun, bound, max(small.fun - bound, 0.0) / max(abs(small.fun), 1e-9),
+                          small.message, _nodes(small), fixed=True, seconds=seconds)
     whole = _whole(c, integrality, lower, upper, constraints, options, seconds)
     if whole.bound is None or whole.bound < bound:
         whole.bound = bound
