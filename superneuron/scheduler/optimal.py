@@ -58,7 +58,7 @@ from .fuse import fuse_relus
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
-from .optimal_model import MIP_GAP, build, solve
+from .optimal_model import MIP_GAP, builds, solve
 from .params import offload_params
 from .recompute import with_recomputes
 from .simulate import simulate
@@ -252,13 +252,12 @@ def _solved(schedule, context, info):
     is not exact to the byte), and a round whose optimum is slower than the best plan so far
     not realised."""
     start = time.perf_counter()
-    models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
+    earlier = {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
     modelled = offload_params(schedule) if context.offload_params else schedule  # parameter copies in place
+    models = builds(modelled, context.model, tuple(dict.fromkeys(p[0] for p in PHASES)), context.lossy)
     for joins, swaps, encodings, fixed, share in PHASES:
-        if joins not in models:
-            models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
         model = models[joins]
         until = None if context.solver_seconds is None else start + context.solver_seconds * share
         if encodings and not model.units:

@@ -49,11 +49,11 @@ realisation hands the chosen groups to the encode pass.
 """
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,7 +72,7 @@ MIB = float(1 << 20)   # the program counts bytes in MiB and seconds in millisec
 MS = 1e3               # tolerances are absolute, and bytes by the billion would lose them
 
 
-@dataclass
+@dataclasses.dataclass
 class Choice:
     """A compute step ``step`` (index) whose layer offers ``algos``, each with ``seconds`` and
     ``workspace`` (arena bytes)."""
@@ -83,7 +83,7 @@ class Choice:
     workspace: list
 
 
-@dataclass
+@dataclasses.dataclass
 class Model:
     """What the program is built from (see the module's docstring): ``live`` (bytes live at
     each compute step under liveness, workspaces aside), ``fixed_workspace`` and
@@ -102,9 +102,9 @@ class Model:
     resident: int
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
-    names: list = field(default_factory=list)
-    long_chains: list = field(default_factory=list)
-    units: list = field(default_factory=list)
+    names: list = dataclasses.field(default_factory=list)
+    long_chains: list = dataclasses.field(default_factory=list)
+    units: list = dataclasses.field(default_factory=list)
     host_fixed: int = 0
 
 
@@ -112,6 +112,13 @@ def build(schedule, model, joins=True, lossy=()):
     """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
     ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too; ``lossy``:
     the lossy encodings that may be chosen besides the lossless ones."""
+    return builds(schedule, model, (joins,), lossy)[joins]
+
+
+def builds(schedule, model, joins=(True, False), lossy=()):
+    """``{j: build(schedule, model, j, lossy) for j in joins}``, what the Models share (the
+    liveness schedule, the bytes live, the choices, the encodings: ResNet-1001's took 4 s of
+    each build) made once."""
     live_schedule = liveness(inplace(schedule, grads_only=True))
     roots = Roots.of(live_schedule)
     graph = schedule.graph
@@ -145,14 +152,18 @@ def build(schedule, model, joins=True, lossy=()):
             if step.workspace and roots.scheduled(step.workspace):
                 fixed_ws[i] = roots.size(step.workspace)
     turn = first_backward(steps, n)
-    stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
-    return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
-                 sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains,
-                 units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy),
-                 host_fixed=simulate(live_schedule).host_bytes if schedule.host_resident else 0)
+    shared = Model(n, live, fixed_ws, fixed_seconds, [], choices, schedule.resident_bytes,
+                   sum(fastest[:turn]), sum(fastest[turn:]),
+                   units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy),
+                   host_fixed=simulate(live_schedule).host_bytes if schedule.host_resident else 0)
+    models = {}
+    for j in joins:
+        stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, j)
+        models[j] = dataclasses.replace(shared, stashes=stashes, long_chains=long_chains)
+    return models
 
 
-@dataclass
+@dataclasses.dataclass
 class Solution:
     """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
@@ -174,7 +185,7 @@ class Solution:
     encode: tuple = (frozenset(), frozenset())
     nodes: int = 0
     fixed: bool = False
-    runs: dict = field(default_factory=dict)
+    runs: dict = dataclasses.field(default_factory=dict)
 
 
 def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None, cutoff=None):
