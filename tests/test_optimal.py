@@ -331,11 +331,11 @@ def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_d
     mib, budget = 1 << 20, 100 << 20
     tried = []
 
-    def solve(model, cap, left, *args):
+    def solve(model, cap, left, *args, cutoff=None):
         tried.append(cap)
         return types.SimpleNamespace(recompute=frozenset({cap}), offload=set(), swap=set(),
                                      encode=(frozenset(), frozenset()), status="", objective=1.0,
-                                     dual_bound=1.0, gap=0.0, seconds=0.0)
+                                     dual_bound=1.0, gap=0.0, seconds=0.0, fixed=True, nodes=0, runs={})
 
     def placed(candidate, context):
         cap = next(iter(candidate))

@@ -95,3 +95,39 @@ def test_a_smaller_budgets_plan_wins_where_the_larger_budget_plans_slower(monkey
     SMALLER.nets.clear()
     alone = apply_policy(lower(graph), "optimal", budget=large, costs=CPU, memo={})  # nothing kept: heuristics
     assert CPU.iteration_seconds(alone) > CPU.iteration_seconds(kept)
+
+
+def test_a_relaxation_over_the_cutoff_ends_the_solve_without_an_answer():
+    import numpy as np
+    from scipy.optimize import LinearConstraint
+
+    from superneuron.scheduler import optimal_highs
+    # two binaries, at least 1.5 of them: the relaxation's bound 1.5, the optimum 2
+    args = (np.ones(2), np.ones(2), np.zeros(2), np.ones(2), LinearConstraint(np.ones((1, 2)), 1.5, np.inf), 1e-6)
+    assert optimal_highs.run(*args).fun == 2.0
+    over = optimal_highs.run(*args, cutoff=1.4)
+    assert over.x is None and over.bound == 1.5 and set(over.seconds) == {"relaxation"}
+    under = optimal_highs.run(*args, cutoff=1.6)  # the bound is under it: solved, whatever the answer
+    assert under.fun == 2.0
+
+
+def test_the_cutoff_changes_no_plan(monkeypatch):
+    graph = resnet8()
+    budget = liveness_arena(graph) * 2 // 5
+    digests, cut = [], []
+    solve = optimal.solve
+
+    def without_cutoff(*args, cutoff=None, **kwargs):
+        return solve(*args, **kwargs)
+
+    def noting(*args, cutoff=None, **kwargs):
+        cut.append(cutoff)
+        return solve(*args, cutoff=cutoff, **kwargs)
+
+    for wrapper in (without_cutoff, noting):
+        monkeypatch.setattr(optimal, "solve", wrapper)
+        SMALLER.nets.clear()
+        schedule = apply_policy(lower(graph), "optimal", budget=budget, costs=CPU)
+        digests.append(hashlib.sha1(repr(list(schedule.steps)).encode()).hexdigest())
+    assert digests[0] == digests[1]
+    assert any(c is not None for c in cut)  # rounds after the first had one (ResNet-1001's cut whole programs)

@@ -132,7 +132,7 @@ def main():
               f"host→device {parts.get(f'busy {H2D} {phase}', 0) * 1e3:.2f} ms busy")
     for phase in solver.get("phases", ()):  # each program the solver tried, as it ended
         print("  program " + ", ".join(f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}"
-                                       for k, v in phase.items() if k != "status"))
+                                       for k, v in phase.items() if k not in ("status", "solves")))
     rates = [float(r) for r in args.copy_rates.split(",") if r]
     bounds = program_bounds(base, model, budget, rates) if rates else {}
     for rate, (optimum, low) in bounds.items():

@@ -28,13 +28,14 @@ def main():
     p.add_argument("fraction", help="of liveness's arena, e.g. 1/3")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--solver-time", type=float)
+    p.add_argument("--phases", action="store_true", help="print each program's rounds, solves and times too")
     args = p.parse_args()
     num, _, den = args.fraction.partition("/")
     base, live, live_seconds, model = lowered_net(args.net, args.batch, CostModel("gpu"))
     budget = round(live.arena_bytes * float(num) / float(den or 1))
     memo, wall, cpu = {}, time.perf_counter(), time.process_time()
     options = {} if args.solver_time is None else {"solver_seconds": args.solver_time}
-    schedule, planned = plan(base, "optimal", budget, cost=model, memo=memo, **options)
+    schedule, planned = plan(base, "optimal", budget=budget, cost=model, memo=memo, **options)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     info = memo["optimal"]
     solver = info.get("solver") or {}
@@ -43,6 +44,9 @@ def main():
                       "winner": info["winner"], "solves": solver.get("rounds"), "wall_seconds": round(wall, 2),
                       "cpu_seconds": round(cpu, 2),
                       "digest": hashlib.sha1(repr(list(schedule.steps)).encode()).hexdigest()[:12]}))
+    if args.phases:
+        for phase in solver.get("phases", ()):
+            print(json.dumps(phase, default=str))
 
 
 if __name__ == "__main__":

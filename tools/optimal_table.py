@@ -37,7 +37,8 @@ from superneuron.train.optim import make_optimizer  # noqa: E402
 from superneuron.train.solver_config import SolverConfig  # noqa: E402
 
 NETS = {"resnet50": ("nets/resnet.yaml", {"depth": 50}), "resnet101": ("nets/resnet.yaml", {"depth": 101}),
-        "resnet152": ("nets/resnet.yaml", {"depth": 152}), "vgg16": ("nets/vgg16.yaml", {}),
+        "resnet152": ("nets/resnet.yaml", {"depth": 152}),
+        "resnet1001": ("nets/resnet.yaml", {"depth": 1001}), "vgg16": ("nets/vgg16.yaml", {}),
         "googlenet": ("nets/googlenet.yaml", {})}
 FRACTIONS = (("2/3", 2 / 3), ("1/2", 1 / 2), ("1/3", 1 / 3), ("1/4", 1 / 4))
 

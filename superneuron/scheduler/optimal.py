@@ -58,7 +58,7 @@ from .fuse import fuse_relus
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
-from .optimal_model import MIP_GAP, build, solve
+from .optimal_model import MIP_GAP, builds, solve
 from .params import offload_params
 from .recompute import with_recomputes
 from .simulate import simulate
@@ -252,13 +252,12 @@ def _solved(schedule, context, info):
     is not exact to the byte), and a round whose optimum is slower than the best plan so far
     not realised."""
     start = time.perf_counter()
-    models, earlier = {}, {}  # earlier: the recomputations of each program's last plan, by its time
+    earlier = {}  # earlier: the recomputations of each program's last plan, by its time
     best, last, phases = None, None, []
     info["solver"] = solver = {"phases": phases}
     modelled = offload_params(schedule) if context.offload_params else schedule  # parameter copies in place
+    models = builds(modelled, context.model, tuple(dict.fromkeys(p[0] for p in PHASES)), context.lossy)
     for joins, swaps, encodings, fixed, share in PHASES:
-        if joins not in models:
-            models[joins] = build(modelled, context.model, joins=joins, lossy=context.lossy)
         model = models[joins]
         until = None if context.solver_seconds is None else start + context.solver_seconds * share
         if encodings and not model.units:
@@ -302,7 +301,8 @@ def _rounds(schedule, context, model, offered, until, phases, beat=None):
     said, caps further under are probed (1/64 of the budget under, then twice as far each
     time), until a program's optimum is no faster than the best realised plan."""
     swaps, recomputed, joins = offered
-    phase = {"joins": joins, "swaps": swaps, "rounds": 0}
+    phase = {"joins": joins, "swaps": swaps, "rounds": 0, "solves": []}
+    solves = phase["solves"]  # each round's cap, objective, solving and realising seconds
     phases.append(phase)
     top = cap = context.budget - model.resident
     found = best = None
@@ -312,7 +312,12 @@ def _rounds(schedule, context, model, offered, until, phases, beat=None):
         left = None if until is None else until - time.perf_counter()
         if (left is not None and left <= 0) or cap <= 0 or sum(p["rounds"] for p in phases) >= SOLVES:
             break
-        solution = solve(model, cap, left, context.host_memory, swaps, recomputed)
+        # what the breaks below would throw away: no answer over it is realised
+        limits = ([best[0].seconds] if best else []) + ([beat * (1 + MIP_GAP)] if beat is not None else [])
+        solution = solve(model, cap, left, context.host_memory, swaps, recomputed,
+                         cutoff=min(limits, default=None))
+        solves.append({"cap": int(cap), "objective": solution.objective, "bound": solution.dual_bound,
+                       "seconds": solution.runs, "rens": solution.fixed, "nodes": solution.nodes})
         phase["nodes"] = phase.get("nodes", 0) + getattr(solution, "nodes", 0)
         phase.update(rounds=phase["rounds"] + 1, status=solution.status, objective=solution.objective,
                      dual_bound=solution.dual_bound, gap=solution.gap,
@@ -321,8 +326,12 @@ def _rounds(schedule, context, model, offered, until, phases, beat=None):
             break  # no plan, or none at this cap or under it can beat the best realised
         if beat is not None and solution.objective > beat * (1 + MIP_GAP):
             break  # nor an earlier program's best: realising it (seconds of placement) would not pay
+        realised = time.perf_counter()
         found = _placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
                                 solution.encode), context)
+        realised = time.perf_counter() - realised
+        phase["realise_seconds"] = phase.get("realise_seconds", 0.0) + realised
+        solves[-1].update(realise_seconds=round(realised, 2), realised=found.seconds, fits=_ok(found, context))
         found.recomputed = solution.recompute
         fits = _ok(found, context)
         if fits and (best is None or found.seconds < best[0].seconds):

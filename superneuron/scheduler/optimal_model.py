@@ -49,11 +49,11 @@ realisation hands the chosen groups to the encode pass.
 """
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,7 +72,7 @@ MIB = float(1 << 20)   # the program counts bytes in MiB and seconds in millisec
 MS = 1e3               # tolerances are absolute, and bytes by the billion would lose them
 
 
-@dataclass
+@dataclasses.dataclass
 class Choice:
     """A compute step ``step`` (index) whose layer offers ``algos``, each with ``seconds`` and
     ``workspace`` (arena bytes)."""
@@ -83,7 +83,7 @@ class Choice:
     workspace: list
 
 
-@dataclass
+@dataclasses.dataclass
 class Model:
     """What the program is built from (see the module's docstring): ``live`` (bytes live at
     each compute step under liveness, workspaces aside), ``fixed_workspace`` and
@@ -102,9 +102,9 @@ class Model:
     resident: int
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
-    names: list = field(default_factory=list)
-    long_chains: list = field(default_factory=list)
-    units: list = field(default_factory=list)
+    names: list = dataclasses.field(default_factory=list)
+    long_chains: list = dataclasses.field(default_factory=list)
+    units: list = dataclasses.field(default_factory=list)
     host_fixed: int = 0
 
 
@@ -112,6 +112,13 @@ def build(schedule, model, joins=True, lossy=()):
     """The :class:`Model` of ``schedule`` (a training schedule before any pass) under
     ``model`` (a cost.CostModel); ``joins``: joins' outputs may be recomputed too; ``lossy``:
     the lossy encodings that may be chosen besides the lossless ones."""
+    return builds(schedule, model, (joins,), lossy)[joins]
+
+
+def builds(schedule, model, joins=(True, False), lossy=()):
+    """``{j: build(schedule, model, j, lossy) for j in joins}``, what the Models share (the
+    liveness schedule, the bytes live, the choices, the encodings: ResNet-1001's took 4 s of
+    each build) made once."""
     live_schedule = liveness(inplace(schedule, grads_only=True))
     roots = Roots.of(live_schedule)
     graph = schedule.graph
@@ -145,19 +152,24 @@ def build(schedule, model, joins=True, lossy=()):
             if step.workspace and roots.scheduled(step.workspace):
                 fixed_ws[i] = roots.size(step.workspace)
     turn = first_backward(steps, n)
-    stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, joins)
-    return Model(n, live, fixed_ws, fixed_seconds, stashes, choices, schedule.resident_bytes,
-                 sum(fastest[:turn]), sum(fastest[turn:]), long_chains=long_chains,
-                 units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy),
-                 host_fixed=simulate(live_schedule).host_bytes if schedule.host_resident else 0)
+    shared = Model(n, live, fixed_ws, fixed_seconds, [], choices, schedule.resident_bytes,
+                   sum(fastest[:turn]), sum(fastest[turn:]),
+                   units=optimal_encode.units_of(live_schedule, steps, roots, model, lossy),
+                   host_fixed=simulate(live_schedule).host_bytes if schedule.host_resident else 0)
+    models = {}
+    for j in joins:
+        stashes, long_chains = stashes_of(live_schedule, steps, roots, model, fastest, j)
+        models[j] = dataclasses.replace(shared, stashes=stashes, long_chains=long_chains)
+    return models
 
 
-@dataclass
+@dataclasses.dataclass
 class Solution:
     """What the solver found: ``recompute``, ``offload`` and ``swap`` (sets of roots), ``algorithms``
     ({step index: algorithm name}), ``objective`` and ``dual_bound`` (seconds), ``gap`` (the
     proven relative gap), ``status`` (HiGHS's message), ``seconds`` (solving time), ``nodes``
-    (branch-and-bound nodes); the sets
+    (branch-and-bound nodes), ``fixed`` (whether the relaxation with its integral part fixed
+    gave it: optimal_highs.py), ``runs`` (the seconds of each HiGHS run); the sets
     are None when it found no schedule. ``encode``: ``(layers, roots)``, the encodings chosen
     (encode.py's ``only``)."""
 
@@ -172,9 +184,11 @@ class Solution:
     seconds: float
     encode: tuple = (frozenset(), frozenset())
     nodes: int = 0
+    fixed: bool = False
+    runs: dict = dataclasses.field(default_factory=dict)
 
 
-def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None):
+def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None, cutoff=None):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
     resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
     (None: unbounded); a :class:`Solution`, the same on every run (optimal_highs.py: one
@@ -182,7 +196,8 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
     None). ``time_limit``: a safety cap in seconds (None: none; a solve it ends may differ
     between runs). ``swaps``: offer the swap option (a harder program: its copies' streams are
     constrained too). ``recomputed``: roots that must be recomputed (an earlier solution's:
-    the program left is much smaller)."""
+    the program left is much smaller). ``cutoff`` (seconds): where the program's relaxation
+    shows that no answer is faster, none (the sets None, the bound given; optimal_highs.py)."""
     from scipy.optimize import LinearConstraint
     from scipy.sparse import coo_array
 
@@ -287,12 +302,14 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
         res = optimal_highs.run(c, integrality, np.concatenate([lower, np.full(n, -np.inf)]),
                                 np.concatenate([np.ones(nx), np.full(n, np.inf)]),
                                 LinearConstraint(matrix, np.array(lo), np.array(hi)), MIP_GAP,
-                                node_limit or optimal_highs.NODE_LIMIT, time_limit)
+                                node_limit or optimal_highs.NODE_LIMIT, time_limit,
+                                None if cutoff is None else (cutoff - m.fixed_seconds) * MS)
     seconds = time.perf_counter() - start
     base = m.fixed_seconds
     dual = None if res.bound is None else base + res.bound / MS
     if res.x is None:
-        return Solution(None, None, None, None, None, dual, None, res.message, seconds, nodes=res.nodes)
+        return Solution(None, None, None, None, None, dual, None, res.message, seconds, nodes=res.nodes,
+                        runs=res.seconds)
     x = res.x
     recompute = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "rec" and x[j] > 0.5}
     offload = {m.stashes[k].root for j, (what, k, _) in enumerate(columns) if what == "off" and x[j] > 0.5}
@@ -300,7 +317,7 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
     algorithms = {m.choices[c].step: m.choices[c].algos[a].name
                   for j, (what, c, a) in enumerate(columns) if what == "alg" and x[j] > 0.5}
     return Solution(recompute, offload, swap, algorithms, base + res.fun / MS, dual, res.gap, res.message, seconds,
-                    optimal_encode.chosen(m, columns, x), res.nodes)
+                    optimal_encode.chosen(m, columns, x), res.nodes, res.fixed, res.seconds)
 
 
 def _triggers(m, columns, cost, row, opening, closing):
