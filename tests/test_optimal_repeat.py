@@ -103,7 +103,7 @@ def test_a_relaxation_over_the_cutoff_ends_the_solve_without_an_answer():
 
     from superneuron.scheduler import optimal_highs
     # two binaries, at least 1.5 of them: the relaxation's bound 1.5, the optimum 2
-    args = (np.ones(2), np.ones(2), np.zeros(2), np.ones(2), LinearConstraint(np.ones((1, 2)), 1.5, np.inf), 1e-6)
+    args = (np.ones(2), np.ones(2), (np.zeros(2), np.ones(2)), LinearConstraint(np.ones((1, 2)), 1.5, np.inf), 1e-6)
     assert optimal_highs.run(*args).fun == 2.0
     over = optimal_highs.run(*args, cutoff=1.4)
     assert over.x is None and over.bound == 1.5 and set(over.seconds) == {"relaxation"}

@@ -63,13 +63,14 @@ class Result:
     seconds: dict = field(default_factory=dict)
 
 
-def run(c, integrality, lower, upper, constraints, gap, node_limit=NODE_LIMIT, time_limit=None, cutoff=None):
-    """Minimise ``c @ x`` with ``integrality`` (1: binary within its bounds), ``lower`` <= x
-    <= ``upper`` and ``constraints`` (a LinearConstraint) to within the relative ``gap``; a
+def run(c, integrality, bounds, constraints, gap, node_limit=NODE_LIMIT, time_limit=None, cutoff=None):
+    """Minimise ``c @ x`` with ``integrality`` (1: binary within its bounds), ``bounds = (lower,
+    upper)``: lower <= x <= upper, and ``constraints`` (a LinearConstraint) to within the relative ``gap``; a
     :class:`Result`. ``time_limit``: a cap in seconds on each HiGHS run (None: none).
     ``cutoff``: where the relaxation's bound is above it, no answer (``x`` None, the bound
     given): the caller keeps none above it."""
     from scipy.optimize import Bounds
+    lower, upper = bounds
     options = {"disp": False, "mip_rel_gap": gap, "node_limit": node_limit, **DETERMINISTIC}
     if time_limit is not None:  # a safety cap: where it ends a solve, the answer may vary
         options["time_limit"] = max(time_limit, 0.01)

@@ -299,8 +299,8 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
     matrix = coo_array((vals, (rows, cols)), shape=(len(lo), nx + n)).tocsr()
     start = time.perf_counter()
     with silenced_output():
-        res = optimal_highs.run(c, integrality, np.concatenate([lower, np.full(n, -np.inf)]),
-                                np.concatenate([np.ones(nx), np.full(n, np.inf)]),
+        res = optimal_highs.run(c, integrality, (np.concatenate([lower, np.full(n, -np.inf)]),
+                                                 np.concatenate([np.ones(nx), np.full(n, np.inf)])),
                                 LinearConstraint(matrix, np.array(lo), np.array(hi)), MIP_GAP,
                                 node_limit or optimal_highs.NODE_LIMIT, time_limit,
                                 None if cutoff is None else (cutoff - m.fixed_seconds) * MS)
