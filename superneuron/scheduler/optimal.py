@@ -330,10 +330,10 @@ def _rounds(schedule, context, model, offered, until, phases, beat=None):
         found = _placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
                                 solution.encode), context)
         realised = time.perf_counter() - realised
-        phase["realise_seconds"] = phase.get("realise_seconds", 0.0) + realised
-        solves[-1].update(realise_seconds=round(realised, 2), realised=found.seconds, fits=_ok(found, context))
         found.recomputed = solution.recompute
         fits = _ok(found, context)
+        phase["realise_seconds"] = phase.get("realise_seconds", 0.0) + realised
+        solves[-1].update(realise_seconds=round(realised, 2), realised=found.seconds, fits=fits)
         if fits and (best is None or found.seconds < best[0].seconds):
             best = found, solution
         shown, chosen = best or (found, solution)

@@ -71,14 +71,15 @@ def run(c, integrality, bounds, constraints, gap, node_limit=NODE_LIMIT, time_li
     given): the caller keeps none above it."""
     from scipy.optimize import Bounds
     lower, upper = bounds
+    box = Bounds(lower, upper)
     options = {"disp": False, "mip_rel_gap": gap, "node_limit": node_limit, **DETERMINISTIC}
     if time_limit is not None:  # a safety cap: where it ends a solve, the answer may vary
         options["time_limit"] = max(time_limit, 0.01)
     seconds = {}
-    relaxed = _milp(c, np.zeros_like(integrality), Bounds(lower, upper), constraints, options, seconds,
+    relaxed = _milp(c, np.zeros_like(integrality), box, constraints, options, seconds,
                     "relaxation")
     if relaxed.x is None:  # infeasible (or capped): the whole program says which
-        return _whole(c, integrality, lower, upper, constraints, options, seconds)
+        return _whole(c, integrality, box, constraints, options, seconds)
     if cutoff is not None and relaxed.fun > cutoff + CUTOFF_MARGIN * abs(cutoff):
         return Result(None, None, relaxed.fun, None, "the relaxation's bound is above the cutoff", 0,
                       seconds=seconds)
@@ -93,16 +94,15 @@ def run(c, integrality, bounds, constraints, gap, node_limit=NODE_LIMIT, time_li
         if small.x is not None and small.fun - bound <= gap * max(abs(small.fun), 1e-9):
             return Result(small.x, small.fun, bound, max(small.fun - bound, 0.0) / max(abs(small.fun), 1e-9),
                           small.message, _nodes(small), fixed=True, seconds=seconds)
-    whole = _whole(c, integrality, lower, upper, constraints, options, seconds)
+    whole = _whole(c, integrality, box, constraints, options, seconds)
     if whole.bound is None or whole.bound < bound:
         whole.bound = bound
     return whole
 
 
-def _whole(c, integrality, lower, upper, constraints, options, seconds):
+def _whole(c, integrality, box, constraints, options, seconds):
     """The whole program solved by HiGHS (a :class:`Result`; its time added to ``seconds``)."""
-    from scipy.optimize import Bounds
-    res = _milp(c, integrality, Bounds(lower, upper), constraints, options, seconds, "whole")
+    res = _milp(c, integrality, box, constraints, options, seconds, "whole")
     bound = getattr(res, "mip_dual_bound", None)
     gap = getattr(res, "mip_gap", None)
     return Result(res.x, res.fun, None if bound is None or not np.isfinite(bound) else float(bound),
