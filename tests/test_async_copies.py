@@ -72,3 +72,30 @@ def test_close_waits_for_the_copies_and_drops_their_buffers():
     assert runtime.copies.in_flight  # the fake device never finished them: still referenced
     runtime.copies.close()
     assert runtime.copies.in_flight == [] and cuda.host_waits and cuda.open == []
+
+
+def test_the_link_is_measured_with_the_runtimes_own_copies_each_way_and_both_at_once():
+    """measure_link (runtime/profile.py) times the copies the runtime makes: on a GPU, one
+    memcpyAsync a direction on that direction's stream, the two of ``both`` both queued
+    before the host waits for either, and the cost model's ``copy`` is the slower way."""
+    from superneuron.backend import Backend
+    from superneuron.runtime.profile import measure_copy_bandwidth, measure_link
+
+    backend = FakeGPUBackend()
+    cuda = backend.cuda
+
+    class Waits(list):  # each host wait with the copies queued before it
+        def append(self, what):
+            super().append((what, len(cuda.copies)))
+    cuda.host_waits = Waits()
+    link = measure_link(backend, nbytes=4096, repeats=1)
+    h2d, d2h = cuda.runtime.memcpyHostToDevice, cuda.runtime.memcpyDeviceToHost
+    assert [kind for kind, _, _ in cuda.copies] == [h2d, d2h, h2d, d2h]
+    assert all(n == 4096 for _, n, _ in cuda.copies)
+    assert cuda.copies[2][2] != cuda.copies[3][2]  # each way on its own stream
+    # each copy waited for by its event; the two of ``both`` after both were queued; then
+    # close() drains the two streams
+    assert cuda.host_waits == [("event", 1), ("event", 2), ("event", 4), ("event", 4), ("stream", 4), ("stream", 4)]
+    assert set(link) == {"h2d", "d2h", "both"} and all(0 < v < float("inf") for v in link.values())
+    cpu = Backend()
+    assert 0 < measure_copy_bandwidth(cpu, nbytes=1 << 20, repeats=2) < float("inf")

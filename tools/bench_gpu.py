@@ -21,6 +21,10 @@ on real iterations under ``set_per_process_memory_fraction``).
 Deepest ResNet: with ``--depth-budget``, the deepest bottleneck ResNet (stages 3, 8, n, 3) at
 batch 16: ours from ``sn-depth``'s planner, then two real iterations with the arena capped at
 the budget; PyTorch by bisection on real iterations under the same cap.
+
+Link: first, the host link's bandwidth as the runtime's copies see it (``link`` in the JSON,
+GB/s): host→device and device→host alone and each while the other runs, beside the cost
+model's figure, which the plans that offload most depend on.
 """
 
 import argparse
@@ -244,6 +248,8 @@ def main():
     if args.gpu_tests_xml:
         result["gpu_tests"] = test_counts(args.gpu_tests_xml)
     print(f"{result['device']}, batch {args.batch}, {result['math']}", flush=True)
+    result["link"] = link()
+    save(args.json, result)
     for name in args.nets.split(","):
         row = {"pytorch": pytorch(name, args.batch, args.iters, args.warmup)}
         ref = row["pytorch"]
@@ -293,6 +299,20 @@ def main():
         result["deepest"] = {"budget": args.depth_budget,
                              **deepest(plain, args.depth_budget, 16)}
     save(args.json, result)
+
+
+def link():
+    """The host link as the runtime's copies see it (runtime/profile.py measure_link: pinned
+    memory, the copy streams), 256 MiB each way alone and both at once, in GB/s, beside the
+    H100 cost model's figure (``copy``), which the quarter-budget plans of issue 34 hinge on."""
+    from superneuron.backend import get_backend
+    from superneuron.runtime.profile import measure_link
+    from superneuron.scheduler.cost import DEVICES
+    rates = {k: round(v / 1e9, 2) for k, v in measure_link(get_backend("gpu"), 256 << 20, 5).items()}
+    rates["model"] = DEVICES["gpu"].copy / 1e9
+    print(f"link (GB/s): host->device {rates['h2d']}, device->host {rates['d2h']}, each while the "
+          f"other runs {rates['both']}; the cost model counts {rates['model']}", flush=True)
+    return rates
 
 
 def test_counts(path):

@@ -87,7 +87,8 @@ def main():
         budgets.append(("smallest", smallest_budget(base, Context(model=model), passes_of)))
         rows = []
         for label, budget in budgets:
-            cells, record = [label, human_bytes(budget)], {"net": name, "budget": label, "bytes": budget}
+            cells, record = [label, human_bytes(budget)], {"net": name, "budget": label, "bytes": budget,
+                                                           "copy_bytes_per_second": 1 / model.copy_seconds(1)}
             for policy in (heuristic, solved):
                 memo, start = {}, time.perf_counter()
                 try:

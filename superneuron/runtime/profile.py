@@ -15,6 +15,7 @@ import numpy as np
 
 from ..layers.base import Context, fill
 from ..scheduler.cost import CACHE_FORMAT, cache_path, cached, entries, rejections, table_of
+from .copies import copies_for
 
 # How far from float64 an algorithm may be: max |error| / max |exact| over each output
 # (:func:`relative_error`), the worst output. tests/test_gpu.py holds every cuDNN engine to
@@ -95,19 +96,36 @@ def worst_error(outputs, exact):
 
 
 def measure_copy_bandwidth(backend, nbytes=32 << 20, repeats=3):
-    """Bytes per second of a host→device copy of ``nbytes`` on ``backend`` (the best of
-    ``repeats``); on the CPU, a copy between two blocks of memory, as the copy thread makes."""
-    host = backend.host_bytes(nbytes)  # pinned on a GPU, as the offload's host arena
+    """Bytes per second the cost model counts for one host↔device copy (``copy``, either
+    direction): the slower direction of :func:`measure_link`."""
+    link = measure_link(backend, nbytes, repeats)
+    return min(link["h2d"], link["d2h"])
+
+
+def measure_link(backend, nbytes=32 << 20, repeats=3):
+    """``{"h2d", "d2h", "both"}``: bytes per second of the runtime's own copies (copies_for:
+    CUDA streams between the device and pinned host memory on a GPU, the copy threads on the
+    CPU) of ``nbytes``, host→device alone, device→host alone, and each direction while the
+    other runs (the slower of the two), the best of ``repeats``."""
+    copies = copies_for(backend)
+    host, device = backend.host_bytes(2 * nbytes), backend.empty_bytes(2 * nbytes)
     host[...] = 1
-    device = backend.xp.empty(nbytes, np.uint8)
-    best = float("inf")
-    for _ in range(repeats):
-        backend.synchronize()
-        start = time.perf_counter()
-        backend.copy_from_host(device, host)
-        backend.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return nbytes / max(best, 1e-9)
+    halves = {"h2d": (device[:nbytes], host[:nbytes]), "d2h": (host[nbytes:], device[nbytes:])}
+
+    def rate(directions):
+        best = float("inf")
+        for _ in range(repeats):
+            backend.synchronize()
+            start = time.perf_counter()
+            started = [copies.start(*halves[d], d) for d in directions]
+            for copy in started:
+                copy.sync()
+            best = min(best, time.perf_counter() - start)
+        return nbytes / max(best, 1e-9)
+    try:
+        return {"h2d": rate(("h2d",)), "d2h": rate(("d2h",)), "both": rate(("h2d", "d2h"))}
+    finally:
+        copies.close()
 
 
 class _Operands:
