@@ -11,7 +11,8 @@
 #                         another file cannot stop them at collection), a 90 s deadline a test
 #   grad_diag.json        tools/grad_diag.py: ResNet-18's parameter errors against float64,
 #                         three ways (as is, deterministic engines, no FFT/Winograd)
-#   bench_gpu.json        tools/bench_gpu.py: ResNet-50 at batch 64 against PyTorch (fp32),
+#   bench_gpu.json        tools/bench_gpu.py: the host link (GB/s each way, and both at once),
+#                         ResNet-50 at batch 64 against PyTorch (fp32),
 #                         liveness also with --cuda-graph (liveness+cuda_graph), with the GPU
 #                         tests' counts in it (gpu_tests)
 #   optimal_measured.json tools/optimal_table.py --nets resnet50 --measured
