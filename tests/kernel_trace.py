@@ -228,6 +228,10 @@ class KernelTrace:
             if ctx.encoded is not None:  # it writes its layer's own form too, in the same pass
                 self.forms[node.name] = f"{node.name}#{direct_form(layer).codec}"
                 groups.append(("encoded", [self.forms[node.name]], [ctx.encoded]))
+            if getattr(ctx, "scale", None) is not None:  # and a Scale's top, from its parameters
+                scale = self.nodes[id(ctx.scale.layer)]
+                groups += [("param", [scale.params[k] for k in ctx.scale.params], list(ctx.scale.params.values())),
+                           ("top", scale.tops, [ctx.scale.top])]
         for role, names, arrays in groups:
             for name, a in zip(names, arrays):
                 if a is not None:
@@ -239,12 +243,14 @@ class KernelTrace:
             for op in call.operands:
                 if op.role == "param" and digest(op.array) != before[op.name]:
                     self.violations.append(f"{call.label}: recompute changed '{op.name}'")
-        self._note_writes(call, self._relu_after(node) if getattr(ctx, "relu", False) else {})
+        last = node if getattr(ctx, "scale", None) is None else self.nodes[id(ctx.scale.layer)]
+        self._note_writes(call, self._relu_after(last) if getattr(ctx, "relu", False) else {})
         return result
 
     def _relu_after(self, node):
         """``{top: the top of the ReLU in place on it}`` for a forward with a fused ReLU
-        (scheduler/fuse.py): what it writes is what that ReLU's forward wrote."""
+        (scheduler/fuse.py) on ``node``'s top: what it writes is what that ReLU's forward
+        wrote."""
         return {n.bottoms[0]: n.tops[0] for n in self.graph.nodes
                 if n.layer.type == "ReLU" and list(n.bottoms) == list(node.tops)}
 

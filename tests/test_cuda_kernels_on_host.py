@@ -223,3 +223,44 @@ def test_the_gpu_branches_write_a_layers_own_form_as_its_numpy_code(monkeypatch,
         out.append((top, form))
     np.testing.assert_array_equal(out[1][0], out[0][0])
     np.testing.assert_array_equal(out[1][1], out[0][1])
+
+
+@pytest.mark.parametrize("bias, relu", [(True, True), (True, False), (False, True), (False, False)])
+def test_a_batchnorm_writing_its_scale_on_the_gpu_is_its_kernel_then_the_scales(monkeypatch, host_kernel, bias, relu):
+    """BatchNorm's GPU branch with ``ctx.scale`` (one kernel, ``bn_normalize_scale[_bias]``,
+    writing x_hat and the Scale's top) gives the bits of its own kernel and then the Scale's
+    GPU branch (``scale[_bias][_relu]``), and what its NumPy code gives to float32 rounding."""
+    from superneuron.layers.norm import ScaleAfter
+    shape = (16, 8, 5, 5)
+    bn, bn_params = build("BatchNorm", [shape], dtype=np.float32)
+    scale, scale_params = build("Scale", [shape], dtype=np.float32, bias_term=bias)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(shape).astype(np.float32)
+    for k in scale_params:
+        scale_params[k][...] = rng.standard_normal(scale_params[k].shape)
+    room = bn.algorithms("forward")[0].workspace
+
+    def run(fused):
+        y, z = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        ctx = Context(workspace=np.zeros(room, np.uint8), relu=relu,
+                      scale=ScaleAfter(scale, scale_params, z) if fused else None)
+        bn.forward(ctx, [x], [y], {k: v.copy() for k, v in bn_params.items()})
+        if not fused:
+            scale.forward(Context(relu=relu), [y], [z], scale_params)
+        return y, z
+    host = run(True)
+    called = []
+
+    def kernel(name):
+        called.append(name)
+        return host_kernel(name)
+    monkeypatch.setattr(cuda_kernels, "on_gpu", lambda xp: True)
+    monkeypatch.setattr(cuda_kernels, "kernel", kernel)
+    monkeypatch.setattr(cuda_kernels, "channel_sums", _channel_sums)
+    fused = run(True)
+    assert called[-1] == "bn_normalize_scale" + ("_bias" if bias else "")
+    apart = run(False)
+    for a, b, c in zip(fused, apart, host, strict=True):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, c, rtol=0, atol=1e-5 * np.abs(c).max())
+    assert (fused[1] == 0).any() == relu

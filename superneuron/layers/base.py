@@ -14,7 +14,8 @@ A layer knows shapes and kernels, never the schedule. It declares:
 - ``CHEAP``: cheap to recompute (SuperNeurons' cost-aware recomputation);
 - :meth:`fuses_relu`: whether its forward can end with a ReLU over its top in the same pass
   (``ctx.relu``), so that a recomputation of it and of an in-place ReLU after it is one pass
-  over memory, not two (scheduler/fuse.py);
+  over memory, not two (scheduler/fuse.py); :meth:`fuses_scale`, likewise, whether its forward
+  can write a Scale's output from its own (``ctx.scale``);
 - :meth:`algorithms`: per phase, the ways to compute it, fastest first, each with its workspace;
 - :meth:`cost`: flops and bytes moved, from which an estimated time follows;
 - :meth:`encodings`: the encoded forms (Gist) its backward can read instead of its operands.
@@ -275,6 +276,9 @@ class Context:
     ranks: object = None  # synchronised BatchNorm: the ranks whose batches it pools (see sum_ranks)
     labels_checked: bool = False  # its labels were checked on the host when fed (check_labels)
     relu: bool = False  # a forward ends with max(top, 0) in the same pass (Layer.fuses_relu)
+    # a forward writes a Scale's top from its own in the same pass (Layer.fuses_scale; its
+    # ``relu`` is then the Scale's): the Scale's (layer, params, top), norm.ScaleAfter
+    scale: object = None
     _used: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self):
@@ -460,6 +464,12 @@ class Layer:
     def fuses_relu(self):
         """Whether :meth:`forward` honours ``ctx.relu``: ends with ``max(top, 0)`` over its one
         top in the same pass, the same bits as a ReLU after it (default: no)."""
+        return False
+
+    def fuses_scale(self, scale):
+        """Whether :meth:`forward` honours ``ctx.scale`` for the Scale layer ``scale`` over its
+        one top: writes that Scale's top too (then its ReLU, with ``ctx.relu``) in the same pass,
+        the same bits as the Scale's forward after it (default: no; BatchNorm's)."""
         return False
 
     def forward(self, ctx, bottoms, tops, params):

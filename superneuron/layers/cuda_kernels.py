@@ -139,6 +139,19 @@ def _kernels():
         "bn_normalize": cupy.ElementwiseKernel(
             "T x, raw float64 sums, raw T invstd, float64 count, int64 length, int64 channels",
             "T y", idx + "y = (x - (T)(sums[c] / count)) * invstd[c];", "sn_bn_normalize"),
+        # the same, and z = h * w[c] (+ b[c]) from the normalised h in hand, then max(z, 0) where
+        # ``relu``: a BatchNorm with the Scale after it in one pass (its own kernel's arithmetic,
+        # a ReLU as "relu" below; y may be x)
+        "bn_normalize_scale": cupy.ElementwiseKernel(
+            "T x, raw float64 sums, raw T invstd, raw T w, float64 count, int64 length, int64 channels, "
+            "int32 relu", "T y, T z",
+            idx + "T h = (x - (T)(sums[c] / count)) * invstd[c]; y = h;"
+                  " T s = h * w[c]; z = relu && s < (T)0 ? (T)0 : s;", "sn_bn_normalize_scale"),
+        "bn_normalize_scale_bias": cupy.ElementwiseKernel(
+            "T x, raw float64 sums, raw T invstd, raw T w, raw T b, float64 count, int64 length, "
+            "int64 channels, int32 relu", "T y, T z",
+            idx + "T h = (x - (T)(sums[c] / count)) * invstd[c]; y = h;"
+                  " T s = h * w[c] + b[c]; z = relu && s < (T)0 ? (T)0 : s;", "sn_bn_normalize_scale_bias"),
         # dx = (dy - mean(dy)[c] - x_hat * mean(dy x_hat)[c]) * invstd[c]   (dx may be dy)
         "bn_backward": cupy.ElementwiseKernel(
             "T dy, T x_hat, raw float64 sums, raw T invstd, float64 count, int64 length, "

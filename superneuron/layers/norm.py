@@ -11,6 +11,8 @@ CPU plain per-channel sums are taken the same way, against a row of ones, which 
 three times as fast as NumPy's ``sum(axis=(0, 2))`` (see :func:`_channel_sum`).
 """
 
+import collections
+
 import numpy as np
 
 from . import cuda_kernels as cuda
@@ -18,6 +20,10 @@ from . import parallel
 from .base import Algo, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
 from .registry import register
+
+ScaleAfter = collections.namedtuple("ScaleAfter", "layer params top")
+ScaleAfter.__doc__ = """What a BatchNorm's forward writes beside its own top (``ctx.scale``,
+Layer.fuses_scale): the Scale ``layer`` over it, that Scale's ``params`` and its ``top``."""
 
 
 def _ncl(shape, axis=1):
@@ -140,6 +146,14 @@ class BatchNorm(Layer):
     def _global(self, ctx):
         return self.cfg["use_global_stats"] or not ctx.train
 
+    def fuses_scale(self, scale):
+        """In training with batch statistics, over a Scale that sees the same (N, C, L): the
+        CPU's and the GPU's forwards write the Scale's top channel by channel from the values
+        normalised in hand (one pass on the GPU: x read, x_hat and the Scale's top written).
+        Synchronised BatchNorm (ranks) and a GPU batch too small for the per-channel sums run
+        the Scale's forward after their own (the same bits, a pass more)."""
+        return not self.cfg["use_global_stats"] and scale.ncl == self.ncl
+
     def forward(self, ctx, bottoms, tops, params):
         xp, eps = ctx.xp, self.cfg["eps"]
         x, y = bottoms[0].reshape(self.ncl), tops[0].reshape(self.ncl)
@@ -148,16 +162,18 @@ class BatchNorm(Layer):
             invstd = 1.0 / xp.sqrt(var + eps)
             xp.subtract(x, mean[:, None], out=y)
             y *= invstd[:, None]
+            self._scale_after(ctx, y)
             return
         n, c, l = self.ncl
         m = n * l
         if ctx.ranks is not None:
             mean, var, m = self._forward_synced(ctx, x, y, params)
+            self._scale_after(ctx, y)
         elif cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
             return
         elif xp is np:  # channels split over the cores
             mean, var = np.empty(c, self.dtype), np.empty(c, self.dtype)
-            self._forward_cpu(x, y, mean, var, params["saved_invstd"], ctx.scratch((n * c,), self.dtype))
+            self._forward_cpu(ctx, x, y, mean, var, params["saved_invstd"])
         else:
             mean = x.mean(axis=(0, 2))
             xp.subtract(x, mean[:, None], out=y)
@@ -166,6 +182,7 @@ class BatchNorm(Layer):
             xp.sqrt(var + eps, out=invstd)
             xp.reciprocal(invstd, out=invstd)
             y *= invstd[:, None]
+            self._scale_after(ctx, y)
         if not ctx.recompute:
             self._update_scale_factor(params)
             f = self.cfg["moving_average_fraction"]
@@ -186,11 +203,21 @@ class BatchNorm(Layer):
         y *= invstd[:, None]
         return mean.astype(self.dtype), var.astype(self.dtype), m
 
-    def _forward_cpu(self, x, y, mean, var, invstd, room):
-        """The CPU training forward, its channels split over the cores (``room``: N*C scratch
-        elements)."""
+    def _scale_after(self, ctx, y):
+        """The Scale of ``ctx.scale`` (if any) over ``y``, this layer's top, as its own forward
+        (with its ReLU where ``ctx.relu``): a pass of its own."""
+        after = ctx.scale
+        if after is not None:
+            after.layer.forward(ctx, [y.reshape(after.layer.bottom_shapes[0])], [after.top], after.params)
+
+    def _forward_cpu(self, ctx, x, y, mean, var, invstd):
+        """The CPU training forward, its channels split over the cores (N*C scratch elements
+        from ``ctx``); with ``ctx.scale``, each block writes that Scale's top from its channels
+        once normalised (then its ReLU, with ``ctx.relu``)."""
         n, c, l = self.ncl
         eps, m = self.cfg["eps"], n * l
+        room, after, relu = ctx.scratch((n * c,), self.dtype), ctx.scale, ctx.relu
+        z = None if after is None else after.top.reshape(self.ncl)
 
         def block(a, b):
             xs, ys = x[:, a:b], y[:, a:b]
@@ -202,6 +229,8 @@ class BatchNorm(Layer):
             np.sqrt(v + eps, out=invstd[a:b])
             np.reciprocal(invstd[a:b], out=invstd[a:b])
             ys *= invstd[a:b, None]
+            if z is not None:
+                after.layer.forward_channels(np, y, z, after.params, relu, a, b)
         parallel.run(block, c, n * l)
 
     def _update_scale_factor(self, params):
@@ -221,7 +250,16 @@ class BatchNorm(Layer):
         invstd = params["saved_invstd"]
         cuda.kernel("bn_stats")(sums, float(n * l), self.cfg["eps"], self.cfg["moving_average_fraction"],
                                 np.int32(not ctx.recompute), c, invstd, params["mean"], params["variance"])
-        cuda.kernel("bn_normalize")(x, sums, invstd, float(n * l), l, c, y)
+        after = ctx.scale
+        if after is None:
+            cuda.kernel("bn_normalize")(x, sums, invstd, float(n * l), l, c, y)
+        else:  # x_hat and the Scale's top (then its ReLU) in the same pass
+            w, z, relu = after.params["weight"], after.top.reshape(self.ncl), np.int32(ctx.relu)
+            if "bias" in after.params:
+                cuda.kernel("bn_normalize_scale_bias")(x, sums, invstd, w, after.params["bias"], float(n * l), l, c,
+                                                       relu, y, z)
+            else:
+                cuda.kernel("bn_normalize_scale")(x, sums, invstd, w, float(n * l), l, c, relu, y, z)
         if not ctx.recompute:
             self._update_scale_factor(params)
         return True
@@ -328,22 +366,27 @@ class Scale(Layer):
             else:
                 cuda.kernel("scale" + then)(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
             return
-        x, weight, bias = bottoms[0].reshape(self.ncl), params["weight"], params.get("bias")
-        n, _, l = self.ncl
+        x, (n, c, l) = bottoms[0].reshape(self.ncl), self.ncl
+        parallel.run(lambda a, b: self.forward_channels(xp, x, y, params, relu, a, b), c, n * l, xp)
 
-        def block(a, b):  # with a ReLU: samples CACHE_BYTES at a time, each in cache for it
-            row = (b - a) * l
-            step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize)) if relu else n
-            zero = parallel.constant(0, row, self.dtype) if relu else None
-            for s in range(0, n, step):
-                ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
-                if bias is not None:
-                    ys += bias[a:b, None]
-                if relu:
-                    rows = ys.view()
-                    rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
-                    xp.maximum(rows, zero, out=rows)
-        parallel.run(block, self.ncl[1], n * l, xp)
+    def forward_channels(self, xp, x, y, params, relu, a, b):
+        """The host forward of channels ``a`` to ``b`` of ``x`` into ``y`` (both (N, C, L)), then
+        its ReLU where ``relu``: samples CACHE_BYTES at a time, each in cache for it. One block
+        of :meth:`forward`'s, and what a BatchNorm's forward runs on the channels it has just
+        normalised (ctx.scale)."""
+        n, _, l = self.ncl
+        weight, bias = params["weight"], params.get("bias")
+        row = (b - a) * l
+        step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize)) if relu else n
+        zero = parallel.constant(0, row, self.dtype) if relu else None
+        for s in range(0, n, step):
+            ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
+            if bias is not None:
+                ys += bias[a:b, None]
+            if relu:
+                rows = ys.view()
+                rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
+                xp.maximum(rows, zero, out=rows)
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         xp = ctx.xp

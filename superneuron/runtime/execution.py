@@ -12,6 +12,7 @@ its WaitReduce waits for it and writes the ranks' average back into the gradient
 
 from ..layers import codecs
 from ..layers.base import Context
+from ..layers.norm import ScaleAfter
 from ..scheduler.liveness import Roots, step_roots
 from ..scheduler.steps import OFFLOAD
 from ..scheduler.walk import OFFLOADING, Copies, Walker
@@ -87,7 +88,11 @@ class Execution(Walker):
         node = self.graph.nodes[step.node]
         view = self.view
         ctx = self._context(step, node, self.draw, self.schedule.train, recompute, self.feed)
-        ctx.relu = step.fused is not None  # the in-place ReLU after it, in its pass
+        after = [self.graph.nodes[n] for n in step.fused or ()]  # what its pass runs after it
+        ctx.relu = bool(after) and after[-1].layer.type == "ReLU"  # in place on the last top
+        if after and after[0].layer.type == "Scale":  # a BatchNorm's Scale (Layer.fuses_scale)
+            scale = after[0]
+            ctx.scale = ScaleAfter(scale.layer, {k: view(t) for k, t in scale.params.items()}, view(scale.tops[0]))
         if step.encoded is not None:  # its own encoded form, written in the same pass
             ctx.encoded = view(step.encoded)
         if not node.layer.ALIAS_TOPS:

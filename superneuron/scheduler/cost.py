@@ -74,7 +74,8 @@ DEVICES = {
     # An H100-class GPU: what float32 convolutions sustain through cuDNN (well under the
     # 67 TFLOP/s peak without TF32) and about half of HBM3's 3.35 TB/s.
     # Copies: pinned memory over PCIe 5.0 x16 sustains ~20 GB/s each way in practice.
-    # A fused ReLU is one kernel with its layer's: the same reads and writes, its flops more;
+    # A fused ReLU is one kernel with its layer's: the same reads and writes, its flops more
+    # (a BatchNorm's fused Scale: its writes more);
     # so is the encoded form a ReLU or a max pooling writes in its forward (cuda_kernels.py).
     "gpu": DeviceModel("h100", flops=20e12, bandwidth=1.5e12, copy=20e9, fused_pass=0.0),
 }
@@ -182,12 +183,14 @@ class CostModel:
             seconds = memo[key] = estimate(layer, phase, algo, self.device)
         return seconds
 
-    def fused_seconds(self, layer):
-        """Seconds the ReLU ``layer`` adds run in the pass of the layer before it (fuse.py): its
-        flops at the device's rate, or the device's ``fused_pass`` of its own time, whichever
-        is more."""
+    def fused_seconds(self, layer, writes=0):
+        """Seconds ``layer`` adds run in the pass of the layer before it (fuse.py), writing
+        ``writes`` bytes of new memory (a ReLU in place: none; a BatchNorm's Scale: its top)
+        from values in hand: its flops at the device's rate, its writes at its bandwidth, or the
+        device's ``fused_pass`` of its own time, whichever is more."""
         own = self.algo_seconds(layer, "forward", self.algorithms(layer, "forward")[0])
-        return max(layer.cost().fwd_flops / self.device.flops, self.device.fused_pass * own)
+        return max(layer.cost().fwd_flops / self.device.flops, writes / self.device.bandwidth,
+                   self.device.fused_pass * own)
 
     def encoded_seconds(self, schedule, step):
         """Seconds the Forward ``step`` adds writing its layer's own encoded form in its pass
@@ -227,8 +230,10 @@ class CostModel:
         algos = self.algorithms(layer, phase)
         algo = next((a for a in algos if a.name == step.algorithm), algos[0])
         seconds = self.algo_seconds(layer, phase, algo)
-        if step.fused is not None:
-            seconds += self.fused_seconds(schedule.graph.nodes[step.fused].layer)
+        for n in step.fused or ():  # a ReLU in place on what is in hand, or a Scale onto new memory
+            after = schedule.graph.nodes[n]
+            seconds += self.fused_seconds(after.layer, 0 if after.layer.type == "ReLU"
+                                          else sum(schedule.tensors[t].nbytes for t in after.tops))
         if step.encoded is not None and step.kind == FORWARD:
             seconds += self.encoded_seconds(schedule, step)
         return seconds

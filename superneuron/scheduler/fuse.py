@@ -1,4 +1,4 @@
-"""Fused recomputation: a layer and the in-place ReLU after it recomputed in one pass.
+"""Fused recomputation: a layer and what follows it on its output recomputed in one pass.
 
 In a ResNet, a recomputed root is written by a Scale (or a block's Eltwise sum) and then by a
 ReLU in place on it: two passes over memory for one tensor, where one does (the ReLU applied
@@ -6,20 +6,32 @@ to each block of the first layer's output while it is still in cache, or in the 
 kernel). Where a Recompute of a layer whose forward can end so (Layer.fuses_relu) is followed
 by the Recompute of a ReLU (no negative slope) in place on its one top, with nothing but
 memory steps of other tensors between them (liveness's Frees of what the first read last),
-the pass makes them one step, ``Recompute(node, fused=relu)``, which the Runtime runs as the
+the pass makes them one step, ``Recompute(node, fused=(relu,))``, which the Runtime runs as the
 layer's forward with ``ctx.relu`` set: the same bits (the same operations on each value), the
 same memory (the ReLU wrote over the layer's top anyway), one pass less on a GPU (ResNet-50 at
 1/3 of liveness's arena on the H100 estimates: its recomputed ReLUs 1.0 ms before, 0.02 ms
 after; the cost model's ``fused_seconds``). On the CPU it takes a cache's worth at a time,
 never slower than the two passes and faster on large maps only, which its model counts so.
 
+A BatchNorm recomputed right before the Scale on its output (a unit convolution, BatchNorm,
+Scale, ReLU recomputed whole) becomes ``Recompute(bn, fused=(scale,))``, or ``(scale, relu)``
+with the Scale's ReLU: one pass that normalises and writes both x_hat and the Scale's output
+from the values in hand (BatchNorm.fuses_scale; ``ctx.scale``), where the Scale's own step
+would read x_hat back. The Scale's top is new memory, allocated between the two steps, so the
+merged step goes where the Scale's was (the BatchNorm moved down past memory steps that touch
+nothing it uses), and only where that does not lift the peak: the BatchNorm's forward scratch
+is then live beside the Scale's top (the bytes live there, workspaces aside, plus that scratch,
+at most the most bytes live at any compute step).
+
 The pass runs last before the workspace choice (every policy's ``fit``), on Recompute steps
-alone: the forward's ReLUs stay steps of their own, so the forward every policy runs, and
+alone: the forward's steps stay steps of their own, so the forward every policy runs, and
 liveness's time that the others are measured against, are unchanged.
 """
 
+from .allocator import aligned
 from .liveness import Roots
 from .steps import MEMORY, RECOMPUTE, Recompute
+from .workspace import live_at_steps
 
 
 def fusable(graph, first, then, roots):
@@ -31,30 +43,86 @@ def fusable(graph, first, then, roots):
             and list(b.bottoms) == [a.tops[0]] and roots(b.tops[0]) == roots(a.tops[0]) and a.layer.fuses_relu())
 
 
-def _fuses(graph, first, then, roots):
-    """Whether the steps ``first`` then ``then`` are Recomputes that may run as one."""
-    return (first.kind == RECOMPUTE and then.kind == RECOMPUTE and first.fused is None and then.workspace is None
-            and fusable(graph, first.node, then.node, roots))
+def scale_fusable(graph, first, then, roots):
+    """Whether node ``then`` is a Scale over node ``first``'s one top, on new memory, that
+    ``first``'s layer can write in its own pass (BatchNorm.fuses_scale)."""
+    a, b = graph.nodes[first], graph.nodes[then]
+    return (b.layer.type == "Scale" and len(a.tops) == 1 and list(b.bottoms) == [a.tops[0]]
+            and roots(b.tops[0]) != roots(a.tops[0]) and a.layer.fuses_scale(b.layer))
 
 
 def fuse_relus(schedule, context=None):
-    """The pass: each Recompute followed by one of an in-place ReLU :func:`fusable` after it,
-    with nothing but memory steps of other tensors between them (liveness's Frees of what the
-    first read last), made one step where the first was (see the module's docstring);
-    ``schedule`` itself where there is none."""
+    """The pass: each Recompute made one step with the Recomputes after it that its pass can
+    run (see the module's docstring); ``schedule`` itself where there is none."""
     graph, steps = schedule.graph, schedule.steps
     roots = Roots.of(schedule)
-    out, dropped = [], set()
-    for i, step in enumerate(steps):
-        if i in dropped:
+    room = _Room(schedule)
+    out, dropped, fused_any = [], set(), False
+    i = 0
+    while i < len(steps):
+        step = steps[i]
+        if i in dropped or step.kind != RECOMPUTE or step.fused is not None:
+            if i not in dropped:
+                out.append(step)
+            i += 1
             continue
-        j = i + 1
-        if step.kind == RECOMPUTE:
-            root = roots(graph.nodes[step.node].tops[0]) if len(graph.nodes[step.node].tops) == 1 else None
-            while j < len(steps) and steps[j].kind in MEMORY and roots(steps[j].tensor) != root:
-                j += 1
-        if j < len(steps) and _fuses(graph, step, steps[j], roots):
-            step = Recompute(step.node, step.algorithm, step.workspace, fused=steps[j].node)
+        chain, last, at = (), step.node, None  # the nodes fused, the last, where the merged step goes
+        j = _next_compute(steps, i, roots, set().union(*roots.uses(step)) - {roots(step.workspace)})
+        if j < len(steps) and _then(steps[j], step) and scale_fusable(graph, step.node, steps[j].node, roots) \
+                and room.fits(j, step):
+            chain, last, at = (steps[j].node,), steps[j].node, j
             dropped.add(j)
-        out.append(step)
-    return schedule.replace(out) if dropped else schedule
+        top = graph.nodes[last].tops
+        k = _next_compute(steps, at if at is not None else i, roots, {roots(top[0])} if len(top) == 1 else set())
+        if k < len(steps) and _then(steps[k], step) and fusable(graph, last, steps[k].node, roots):
+            chain += (steps[k].node,)
+            dropped.add(k)
+        if not chain:
+            out.append(step)
+            i += 1
+            continue
+        fused_any = True
+        merged = Recompute(step.node, step.algorithm, step.workspace, fused=chain)
+        if at is None:  # in place: where the first was
+            out.append(merged)
+            i += 1
+            continue
+        # the memory steps between (the Scale's top allocated among them) before it, but the
+        # Free of its own workspace, after it
+        between = steps[i + 1:at]
+        out.extend(s for s in between if s.tensor != step.workspace)
+        out.append(merged)
+        out.extend(s for s in between if s.tensor == step.workspace)
+        i = at + 1
+    return schedule.replace(out) if fused_any else schedule
+
+
+def _next_compute(steps, i, roots, held):
+    """The index of the first step after ``i`` that is not a memory step of a tensor whose root
+    is not in ``held``."""
+    j = i + 1
+    while j < len(steps) and steps[j].kind in MEMORY and roots(steps[j].tensor) not in held:
+        j += 1
+    return j
+
+
+def _then(then, first):
+    """Whether ``then`` is a plain Recompute that ``first`` (a Recompute) may take into its pass."""
+    return then.kind == RECOMPUTE and then.fused is None and then.workspace is None and first.fused is None
+
+
+class _Room:
+    """Whether a BatchNorm's forward scratch may be live at a compute step without lifting the
+    peak (the bytes live there, workspaces aside, plus it, within the most live at any compute
+    step); the walk that counts is made once, on first use."""
+
+    def __init__(self, schedule):
+        self.schedule, self.live = schedule, None
+
+    def fits(self, j, first):
+        if self.live is None:
+            self.live = live_at_steps(self.schedule)
+            self.most = max(self.live.values(), default=0)
+        layer = self.schedule.graph.nodes[first.node].layer
+        scratch = max((a.workspace for a in layer.algorithms("forward")), default=0)
+        return self.live[j] + aligned(scratch) <= self.most

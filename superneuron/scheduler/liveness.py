@@ -131,7 +131,7 @@ class Roots:
         """``(read roots, written roots)`` of a step: the scheduled roots of what :func:`uses`
         names, in its order (repeats kept), the others left out. Memoised per step kind and
         target: the steps of a layer use the same tensors whichever schedule they are in."""
-        key = (step.kind, step.node, step.tensor, step.grads, step.encoded)
+        key = (step.kind, step.node, step.tensor, step.grads, step.encoded, step.fused)
         found = self._uses.get(key)
         if found is None:
             reads, writes = uses(self.graph, step)
@@ -153,7 +153,7 @@ def step_roots(schedule, step, roots):
     """The scheduled roots a compute step touches, writes first, each once, workspace last
     (a tuple, memoised in ``roots`` as its uses are: the Runtime asks at every step while a
     copy is on its way)."""
-    key = (step.kind, step.node, step.tensor, step.grads, step.workspace, step.encoded)
+    key = (step.kind, step.node, step.tensor, step.grads, step.workspace, step.encoded, step.fused)
     found = roots.touched.get(key)
     if found is None:
         reads, writes = roots.uses(step)

@@ -8,7 +8,7 @@ own encoded form a Forward writes in its pass or a Backward reads instead of its
 uses), ``codec`` (the codec of an Encode's or a Decode's encoded form), ``keep`` (a Prefetch
 that leaves its host copy for a later one), ``source`` (the tensor an Encode's or a Decode's
 encoded form stands for), ``grads`` (the parameter gradients a data-parallel bucket holds, in
-its order), ``fused`` (the in-place ReLU a Recompute runs in its own pass: fuse.py).
+its order), ``fused`` (the layers a Recompute runs in its own pass after its own: fuse.py).
 
 :data:`KINDS` says, for each kind, what it names and what it reads and writes. Those are
 what the passes reason about (liveness.uses follows ``reads``/``writes``). What a step
@@ -51,8 +51,10 @@ def _layer_forward(graph, step):
     node = graph.nodes[step.node]
     if node.layer.ALIAS_TOPS:  # a view: its tops are its bottom's memory, nothing runs
         return (), ()
-    if step.fused is not None:  # and its ReLU's top, the same memory
-        return list(node.bottoms) + list(node.params.values()), list(node.tops) + graph.nodes[step.fused].tops
+    if step.fused is not None:  # and what the layers after it in its pass read and write
+        after = [graph.nodes[n] for n in step.fused]
+        return ([*node.bottoms, *node.params.values(), *(p for a in after for p in a.params.values())],
+                [*node.tops, *(t for a in after for t in a.tops)])
     if step.encoded is not None:  # and its own encoded form, in the same pass (encode.py)
         return list(node.bottoms) + list(node.params.values()), list(node.tops) + [step.encoded]
     return list(node.bottoms) + list(node.params.values()), node.tops
@@ -180,8 +182,9 @@ class Step(NamedTuple):
     source: str = None        # Encode, Decode: the tensor the encoded form stands for
     grads: tuple = ()         # AllReduce, WaitReduce: the gradients in the bucket, in order;
     #                           Update: the gradients whose parameters it updates (none: all)
-    fused: int = None         # a Recompute: the node of the ReLU, in place on its top, that its
-    #                           layer runs in the same pass (fuse.py)
+    fused: tuple = None       # a Recompute: the nodes its layer's pass runs after it, in order
+    #                           (fuse.py): the ReLU in place on its top; or a BatchNorm's Scale,
+    #                           then maybe the ReLU in place on the Scale's top
     codec: str = None         # Encode, Decode: the codec of the encoded form (layers/codecs.py)
     encoded: str = None       # a Forward: the layer's own encoded form it writes in the same pass
     #                           (encode.py); a Backward: that form, read instead of its operands
@@ -198,8 +201,8 @@ class Step(NamedTuple):
             text += " [keep]"
         if self.encoded:  # the encoded form a Backward reads, a Forward writes
             text += f" {'reads' if self.kind == BACKWARD else 'writes'} {self.encoded}"
-        if self.fused is not None:
-            text += f" + ReLU({graph.nodes[self.fused].name})"
+        for n in self.fused or ():
+            text += f" + {graph.nodes[n].layer.type}({graph.nodes[n].name})"
         return text
 
 
@@ -220,8 +223,9 @@ def Backward(node, algorithm=None, workspace=None, encoded=None):
 
 
 def Recompute(node, algorithm=None, workspace=None, fused=None):
-    """Node ``node``'s forward again, for the backward; ``fused``: the node of the in-place
-    ReLU on its top that it runs in the same pass (Layer.fuses_relu)."""
+    """Node ``node``'s forward again, for the backward; ``fused``: the nodes its pass runs
+    after it (a tuple: the in-place ReLU on its top, Layer.fuses_relu; or a BatchNorm's Scale,
+    then maybe that Scale's ReLU, BatchNorm.fuses_scale)."""
     return _new(Step, (RECOMPUTE, node, None, algorithm, workspace, False, None, (), fused, None, None))
 
 

@@ -60,7 +60,7 @@ class _LiveAtSteps(Walker):
     forward = backward = recompute = _choosing
 
 
-def _live_at_steps(schedule):
+def live_at_steps(schedule):
     """``{step index: scheduled bytes live at that compute step, workspaces aside}``."""
     return _LiveAtSteps(schedule.tensors).run(schedule).at
 
@@ -97,7 +97,7 @@ class _Chooser:
         self.schedule, self.limit = schedule, limit
         self.model = model = as_model(costs)
         graph = schedule.graph
-        live = _live_at_steps(schedule)
+        live = live_at_steps(schedule)
         free_at = None if budget is None else budget - schedule.resident_bytes
         self.choices = []  # (step index, compute step number, step, layer, phase, algos, room, algo)
         k = -1
