@@ -109,3 +109,28 @@ def test_chunk_is_whole_samples_within_its_bytes_and_offered_only_below_the_batc
     layer, _ = build("Pooling", [(2, 4, 8, 8)], np.float32, pool="MAX", kernel_size=2, stride=2)
     assert [a.name for a in layer.algorithms("backward")] == ["default"]  # the batch fits one chunk
     assert [a.name for a in layer.algorithms("forward")] == ["default"]
+
+
+def test_average_pooling_uploads_its_divisors_once_not_at_every_call():
+    """On a device, the window sizes an average pooling divides by are a layer constant
+    (Layer.constant): uploaded at the first call and kept, so no iteration after the first
+    copies from the host (inside a CUDA graph's capture such a copy is an error); a new
+    setup's sizes are uploaded anew."""
+    import types
+    layer, _ = build("Pooling", [(2, 3, 9, 9)], dtype=np.float32, pool="AVE", kernel_size=3, stride=2)
+    uploads = []
+
+    def asarray(value, dtype=None):
+        uploads.append(value)
+        return np.array(value, dtype=dtype)
+    device = types.SimpleNamespace(asarray=asarray, divide=np.divide)  # a stand-in for CuPy
+    a = np.ones(layer.top_shapes[0], np.float32)
+    outs = [np.empty_like(a) for _ in range(3)]
+    for out in outs[:2]:
+        layer._divide_by_sizes(device, a, out)
+    assert len(uploads) == 2  # rows and columns, once
+    layer._divide_by_sizes(np, a, outs[2])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    layer.setup([(2, 3, 7, 7)])
+    layer._divide_by_sizes(device, np.ones(layer.top_shapes[0], np.float32), np.empty(layer.top_shapes[0], np.float32))
+    assert len(uploads) == 4

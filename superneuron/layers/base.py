@@ -466,6 +466,20 @@ class Layer:
         top in the same pass, the same bits as a ReLU after it (default: no)."""
         return False
 
+    def constant(self, xp, name, value, dtype=None):
+        """The host array ``value`` (a layer's own, set up with its shapes; known as ``name``)
+        as ``dtype`` on ``xp``'s device, uploaded on first use and kept while ``value`` is the
+        same object: an upload at every call would copy from the host inside each iteration,
+        and inside a CUDA graph's capture (runtime/graphs.py) it would query the capture's
+        event, which CUDA forbids; the warm-up makes it before."""
+        if xp is np:
+            return np.asarray(value, dtype=dtype)
+        kept = self.__dict__.setdefault("_constants", {})
+        found = kept.get(name)
+        if found is None or found[0] is not value:
+            found = kept[name] = (value, xp.asarray(value, dtype=dtype))
+        return found[1]
+
     def fuses_scale(self, scale):
         """Whether :meth:`forward` honours ``ctx.scale`` for the Scale layer ``scale`` over its
         one top: writes that Scale's top too (then its ReLU, with ``ctx.relu``) in the same pass,

@@ -92,8 +92,9 @@ class Interp(Layer):
         t, b, l, r = self.crop
         x = bottoms[0][:, :, t:b, l:r].reshape(self.inner)
         mid = ctx.scratch((self.inner[0], self.inner[1], self.cols.shape[0]), self.dtype)
-        xp.matmul(x, xp.asarray(self.cols).T, out=mid)
-        xp.matmul(xp.asarray(self.rows), mid, out=tops[0].reshape(self.inner[0], *self.rows.shape[:1], -1))
+        rows, cols = self.constant(xp, "rows", self.rows), self.constant(xp, "cols", self.cols)
+        xp.matmul(x, cols.T, out=mid)
+        xp.matmul(rows, mid, out=tops[0].reshape(self.inner[0], *self.rows.shape[:1], -1))
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
         dx = bottom_grads[0]
@@ -103,16 +104,16 @@ class Interp(Layer):
         t, b, l, r = self.crop
         dy = top_grads[0].reshape(self.inner[0], self.rows.shape[0], self.cols.shape[0])
         mid = ctx.scratch((self.inner[0], self.inner[1], self.cols.shape[0]), self.dtype)
-        xp.matmul(xp.asarray(self.rows).T, dy, out=mid)
+        xp.matmul(self.constant(xp, "rows", self.rows).T, dy, out=mid)
         if (t, b, l, r) != (0, dx.shape[2], 0, dx.shape[3]):
             dx.fill(0)
         inside = dx[:, :, t:b, l:r]
         if inside.flags.c_contiguous:
-            xp.matmul(mid, xp.asarray(self.cols), out=inside.reshape(self.inner))
+            xp.matmul(mid, self.constant(xp, "cols", self.cols), out=inside.reshape(self.inner))
         else:  # cropped: one map at a time into the strided view
             c = inside.shape[1]
             for i, m in enumerate(mid):
-                xp.matmul(m, xp.asarray(self.cols), out=inside[i // c, i % c])
+                xp.matmul(m, self.constant(xp, "cols", self.cols), out=inside[i // c, i % c])
 
 
 @register

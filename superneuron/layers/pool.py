@@ -188,7 +188,7 @@ class Pooling(Layer):
 
     def _divide_by_sizes(self, xp, a, out):
         """``out = a / pool_size``, the divisor being separable into rows times columns."""
-        rows, cols = (xp.asarray(s) for s in self._sizes)
+        rows, cols = (self.constant(xp, f"sizes{k}", s) for k, s in enumerate(self._sizes))
         xp.divide(a, rows.reshape(-1, 1), out=out)
         xp.divide(out, cols, out=out)
 
@@ -203,11 +203,11 @@ class Pooling(Layer):
         hit, todo = ctx.scratch(shape, np.bool_), ctx.scratch(shape, np.bool_)
         mask.fill(-1)  # a window with no maximum (all NaN): no place
         todo.fill(True)
-        for (_, _, out_index, in_index), places in zip(self._taps, self._places):
+        for k, ((_, _, out_index, in_index), places) in enumerate(zip(self._taps, self._places)):
             if out_index is None:
                 continue
             h, _ = self._first_hits(xp, x, top, hit, todo, out_index, in_index)
-            xp.copyto(mask[out_index], xp.asarray(places, dtype=mask.dtype), where=h)
+            xp.copyto(mask[out_index], self.constant(xp, f"places{k}", places, mask.dtype), where=h)
 
     def _pool(self, ctx, bottoms, tops):
         xp, is_max = ctx.xp, self.cfg["pool"] == "MAX"
