@@ -23,6 +23,7 @@ from layer_harness import build
 from test_encode import POOLS, SPECIAL, max_pool_case
 
 from superneuron.layers import cuda_kernels
+from superneuron.layers.activation import _relu_backward
 from superneuron.layers.base import Context
 
 CXX = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
@@ -130,8 +131,12 @@ def test_relu_backward_from_the_bits_routes_as_the_top_does(host_kernel):
     rng = np.random.default_rng(1)
     y = np.maximum(rng.standard_normal(n), 0).astype(np.float32)
     dy, dx = rng.standard_normal(n).astype(np.float32), np.full(n, 7.0, np.float32)
-    host_kernel("relu_backward_bits")(dy, np.packbits(y > 0), dx)
-    np.testing.assert_array_equal(dx, np.where(y > 0, dy, np.float32(0)))
+    dy[::7] = np.nan  # a NaN gradient stays NaN where the unit was off too, as Caffe's product
+    expected = np.empty_like(dy)
+    _relu_backward(y, dy, expected, np.empty(n, bool))  # the CPU's
+    for kernel, operand in (("relu_backward_bits", np.packbits(y > 0)), ("relu_backward", y)):
+        host_kernel(kernel)(dy, operand, dx)
+        assert np.array_equal(dx.view(np.uint32), expected.view(np.uint32)), kernel  # NaNs, -0.0 too
 
 
 @pytest.mark.parametrize("kernel, stride, pad, side", POOLS)

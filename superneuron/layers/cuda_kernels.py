@@ -176,12 +176,13 @@ def _kernels():
             "T a, T b", "T y", "T z = a + b; y = z < (T)0 ? (T)0 : z;", "sn_add_relu"),
         # y = max(x, 0), NaN kept; in place without the copy CuPy's maximum makes then
         "relu": cupy.ElementwiseKernel("T x", "T y", "y = x < (T)0 ? (T)0 : x;", "sn_relu"),
-        # dx = dy where the unit was active, else 0
+        # dx = dy where the unit was active, else 0, as a product (Caffe's; the CPU's): a NaN dy
+        # stays NaN, a negative one gives -0.0
         "relu_backward": cupy.ElementwiseKernel(
-            "T dy, T y", "T dx", "dx = y > (T)0 ? dy : (T)0;", "sn_relu_backward"),
+            "T dy, T y", "T dx", "dx = dy * (T)(y > (T)0);", "sn_relu_backward"),
         # the same from ReLU's direct sign form: bit i (high bit first, as numpy.packbits)
         "relu_backward_bits": cupy.ElementwiseKernel(
-            "T dy, raw uint8 bits", "T dx", "dx = (bits[i >> 3] >> (7 - (i & 7))) & 1 ? dy : (T)0;",
+            "T dy, raw uint8 bits", "T dx", "dx = dy * (T)((bits[i >> 3] >> (7 - (i & 7))) & 1);",
             "sn_relu_backward_bits"),
         # "relu" writing that form in the same pass: byte i of the bits from values 8i..8i+7
         # (flat x and y, ``size`` values; y may be x)
