@@ -241,15 +241,7 @@ def test_the_program_counts_a_fused_relu_at_its_flops_alone():
                 relu.layer, "forward", relu.layer.algorithms("forward")[0])
             checked += 1
     assert checked
-    # a Scale's root recomputed with its BatchNorm's saves the Scale's pass but its writes
-    fused = [(stash, stashes[stash.fused_with[0]]) for stash in stashes if stash.fused_with is not None]
-    assert fused
-    for stash, under in fused:
-        (scale,) = [n for n in graph.nodes if n.layer.type == "Scale" and n.tops and roots(n.tops[0]) == stash.root]
-        assert roots(scale.bottoms[0]) == under.root and under.recompute_seconds is not None
-        own = model.algo_seconds(scale.layer, "forward", scale.layer.algorithms("forward")[0])
-        nbytes = graph.tensors[scale.tops[0]].nbytes
-        assert stash.fused_with[1] == pytest.approx(own - nbytes / model.device.bandwidth) and stash.fused_with[1] > 0
+
 
 
 @pytest.mark.gpu

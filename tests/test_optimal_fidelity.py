@@ -17,6 +17,7 @@ from superneuron.graph import Graph
 from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.planning import lowered, plan
+from superneuron.scheduler import fuse
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.optimal import _placed, realise
@@ -28,7 +29,10 @@ from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
 
 
-def test_the_realised_plan_takes_the_time_the_program_counts():
+def test_the_realised_plan_takes_the_time_the_program_counts(monkeypatch):
+    # (a BatchNorm and its Scale recomputed in one pass is a gain the program does not count,
+    # fuse.py: left out here, where the program's count is what is checked)
+    monkeypatch.setattr(fuse, "scale_fusable", lambda *args: False)
     model = CostModel("gpu")
     spec = load_spec("nets/resnet.yaml", overrides={"depth": 50}, batch=32)
     base = lowered(Graph(spec, kernels=planning_kernels("gpu")),

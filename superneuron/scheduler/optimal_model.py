@@ -213,13 +213,6 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
             # where the streams keep up: a token cost (some only with encodings: optimal_stashes.py)
             columns.append(("swap", k, None))
             cost.append(SWAP_COST * s.copy_seconds * MS)
-    rec_of = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
-    fusing = []  # a Scale's root recomputed with its BatchNorm's: the pass saved (fuse.py)
-    for k, s in enumerate(m.stashes):
-        if s.fused_with is not None and k in rec_of and s.fused_with[0] in rec_of:
-            fusing.append((len(columns), rec_of[k], rec_of[s.fused_with[0]]))
-            columns.append(("fuse", k, s.fused_with[0]))
-            cost.append(-s.fused_with[1] * MS)
     for c, choice in enumerate(m.choices):
         for a, seconds in enumerate(choice.seconds):
             columns.append(("alg", c, a))
@@ -239,7 +232,7 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
 
     by_stash, opening, closing = {}, {}, {}
     for j, (what, k, _) in enumerate(columns):
-        if what in ("alg", "enc", "fuse") or m.stashes[k].e is None:  # no backward reads it: it frees nothing
+        if what in ("alg", "enc") or m.stashes[k].e is None:  # no backward reads it: it frees nothing
             continue
         by_stash.setdefault(k, []).append(j)
         s = m.stashes[k]
@@ -251,9 +244,7 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
     for js in by_stash.values():
         if len(js) > 1:
             row([(j, 1.0) for j in js], -np.inf, 1.0)
-    for z, a, b in fusing:  # at most 1 where both are recomputed, else 0 (its gain pulls it up)
-        row([(z, 1.0), (a, -1.0)], -np.inf, 0.0)
-        row([(z, 1.0), (b, -1.0)], -np.inf, 0.0)
+    rec_of = {k: j for j, (what, k, _) in enumerate(columns) if what == "rec"}
     for chain in m.long_chains:  # never all of a chain past MAX_JOINS joins recomputed
         if all(k in rec_of for k in chain):
             row([(rec_of[k], 1.0) for k in chain], -np.inf, len(chain) - 1.0)
@@ -302,8 +293,7 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
             row([(j, 1.0) for j in js], -np.inf, 1.0)
 
     c = np.concatenate([np.array(cost, dtype=float), np.zeros(n)])
-    integrality = np.concatenate([[0.0 if what in ("presence", "fuse") else 1.0 for what, _, _ in columns],
-                                  np.zeros(n)])
+    integrality = np.concatenate([[0.0 if what == "presence" else 1.0 for what, _, _ in columns], np.zeros(n)])
     # D[i] is free in sign: a stash brought back early for a recomputation adds bytes
     lower = [1.0 if what == "rec" and m.stashes[k].root in recomputed else 0.0 for what, k, _ in columns]
     matrix = coo_array((vals, (rows, cols)), shape=(len(lo), nx + n)).tocsr()

@@ -9,7 +9,7 @@ import bisect
 import itertools
 from dataclasses import dataclass, field
 
-from .fuse import fusable, scale_fusable
+from .fuse import fusable
 from .recompute import recomputable_roots
 from .steps import BACKWARD
 
@@ -39,9 +39,6 @@ class Stash:
     swap: tuple = None           # (w, p): absent from w to p-1 when swapped (copies overlapped)
     copy_seconds: float = 0.0
     swap_with_encodings: bool = False  # the swap is offered to the programs with encodings alone
-    # (k, seconds): recomputed with stash k (a BatchNorm's output, which its first writer, a
-    # Scale, reads), its recomputation is ``seconds`` less: the two run in one pass (fuse.py)
-    fused_with: tuple = None
 
 
 def stashes_of(schedule, steps, roots, model, fastest, joins):
@@ -99,30 +96,10 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
                 stash.swap, stash.copy_seconds, stash.swap_with_encodings = (w, p), copy, not dear
         index[r] = len(out)
         out.append(stash)
-    for stash in out:
-        stash.fused_with = _fused_with(graph, stash, recomputable, index, roots, model)
     for stash in out:  # chains as stash indices; a root in a chain that is not a stash is kept
         stash.triggers = [(need, tuple(index[c] for c in chain)) for need, chain in triggers.get(stash.root, ())
                           if all(c in index for c in chain)]
     return out, [tuple(index[c] for c in chain) for chain in long_chains if all(c in index for c in chain)]
-
-
-def _fused_with(graph, stash, recomputable, index, roots, model):
-    """Stash.fused_with for ``stash``: where its first writer is a Scale over a stashed root
-    whose last writer is a BatchNorm that can take it into its pass, that root's index and the
-    Scale's pass less its writes."""
-    writers = recomputable.get(stash.root)
-    if stash.recompute_seconds is None or not writers:
-        return None
-    scale = graph.nodes[writers[0]]
-    under = roots.scheduled(scale.bottoms[0]) if len(scale.bottoms) == 1 else None
-    if under not in index or not recomputable.get(under):
-        return None
-    bn = recomputable[under][-1]
-    if not scale_fusable(graph, bn, writers[0], roots):
-        return None
-    own = min(model.algo_seconds(scale.layer, "forward", a) for a in model.algorithms(scale.layer, "forward"))
-    return index[under], own - model.fused_seconds(scale.layer, sum(graph.tensors[t].nbytes for t in scale.tops))
 
 
 def _paths_up(recomputable, source, first_backward, last_forward):
