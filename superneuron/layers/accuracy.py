@@ -4,7 +4,7 @@ import numpy as np
 
 from .base import Algo, Key, workspace_bytes
 from .registry import register
-from .softmax import _gather, _scatter_add, _ScoresAndLabels
+from .softmax import _gather, _ScoresAndLabels
 
 
 @register
@@ -63,6 +63,6 @@ class Accuracy(_ScoresAndLabels):
         counts = ctx.scratch((self.ncl[1],), self.dtype)
         counts.fill(0)
         out.fill(0)
-        _scatter_add(xp, counts, classes.reshape(-1), valid.reshape(-1))
-        _scatter_add(xp, out, classes.reshape(-1), right.reshape(-1))
+        xp.add.at(counts, classes.reshape(-1), valid.reshape(-1))
+        xp.add.at(out, classes.reshape(-1), right.reshape(-1))
         out /= xp.maximum(counts, 1.0)

@@ -93,18 +93,9 @@ class Embed(Layer):
         dw = bottom_grads[1] if len(bottom_grads) == 2 else param_grads["weight"]
         if dw is not None:
             dw[...] = 0
-            _scatter_add(xp, dw, self._ids(ctx, bottoms[0]), dy)
+            xp.add.at(dw, self._ids(ctx, bottoms[0]), dy)
         if self.cfg["bias_term"]:
             xp.sum(dy, axis=0, out=param_grads["bias"])
-
-
-def _scatter_add(xp, dst, rows, src):
-    """``dst[rows[i]] += src[i]`` for every i, repeated rows adding up."""
-    if xp is np:
-        np.add.at(dst, rows, src)
-    else:
-        import cupyx
-        cupyx.scatter_add(dst, rows, src)
 
 
 @register

@@ -15,15 +15,6 @@ from .norm import _ncl, axis_setup
 from .registry import register
 
 
-def _scatter_add(xp, dst, rows, src):
-    """``dst[rows[i]] += src[i]`` for every i, repeated rows adding up."""
-    if xp is np:
-        np.add.at(dst, rows, src)
-    else:
-        import cupyx
-        cupyx.scatter_add(dst, rows, src)
-
-
 def _softmax(xp, x, y, room):
     """``y = softmax(x)`` over axis 1 of (N, C, L) arrays (``y`` may be ``x``), using ``room``,
     an (N, 1, L) scratch, for the maximum and the sum."""
