@@ -92,8 +92,9 @@ def test_what_the_kernels_touched_is_what_the_plan_said(monkeypatch, case, polic
 
 def test_recompute_is_witnessed_for_dropout_and_batchnorm(monkeypatch):
     """The recompute checks above have something to check: the chains recompute a BatchNorm
-    and an in-place Dropout, and a Scale with the ReLU after it in its pass (fuse.py)."""
-    for case, kinds, fused in (("chain", {"BatchNorm", "Scale"}, {"Scale"}),
+    and an in-place Dropout, and a Scale with the ReLU after it in its pass, and a BatchNorm
+    with its Scale and that ReLU in its own (fuse.py)."""
+    for case, kinds, fused in (("chain", {"BatchNorm", "Scale"}, {"Scale", "BatchNorm"}),
                                ("caffe_chain", {"Dropout", "Scale"}, {"Scale"})):
         net, trace = traced_run(monkeypatch, case, "recompute", "dynamic")
         recomputed = {c.node.layer.type for c in trace.calls if c.phase == "recompute"}

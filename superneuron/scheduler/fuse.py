@@ -19,8 +19,9 @@ with the Scale's ReLU: one pass that normalises and writes both x_hat and the Sc
 from the values in hand (BatchNorm.fuses_scale; ``ctx.scale``), where the Scale's own step
 would read x_hat back. The Scale's top is new memory, allocated between the two steps, so the
 merged step goes where the Scale's was (the BatchNorm moved down past memory steps that touch
-nothing it uses), and only where that does not lift the peak: the BatchNorm's forward scratch
-is then live beside the Scale's top (the bytes live there, workspaces aside, plus that scratch,
+nothing it writes, the Frees of what it reads kept after it), and only where that does not
+lift the peak: the BatchNorm's forward scratch (and a bottom it read last) is then live beside
+the Scale's top (the bytes live there, workspaces aside, plus that scratch,
 at most the most bytes live at any compute step). optimal's program does not count this
 saving (it would take the AND of two roots' recomputations: with such a column a pair,
 ResNet-50's program at a quarter of liveness's arena ended 10 % from its bound, its plan x1.41
@@ -33,7 +34,7 @@ liveness's time that the others are measured against, are unchanged.
 
 from .allocator import aligned
 from .liveness import Roots
-from .steps import MEMORY, RECOMPUTE, Recompute
+from .steps import FREE, MEMORY, RECOMPUTE, Recompute
 from .workspace import live_at_steps
 
 
@@ -70,9 +71,10 @@ def fuse_relus(schedule, context=None):
             i += 1
             continue
         chain, last, at = (), step.node, None  # the nodes fused, the last, where the merged step goes
-        j = _next_compute(steps, i, roots, set().union(*roots.uses(step)) - {roots(step.workspace)})
+        j = _next_compute(steps, i, roots, set(roots.uses(step)[1]))
+        late = _freed_late(steps[i + 1:j], step, roots)
         if j < len(steps) and _then(steps[j], step) and scale_fusable(graph, step.node, steps[j].node, roots) \
-                and room.fits(j, step):
+                and room.fits(j, step, sum(roots.size(s.tensor) for s in late if s.tensor != step.workspace)):
             chain, last, at = (steps[j].node,), steps[j].node, j
             dropped.add(j)
         top = graph.nodes[last].tops
@@ -91,11 +93,10 @@ def fuse_relus(schedule, context=None):
             i += 1
             continue
         # the memory steps between (the Scale's top allocated among them) before it, but the
-        # Free of its own workspace, after it
-        between = steps[i + 1:at]
-        out.extend(s for s in between if s.tensor != step.workspace)
+        # Frees of what its own layer reads (its workspace, a bottom read last), after it
+        out.extend(s for s in steps[i + 1:at] if s not in late)
         out.append(merged)
-        out.extend(s for s in between if s.tensor == step.workspace)
+        out.extend(late)
         i = at + 1
     return schedule.replace(out) if fused_any else schedule
 
@@ -109,23 +110,31 @@ def _next_compute(steps, i, roots, held):
     return j
 
 
+def _freed_late(between, first, roots):
+    """The Frees among the memory steps ``between`` of what the Recompute ``first`` reads (its
+    workspace, a bottom it reads last): they must come after it wherever it moves."""
+    reads = set(roots.uses(first)[0]) | {roots(first.workspace)}
+    return [s for s in between if s.kind == FREE and roots(s.tensor) in reads]
+
+
 def _then(then, first):
     """Whether ``then`` is a plain Recompute that ``first`` (a Recompute) may take into its pass."""
     return then.kind == RECOMPUTE and then.fused is None and then.workspace is None and first.fused is None
 
 
 class _Room:
-    """Whether a BatchNorm's forward scratch may be live at a compute step without lifting the
-    peak (the bytes live there, workspaces aside, plus it, within the most live at any compute
-    step); the walk that counts is made once, on first use."""
+    """Whether a BatchNorm's forward scratch (and ``kept`` bytes more: a bottom its step would
+    have freed before) may be live at a compute step without lifting the peak (the bytes live
+    there, workspaces aside, plus those, within the most live at any compute step); the walk
+    that counts is made once, on first use."""
 
     def __init__(self, schedule):
         self.schedule, self.live = schedule, None
 
-    def fits(self, j, first):
+    def fits(self, j, first, kept=0):
         if self.live is None:
             self.live = live_at_steps(self.schedule)
             self.most = max(self.live.values(), default=0)
         layer = self.schedule.graph.nodes[first.node].layer
         scratch = max((a.workspace for a in layer.algorithms("forward")), default=0)
-        return self.live[j] + aligned(scratch) <= self.most
+        return self.live[j] + aligned(scratch) + kept <= self.most
