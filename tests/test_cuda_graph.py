@@ -214,6 +214,10 @@ class _FakeCupy:
     def RawKernel(self, code, name, options=()):  # noqa: N802 - CuPy's name
         return lambda grid, block, args: self.rates.append(np.array(args[6]))
 
+    def ElementwiseKernel(self, in_params, out_params, body, name):  # noqa: N802 - CuPy's name
+        assert body == "y = (float)(m * lr);"  # the rates: float64 products, rounded to float32
+        return lambda m, lr, y: y.__setitem__(Ellipsis, (m * lr).astype(np.float32))
+
     def asarray(self, a):
         return np.array(a).view(_DeviceArray)
 

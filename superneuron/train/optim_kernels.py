@@ -108,7 +108,12 @@ class FusedSGD:
     def __init__(self, cupy):
         self.cupy = cupy
         self.kernel = cupy.RawKernel(KERNEL, "sgd_multi", options=("--fmad=false",))
-        self.tables = {}  # (pointers, decay, multipliers) → [device arrays, the lr written, lr_mults]
+        # a table's rates from its multipliers on the device, rounded as :func:`rates` rounds
+        # them: no copy from the host when the rate changes (every iteration under poly or inv)
+        self.rate_kernel = cupy.ElementwiseKernel("float64 m, float64 lr", "float32 y",
+                                                  "y = (float)(m * lr);", "sn_sgd_rates")
+        self.tables = {}  # (pointers, decay, multipliers) → [device arrays, the lr written, the lr_mults
+        #                   (float64, on the device)]
         self.always = cupy.ones((), dtype=bool)
 
     def refresh(self, lr):
@@ -117,9 +122,9 @@ class FusedSGD:
             self._write_rates(t, lr)
 
     def _write_rates(self, t, lr):
-        arrays, written, lr_mults = t
-        if written != lr:  # (outside a capture: a copy from the host)
-            arrays[5].set(rates(lr_mults, lr))
+        arrays, written, mults = t
+        if written != lr:  # (outside a capture: a kernel, no copy from the host)
+            self.rate_kernel(mults, lr, arrays[5])
             t[1] = lr
 
     def update(self, entries, lr, weight_decay, mu, mode, ok=None):
@@ -133,7 +138,7 @@ class FusedSGD:
                 self.tables.clear()
             w, g, v, starts, total, lrs, decays = table(entries, lr, weight_decay, address)
             arrays = [cp.asarray(a) for a in (w, g, v, starts)] + [total, cp.asarray(lrs), cp.asarray(decays)]
-            self.tables[key] = [arrays, lr, [e[3] for e in entries]]
+            self.tables[key] = [arrays, lr, cp.asarray(np.array([e[3] for e in entries], np.float64))]
         t = self.tables[key]
         self._write_rates(t, lr)
         (w, g, v, starts, total, lrs, decays), count = t[0], len(entries)
