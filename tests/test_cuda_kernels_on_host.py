@@ -168,6 +168,20 @@ def _channel_sums(a, b, expr1, expr2, ncl, words, splits):
     return out
 
 
+def _on_the_gpu(monkeypatch, host_kernel):
+    """The layers' GPU branches taken from here on, on NumPy arrays with the kernels compiled
+    for the host and NumPy's per-channel sums; the list of the kernels they call, in order."""
+    called = []
+
+    def kernel(name):
+        called.append(name)
+        return host_kernel(name)
+    monkeypatch.setattr(cuda_kernels, "on_gpu", lambda xp: True)
+    monkeypatch.setattr(cuda_kernels, "kernel", kernel)
+    monkeypatch.setattr(cuda_kernels, "channel_sums", _channel_sums)
+    return called
+
+
 def _forward_backward(layer, params, bottoms, relu=False):
     """The layer's training forward (``relu``: with the ReLU after it in its pass) and backward
     on NumPy arrays: ``[tops, bottom gradients, parameter gradients, parameters after]``."""
@@ -195,14 +209,7 @@ def test_the_layers_gpu_branches_compute_what_their_numpy_code_does(monkeypatch,
     layer, params = build(type_name, shapes, dtype=np.float32, **cfg)
     bottoms = [np.random.default_rng(k).standard_normal(s).astype(np.float32) for k, s in enumerate(shapes)]
     numpy_ = _forward_backward(layer, params, bottoms, relu)
-    called = []
-
-    def kernel(name):
-        called.append(name)
-        return host_kernel(name)
-    monkeypatch.setattr(cuda_kernels, "on_gpu", lambda xp: True)
-    monkeypatch.setattr(cuda_kernels, "kernel", kernel)
-    monkeypatch.setattr(cuda_kernels, "channel_sums", _channel_sums)
+    called = _on_the_gpu(monkeypatch, host_kernel)
     gpu = _forward_backward(layer, params, bottoms, relu)
     assert called  # the GPU branch ran
     for a, b in zip(numpy_, gpu, strict=True):
@@ -254,14 +261,7 @@ def test_a_batchnorm_writing_its_scale_on_the_gpu_is_its_kernel_then_the_scales(
             scale.forward(Context(relu=relu), [y], [z], scale_params)
         return y, z
     host = run(True)
-    called = []
-
-    def kernel(name):
-        called.append(name)
-        return host_kernel(name)
-    monkeypatch.setattr(cuda_kernels, "on_gpu", lambda xp: True)
-    monkeypatch.setattr(cuda_kernels, "kernel", kernel)
-    monkeypatch.setattr(cuda_kernels, "channel_sums", _channel_sums)
+    called = _on_the_gpu(monkeypatch, host_kernel)
     fused = run(True)
     assert called[-1] == "bn_normalize_scale" + ("_bias" if bias else "")
     apart = run(False)
