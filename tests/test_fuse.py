@@ -99,7 +99,7 @@ def _recompute(graph, fused=True):
     ``fused``."""
     schedule, context = lower(graph), Planning()
     for apply in (recompute_joins,) + LIVENESS + LAST:
-        if fused or apply is not fuse.fuse_relus:
+        if fused or apply is not fuse.fuse_recomputes:
             schedule = apply(schedule, context)
     return schedule
 
@@ -180,7 +180,7 @@ def test_a_batchnorm_recomputed_before_its_scale_writes_both_in_one_pass_with_th
     huge = [Algo("default", 1 << 40)]
     monkeypatch.setattr(type(bn), "algorithms", lambda layer, phase: huge)
     assert not any(s.fused is not None and graph.nodes[s.node].layer.type == "BatchNorm"
-                   for s in fuse.fuse_relus(unfused).steps)
+                   for s in fuse.fuse_recomputes(unfused).steps)
 
 
 @pytest.mark.parametrize("bias, relu", [(True, True), (True, False), (False, True)])

@@ -162,7 +162,6 @@ class BatchNorm(Layer):
             invstd = 1.0 / xp.sqrt(var + eps)
             xp.subtract(x, mean[:, None], out=y)
             y *= invstd[:, None]
-            self._scale_after(ctx, y)
             return
         n, c, l = self.ncl
         m = n * l

@@ -54,7 +54,7 @@ from ..options import PARAMS
 from ..sizes import human_bytes
 from . import optimal_monotone
 from .encode import encode
-from .fuse import fuse_relus
+from .fuse import fuse_recomputes
 from .inplace import inplace
 from .liveness import Roots, liveness
 from .offload import LOOKAHEAD, offload_roots
@@ -236,7 +236,7 @@ def realise(schedule, context, recompute_roots, offload_roots_, swap_roots=(), e
         return encode(s, ctx, only=(layers, {names(r) for r in roots}))
 
     passes = ((recomputed,) + ((offload_params,) if context.offload_params else ()) + (inplace, liveness)
-              + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fuse_relus, fit))
+              + ((kept_encoded,) if encoded and any(encoded) else ()) + (offloaded, fuse_recomputes, fit))
     return _candidate("solver", schedule, context, passes)
 
 

@@ -48,7 +48,7 @@ from .allreduce import allreduce
 from .context import Context
 from .cost import as_model
 from .encode import encode
-from .fuse import fuse_relus
+from .fuse import fuse_recomputes
 from .inplace import inplace
 from .liveness import liveness
 from .offload import offload
@@ -72,7 +72,7 @@ def solve_auto(schedule, context):
 LIVENESS = (inplace, liveness)
 # fused recomputations (fuse.py), then workspace choice and placement: every policy, baseline
 # included, ends so
-LAST = (fuse_relus, fit)
+LAST = (fuse_recomputes, fit)
 PRESETS = {
     "baseline": LAST,
     "liveness": LIVENESS + LAST,
