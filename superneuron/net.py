@@ -164,6 +164,12 @@ class Net:
         return [t for n in self.graph.nodes for t in n.params.values()]
 
     @property
+    def kept_names(self):
+        """The parameters and state buffers a snapshot keeps: all but the scratch a forward
+        leaves its own iteration (ParamSpec.kept)."""
+        return [t for n in self.graph.nodes for k, t in n.params.items() if n.param_specs[k].kept]
+
+    @property
     def learnable_names(self):
         """The parameters the optimiser updates (they have gradients)."""
         return [n.params[k] for n in self.graph.nodes for k in n.param_grads]

@@ -35,3 +35,15 @@ def no_kept_plans():
     SMALLER.nets.clear()
     yield
     SMALLER.nets.clear()
+
+
+@pytest.fixture
+def threads(request, monkeypatch):
+    """Run with ``request.param`` threads (parametrize it ``indirect``), every kernel split as
+    far as it goes (layers/parallel.py); the thread count put back afterwards."""
+    from superneuron.layers import parallel
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
+    before = parallel.threads()
+    parallel.set_threads(request.param)
+    yield request.param
+    parallel.set_threads(before)

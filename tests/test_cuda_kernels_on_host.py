@@ -269,3 +269,35 @@ def test_a_batchnorm_writing_its_scale_on_the_gpu_is_its_kernel_then_the_scales(
         np.testing.assert_array_equal(a, b)
         np.testing.assert_allclose(a, c, rtol=0, atol=1e-5 * np.abs(c).max())
     assert (fused[1] == 0).any() == relu
+
+
+@pytest.mark.parametrize("bias", [None, False, True])
+def test_a_batchnorm_recomputed_on_the_gpu_is_one_kernel_with_the_forwards_bits(monkeypatch, host_kernel, bias):
+    """BatchNorm's GPU branch recomputing (``ctx.recompute``): one kernel from the mean and
+    invstd that its forward's ``bn_stats`` saved (no sums, no ``bn_stats``), writing the
+    forward's x_hat (and the Scale's top, with ``ctx.scale``) bit for bit, the statistics kept."""
+    from superneuron.layers.norm import ScaleAfter
+    shape = (16, 8, 5, 5)
+    bn, params = build("BatchNorm", [shape], dtype=np.float32)
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    if bias is not None:
+        scale, scale_params = build("Scale", [shape], dtype=np.float32, bias_term=bias)
+    room = np.zeros(bn.algorithms("forward")[0].workspace, np.uint8)
+    called = _on_the_gpu(monkeypatch, host_kernel)
+
+    def run(recompute):
+        y, z = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        after = None if bias is None else ScaleAfter(scale, scale_params, z)
+        bn.forward(Context(workspace=room, recompute=recompute, scale=after, relu=True), [x], [y], params)
+        return y, z
+    first = run(False)
+    assert called[0] == "bn_stats"
+    kept = {k: v.copy() for k, v in params.items()}
+    del called[:]
+    monkeypatch.setattr(cuda_kernels, "channel_sums", None)  # a recomputation takes no sums
+    again = run(True)
+    assert called == ["bn_normalize" + ("" if bias is None else "_scale" + ("_bias" if bias else ""))]
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for k in params:
+        np.testing.assert_array_equal(params[k], kept[k])

@@ -50,17 +50,6 @@ def _then_relu(layer, params, bottoms, xp):
     return top
 
 
-@pytest.fixture
-def threads(request, monkeypatch):
-    """Run with ``request.param`` threads, every kernel split as far as it goes; the thread
-    count put back afterwards."""
-    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
-    before = parallel.threads()
-    parallel.set_threads(request.param)
-    yield request.param
-    parallel.set_threads(before)
-
-
 @pytest.mark.parametrize("type_name, shapes, cfg", CASES)
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("cache_bytes", [None, 64])

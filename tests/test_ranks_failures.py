@@ -106,22 +106,23 @@ def test_making_nccls_communicator_has_the_collectives_deadline(absent):
 
 
 def test_ranks_whose_plans_pair_different_sums_are_refused_before_training(tmp_path):
-    """Each rank plans alone. Given different policies (mpiexec's MPMD form: one command per
-    rank), with --sync-bn one rank recomputes bn2 and sums over the ranks once more than the
-    other: sn-train refuses, once, before any iteration; without --sync-bn their collectives
-    (the buckets) are the same, and they train."""
+    """Each rank plans alone. Given different bucket sizes (mpiexec's MPMD form: one command
+    per rank), their gradients' all-reduces differ: sn-train refuses, once, before any
+    iteration. Given different policies with --sync-bn, one rank recomputes bn2 and the other
+    keeps it; a Recompute sums nothing (it normalises with the statistics its forward saved),
+    so their collectives are the same, and they train."""
     from test_data_parallel import BATCH_NORM
     net = tmp_path / "bn.yaml"
     net.write_text(BATCH_NORM)
 
-    def mpmd(*flags):
-        train = [sys.executable, "-m", "superneuron.cli.train", str(net), "--iters", "2", "--batch", "4", *flags]
-        cmd = [MPIEXEC, "-n", "1", *train, "--policy", "recompute", ":", "-n", "1", *train, "--policy", "liveness"]
+    def mpmd(first, second):
+        train = [sys.executable, "-m", "superneuron.cli.train", str(net), "--iters", "2", "--batch", "4"]
+        cmd = [MPIEXEC, "-n", "1", *train, *first, ":", "-n", "1", *train, *second]
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
 
-    refused = mpmd("--sync-bn")
+    refused = mpmd(["--bucket-size", "1"], ["--bucket-size", "25MiB"])
     assert refused.returncode == 2 and "iter 1" not in refused.stdout
     assert one_line(refused.stderr).startswith("error: the ranks' plans make their collectives in different orders")
-    trained = mpmd()
+    trained = mpmd(["--sync-bn", "--policy", "recompute"], ["--sync-bn", "--policy", "liveness"])
     assert trained.returncode == 0 and "parameters identical on every rank" in trained.stdout, trained.stderr

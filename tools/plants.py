@@ -34,9 +34,9 @@ PLANTS = {
         "a recomputed Dropout draws a new mask"),
     "bn_stats_on_recompute": (
         "superneuron/layers/norm.py",
-        "        if not ctx.recompute:\n            self._update_scale_factor(params)\n            f = self.cfg",
-        "        if True:\n            self._update_scale_factor(params)\n            f = self.cfg",
-        "BatchNorm updates its running statistics again when recomputed (CPU path)"),
+        "        if ctx.recompute:\n            self._normalize(ctx, x, y, params)",
+        "        if False:\n            self._normalize(ctx, x, y, params)",
+        "a recomputed BatchNorm runs its training forward again: its running statistics updated twice"),
     "workspace_ignores_live_bytes": (
         "superneuron/scheduler/workspace.py", "room = None if free_at is None else free_at - live[i]",
         "room = None if free_at is None else free_at",

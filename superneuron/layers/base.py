@@ -223,7 +223,9 @@ def bilinear(shape):
 @dataclass
 class ParamSpec:
     """A parameter (``learnable``: it has a gradient and the optimiser updates it) or a state
-    buffer (``learnable=False``: BatchNorm running statistics and the like)."""
+    buffer (``learnable=False``: BatchNorm running statistics and the like); ``kept=False``: a
+    state buffer that each iteration's forward writes anew for that iteration's backward or
+    recomputation, left out of snapshots and their fingerprint (BatchNorm's ``saved_mean``)."""
 
     name: str
     shape: tuple
@@ -233,6 +235,7 @@ class ParamSpec:
     fan_out: int = 1
     lr_mult: float = 1.0
     decay_mult: float = 1.0
+    kept: bool = True
 
 
 @dataclass
@@ -255,6 +258,10 @@ class Cost:
     bwd_flops: float = 0.0
     fwd_bytes: float = 0.0
     bwd_bytes: float = 0.0
+    # the forward run again as a Recompute, where it does less (BatchNorm from the statistics
+    # its forward saved); None: the forward's
+    rec_flops: float = None
+    rec_bytes: float = None
 
 
 @dataclass(eq=False)

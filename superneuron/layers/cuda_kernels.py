@@ -121,36 +121,34 @@ def _kernels():
     import cupy
     idx = "long long c = (i / length) % channels;"
     return {
-        # per channel: invstd from the sums of x and x^2 (double), the running statistics
-        # (unbiased variance) updated unless recomputing
+        # per channel: the mean (kept for a recomputation) and invstd from the sums of x and x^2
+        # (double), and the running statistics (unbiased variance) updated
         "bn_stats": cupy.ElementwiseKernel(
-            "raw float64 sums, float64 count, float64 eps, float64 f, int32 update, int64 channels",
-            "T invstd, T running_mean, T running_var",
+            "raw float64 sums, float64 count, float64 eps, float64 f, int64 channels",
+            "T saved_mean, T invstd, T running_mean, T running_var",
             """double mean = sums[i] / count;
                double var = sums[channels + i] / count - mean * mean;
                if (var < 0.0) var = 0.0;
+               saved_mean = (T)mean;
                invstd = (T)(1.0 / sqrt(var + eps));
-               if (update) {
-                   running_mean = (T)(f * (double)running_mean + mean);
-                   running_var = (T)(f * (double)running_var
-                                     + var * (count / (count > 1.0 ? count - 1.0 : 1.0)));
-               }""", "sn_bn_stats"),
-        # y = (x - mean[c]) * invstd[c]   (y may be x)
+               running_mean = (T)(f * (double)running_mean + mean);
+               running_var = (T)(f * (double)running_var + var * (count / (count > 1.0 ? count - 1.0 : 1.0)));""",
+            "sn_bn_stats"),
+        # y = (x - mean[c]) * invstd[c]   (y may be x): the forward's and a recomputation's
         "bn_normalize": cupy.ElementwiseKernel(
-            "T x, raw float64 sums, raw T invstd, float64 count, int64 length, int64 channels",
-            "T y", idx + "y = (x - (T)(sums[c] / count)) * invstd[c];", "sn_bn_normalize"),
+            "T x, raw T mean, raw T invstd, int64 length, int64 channels",
+            "T y", idx + "y = (x - mean[c]) * invstd[c];", "sn_bn_normalize"),
         # the same, and z = h * w[c] (+ b[c]) from the normalised h in hand, then max(z, 0) where
         # ``relu``: a BatchNorm with the Scale after it in one pass (its own kernel's arithmetic,
         # a ReLU as "relu" below; y may be x)
         "bn_normalize_scale": cupy.ElementwiseKernel(
-            "T x, raw float64 sums, raw T invstd, raw T w, float64 count, int64 length, int64 channels, "
-            "int32 relu", "T y, T z",
-            idx + "T h = (x - (T)(sums[c] / count)) * invstd[c]; y = h;"
+            "T x, raw T mean, raw T invstd, raw T w, int64 length, int64 channels, int32 relu", "T y, T z",
+            idx + "T h = (x - mean[c]) * invstd[c]; y = h;"
                   " T s = h * w[c]; z = relu && s < (T)0 ? (T)0 : s;", "sn_bn_normalize_scale"),
         "bn_normalize_scale_bias": cupy.ElementwiseKernel(
-            "T x, raw float64 sums, raw T invstd, raw T w, raw T b, float64 count, int64 length, "
-            "int64 channels, int32 relu", "T y, T z",
-            idx + "T h = (x - (T)(sums[c] / count)) * invstd[c]; y = h;"
+            "T x, raw T mean, raw T invstd, raw T w, raw T b, int64 length, int64 channels, int32 relu",
+            "T y, T z",
+            idx + "T h = (x - mean[c]) * invstd[c]; y = h;"
                   " T s = h * w[c] + b[c]; z = relu && s < (T)0 ? (T)0 : s;", "sn_bn_normalize_scale_bias"),
         # dx = (dy - mean(dy)[c] - x_hat * mean(dy x_hat)[c]) * invstd[c]   (dx may be dy)
         "bn_backward": cupy.ElementwiseKernel(

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import cuda_kernels as cuda
 from . import parallel
-from .base import Algo, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
 from .join import shape_str
 from .registry import register
 
@@ -74,7 +74,11 @@ class BatchNorm(Layer):
     stays mostly its initial value for thousands of iterations). They are updated once per
     iteration: a recomputed forward (``ctx.recompute``) leaves them alone.
     The backward reads only the top (x_hat) and the per-channel ``saved_invstd`` that the
-    forward keeps, so the layer may run in place.
+    forward keeps, so the layer may run in place. The forward keeps the batch's mean too
+    (``saved_mean``, scratch that snapshots leave out): a recomputation (``ctx.recompute``)
+    normalises with the two in one pass over its bottom, where the forward takes two (the
+    sums, then x_hat), and without the all-reduces of synchronised statistics: the same
+    operations on the same values, so the same bits.
 
     Data-parallel training keeps each rank's statistics (as Caffe); with ``ctx.ranks`` (sn-train
     --sync-bn) the statistics and the backward's two sums are those of the global batch, summed
@@ -111,7 +115,8 @@ class BatchNorm(Layer):
                 ParamSpec("variance", c, zero, learnable=False),
                 ParamSpec("scale_factor", (1,), zero, learnable=False),
                 ParamSpec("saved_invstd", c, parse_filler({"type": "constant", "value": 1}),
-                          learnable=False)]
+                          learnable=False),
+                ParamSpec("saved_mean", c, zero, learnable=False, kept=False)]
 
     def running_stats(self, xp, params):
         """``(mean, variance)``: the running sums divided by the scale factor (0 before any
@@ -122,6 +127,15 @@ class BatchNorm(Layer):
 
     def backward_reads(self):
         return (), (0,)
+
+    def cost(self):
+        """Passes over the map as the GPU's kernels make them: the training forward reads x
+        twice (the sums, then x_hat) and writes x_hat; a recomputation, from the saved
+        statistics, reads it once; the backward reads dy and x_hat for its sums, then both
+        again for dx."""
+        n, item = float(np.prod(self.ncl)), self.dtype.itemsize
+        reads = 1 if self.cfg["use_global_stats"] else 2
+        return Cost(n, 2 * n, (reads + 1) * n * item, 5 * n * item, rec_flops=n, rec_bytes=2 * n * item)
 
     def algorithms(self, phase):
         if self.cfg["use_global_stats"]:
@@ -163,6 +177,9 @@ class BatchNorm(Layer):
             xp.subtract(x, mean[:, None], out=y)
             y *= invstd[:, None]
             return
+        if ctx.recompute:
+            self._normalize(ctx, x, y, params)
+            return
         n, c, l = self.ncl
         m = n * l
         if ctx.ranks is not None:
@@ -171,10 +188,11 @@ class BatchNorm(Layer):
         elif cuda.on_gpu(xp) and self._forward_fused(ctx, x, y, params):
             return
         elif xp is np:  # channels split over the cores
-            mean, var = np.empty(c, self.dtype), np.empty(c, self.dtype)
+            mean, var = params["saved_mean"], np.empty(c, self.dtype)
             self._forward_cpu(ctx, x, y, mean, var, params["saved_invstd"])
         else:
-            mean = x.mean(axis=(0, 2))
+            mean = params["saved_mean"]
+            mean[...] = x.mean(axis=(0, 2))
             xp.subtract(x, mean[:, None], out=y)
             var = _channel_dot(xp, y, y, ctx.scratch((n, c), self.dtype)) / m  # biased
             invstd = params["saved_invstd"]
@@ -182,25 +200,57 @@ class BatchNorm(Layer):
             xp.reciprocal(invstd, out=invstd)
             y *= invstd[:, None]
             self._scale_after(ctx, y)
-        if not ctx.recompute:
-            self._update_scale_factor(params)
-            f = self.cfg["moving_average_fraction"]
-            for running, batch in ((params["mean"], mean), (params["variance"], var * (m / max(m - 1, 1)))):
-                running *= f
-                running += batch
+        self._update_scale_factor(params)
+        f = self.cfg["moving_average_fraction"]
+        for running, batch in ((params["mean"], mean), (params["variance"], var * (m / max(m - 1, 1)))):
+            running *= f
+            running += batch
+
+    def _normalize(self, ctx, x, y, params):
+        """x_hat from the mean and invstd this iteration's forward saved, in one pass over
+        ``x`` (a recomputation; the GPU's forward too, once its statistics are in), with the
+        Scale of ``ctx.scale`` written in the same pass: the forward's operations in its
+        order, so its bits."""
+        xp, after, relu = ctx.xp, ctx.scale, ctx.relu
+        mean, invstd = params["saved_mean"], params["saved_invstd"]
+        if cuda.on_gpu(xp):
+            n, c, l = self.ncl
+            if after is None:
+                cuda.kernel("bn_normalize")(x, mean, invstd, l, c, y)
+                return
+            w, z = after.params["weight"], after.top.reshape(self.ncl)
+            if "bias" in after.params:
+                cuda.kernel("bn_normalize_scale_bias")(x, mean, invstd, w, after.params["bias"], l, c,
+                                                       np.int32(relu), y, z)
+            else:
+                cuda.kernel("bn_normalize_scale")(x, mean, invstd, w, l, c, np.int32(relu), y, z)
+            return
+        z = None if after is None else after.top.reshape(self.ncl)
+
+        def block(a, b):
+            ys = y[:, a:b]
+            xp.subtract(x[:, a:b], mean[a:b, None], out=ys)
+            ys *= invstd[a:b, None]
+            if z is not None:
+                after.layer.forward_channels(xp, y, z, after.params, relu, a, b)
+        if xp is np:
+            parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2])
+        else:
+            block(0, self.ncl[1])
 
     def _forward_synced(self, ctx, x, y, params):
         """The training forward of synchronised BatchNorm: the mean, then the biased variance,
         of the global batch (each a sum over the ranks); ``(mean, var, samples per channel)``."""
         xp, (n, c, l) = ctx.xp, self.ncl
         m = n * l * ctx.ranks.size
-        mean = ctx.sum_ranks(x.sum(axis=(0, 2))) / m
-        xp.subtract(x, mean[:, None].astype(self.dtype), out=y)
+        mean = params["saved_mean"]
+        mean[...] = ctx.sum_ranks(x.sum(axis=(0, 2))) / m
+        xp.subtract(x, mean[:, None], out=y)
         var = ctx.sum_ranks(_channel_dot(xp, y, y, ctx.scratch((n * c,), self.dtype))) / m
         invstd = params["saved_invstd"]
         invstd[...] = 1.0 / xp.sqrt(var + self.cfg["eps"])
         y *= invstd[:, None]
-        return mean.astype(self.dtype), var.astype(self.dtype), m
+        return mean, var.astype(self.dtype), m
 
     def _scale_after(self, ctx, y):
         """The Scale of ``ctx.scale`` (if any) over ``y``, this layer's top, as its own forward
@@ -246,21 +296,10 @@ class BatchNorm(Layer):
             return False
         words = ctx.scratch((2 * (splits + 1) * c,), np.float64)
         sums = cuda.channel_sums(x, None, "av", "av * av", self.ncl, words, splits)
-        invstd = params["saved_invstd"]
-        cuda.kernel("bn_stats")(sums, float(n * l), self.cfg["eps"], self.cfg["moving_average_fraction"],
-                                np.int32(not ctx.recompute), c, invstd, params["mean"], params["variance"])
-        after = ctx.scale
-        if after is None:
-            cuda.kernel("bn_normalize")(x, sums, invstd, float(n * l), l, c, y)
-        else:  # x_hat and the Scale's top (then its ReLU) in the same pass
-            w, z, relu = after.params["weight"], after.top.reshape(self.ncl), np.int32(ctx.relu)
-            if "bias" in after.params:
-                cuda.kernel("bn_normalize_scale_bias")(x, sums, invstd, w, after.params["bias"], float(n * l), l, c,
-                                                       relu, y, z)
-            else:
-                cuda.kernel("bn_normalize_scale")(x, sums, invstd, w, float(n * l), l, c, relu, y, z)
-        if not ctx.recompute:
-            self._update_scale_factor(params)
+        cuda.kernel("bn_stats")(sums, float(n * l), self.cfg["eps"], self.cfg["moving_average_fraction"], c,
+                                params["saved_mean"], params["saved_invstd"], params["mean"], params["variance"])
+        self._normalize(ctx, x, y, params)  # and the Scale's top (then its ReLU) in the same pass
+        self._update_scale_factor(params)
         return True
 
     def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):

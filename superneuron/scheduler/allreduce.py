@@ -20,7 +20,7 @@ holds at most two buckets' gradients at once, and the host optimiser still overl
 
 from ..graph.tensors import TensorInfo
 from ..options import DEFAULT_BUCKET_BYTES
-from .steps import BACKWARD, COMMUNICATION, FREE, LAYER_STEPS, RESIDENT_ONLY, Alloc, AllReduce, Free, WaitReduce
+from .steps import BACKWARD, COMMUNICATION, FORWARD, FREE, RESIDENT_ONLY, Alloc, AllReduce, Free, WaitReduce
 
 
 def buckets_of(schedule, bucket_bytes=DEFAULT_BUCKET_BYTES):
@@ -100,16 +100,17 @@ def _wait(name, grads):
 def collective_order(schedule, sync_bn=False):
     """The steps of ``schedule`` that make collectives, in the order it runs them, as
     ``(kind, bucket or layer)``: each bucket's AllReduce and WaitReduce, and with synchronised
-    BatchNorm (``sync_bn``) each BatchNorm's Forward, Recompute and Backward, which sum over
-    the ranks inside the layer. Every rank must make them in the same order, and each rank
-    plans alone: its plan may differ from another's where it follows measured times or a
-    solver stopped by its time limit (what changes the order: one rank recomputing a
-    BatchNorm that another keeps)."""
+    BatchNorm (``sync_bn``) each BatchNorm's Forward and Backward, which sum over the ranks
+    inside the layer (a Recompute does not: it normalises with the statistics its Forward
+    saved). Every rank must make them in the same order, and each rank plans alone: its plan
+    may differ from another's where it follows measured times or a solver stopped by its time
+    limit (what changes the order: the buckets, one rank's schedule putting a Backward
+    before another's)."""
     graph, out = schedule.graph, []
     for step in schedule.steps:
         if step.kind in COMMUNICATION:
             out.append((step.kind, step.tensor))
-        elif sync_bn and step.kind in LAYER_STEPS and graph.nodes[step.node].layer.type == "BatchNorm":
+        elif sync_bn and step.kind in (FORWARD, BACKWARD) and graph.nodes[step.node].layer.type == "BatchNorm":
             out.append((step.kind, graph.nodes[step.node].name))
     return out
 
@@ -117,9 +118,9 @@ def collective_order(schedule, sync_bn=False):
 def sync_bn_sums(schedule):
     """The bytes of each all-reduce that synchronised BatchNorm makes in one iteration of
     ``schedule``, in order: for each BatchNorm that normalises by its batch's statistics, two
-    of its channels' sums in each Forward and Recompute (the mean, then the variance, which
-    needs the mean) and one of both its backward's sums together in its Backward. None of
-    them overlaps anything: the layer's next operation reads the result."""
+    of its channels' sums in its Forward (the mean, then the variance, which needs the mean)
+    and one of both its backward's sums together in its Backward. None of them overlaps
+    anything: the layer's next operation reads the result."""
     graph, out = schedule.graph, []
     for kind, name in collective_order(schedule, sync_bn=True):
         if kind in COMMUNICATION:

@@ -117,10 +117,14 @@ def phase_of(step):
 
 
 def estimate(layer, phase, algo, device):
-    """Estimated seconds of ``layer``'s ``phase`` with Algo ``algo`` on DeviceModel ``device``."""
+    """Estimated seconds of ``layer``'s ``phase`` (``forward``, ``backward``, or ``recompute``:
+    its forward run again, Cost.rec_*) with Algo ``algo`` on DeviceModel ``device``."""
     cost = layer.cost()
     if phase == "backward":
         base = device.seconds(cost.bwd_flops, cost.bwd_bytes)
+    elif phase == RECOMPUTE and (cost.rec_flops is not None or cost.rec_bytes is not None):
+        base = device.seconds(cost.fwd_flops if cost.rec_flops is None else cost.rec_flops,
+                              cost.fwd_bytes if cost.rec_bytes is None else cost.rec_bytes)
     else:
         base = device.seconds(cost.fwd_flops, cost.fwd_bytes)
     return base / max(algo.speed, 1e-9)
@@ -183,6 +187,19 @@ class CostModel:
             seconds = memo[key] = estimate(layer, phase, algo, self.device)
         return seconds
 
+    def recompute_seconds(self, layer, algo):
+        """Seconds of ``layer``'s forward with Algo ``algo`` run again as a Recompute: the
+        forward's (measured or estimated) in the proportion of the two estimates, where the
+        layer recomputes with less work (Cost.rec_*: BatchNorm from its saved statistics)."""
+        forward = self.algo_seconds(layer, "forward", algo)
+        memo = self._estimates.setdefault(layer, {})
+        key = (RECOMPUTE, algo.name, algo.speed)
+        share = memo.get(key)
+        if share is None:
+            whole = estimate(layer, "forward", algo, self.device)
+            share = memo[key] = estimate(layer, RECOMPUTE, algo, self.device) / whole if whole > 0 else 1.0
+        return forward * share
+
     def fused_seconds(self, layer, writes=0):
         """Seconds ``layer`` adds run in the pass of the layer before it (fuse.py), writing
         ``writes`` bytes of new memory (a ReLU in place: none; a BatchNorm's Scale: its top)
@@ -229,7 +246,10 @@ class CostModel:
         phase = phase_of(step)
         algos = self.algorithms(layer, phase)
         algo = next((a for a in algos if a.name == step.algorithm), algos[0])
-        seconds = self.algo_seconds(layer, phase, algo)
+        if step.kind == RECOMPUTE:
+            seconds = self.recompute_seconds(layer, algo)
+        else:
+            seconds = self.algo_seconds(layer, phase, algo)
         for n in step.fused or ():  # a ReLU in place on what is in hand, or a Scale onto new memory
             after = schedule.graph.nodes[n]
             seconds += self.fused_seconds(after.layer, 0 if after.layer.type == "ReLU"

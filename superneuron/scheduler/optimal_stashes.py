@@ -71,7 +71,7 @@ def stashes_of(schedule, steps, roots, model, fastest, joins):
             writers = recomputable[r]
             stash.recompute_seconds = sum(
                 model.fused_seconds(graph.nodes[w].layer) if k and fusable(graph, writers[k - 1], w, roots)
-                else min(model.algo_seconds(graph.nodes[w].layer, "forward", al)
+                else min(model.recompute_seconds(graph.nodes[w].layer, al)
                          for al in model.algorithms(graph.nodes[w].layer, "forward"))
                 for k, w in enumerate(writers))
         if e is not None and e - a >= 3:

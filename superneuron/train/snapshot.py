@@ -49,7 +49,7 @@ def expected_arrays(net):
     state buffers, and the optimiser's state (the resident tensors the graph does not name but
     the gradients' accumulators of iter_size, which are empty between iterations)."""
     resident, tensors = net.runtime.resident, net.runtime.tensors
-    out = {f"param:{n}": resident[n] for n in net.param_names}
+    out = {f"param:{n}": resident[n] for n in net.kept_names}
     out.update({f"opt:{n}": a for n, a in resident.items()
                 if net.graph.tensors.get(n) is None and tensors[n].kind != "accum"})
     return {k: (tuple(a.shape), np.dtype(a.dtype).str) for k, a in out.items()}
@@ -59,7 +59,7 @@ def fingerprint(net):
     """A short hash of the net's parameter names, shapes and dtypes: two nets with the same
     fingerprint can exchange snapshots."""
     t = net.graph.tensors
-    sig = [[n, list(t[n].shape), np.dtype(t[n].dtype).str] for n in net.param_names]
+    sig = [[n, list(t[n].shape), np.dtype(t[n].dtype).str] for n in net.kept_names]
     return hashlib.sha256(json.dumps(sig).encode()).hexdigest()[:16]
 
 
