@@ -108,3 +108,32 @@ def test_snapshots_leave_the_saved_mean_out_and_keep_their_fingerprint(monkeypat
     specs = norm.BatchNorm.param_specs
     monkeypatch.setattr(norm.BatchNorm, "param_specs", lambda self: [p for p in specs(self) if p.kept])
     assert snapshot.fingerprint(Net(spec)) == now
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [None, True])
+def test_a_batchnorm_recomputed_on_the_gpu_gives_its_forwards_bits(bias):
+    """The CUDA kernels (``bn_stats`` saving the mean, then ``bn_normalize[_scale_bias]``):
+    the recomputation's x_hat (and Scale top) are the forward's, bit for bit, on CuPy."""
+    import cupy
+    shape = (16, 8, 5, 5)
+    bn, params = build("BatchNorm", [shape], dtype=np.float32)
+    params = {k: cupy.asarray(v) for k, v in params.items()}
+    x = cupy.asarray(np.random.default_rng(4).standard_normal(shape).astype(np.float32))
+    if bias is not None:
+        layer, scale_params = build("Scale", [shape], dtype=np.float32, bias_term=bias)
+        scale_params = {k: cupy.asarray(np.random.default_rng(5).standard_normal(v.shape).astype(np.float32))
+                        for k, v in scale_params.items()}
+    room = cupy.zeros(bn.algorithms("forward")[0].workspace, cupy.uint8)
+
+    def run(recompute):
+        y, z = cupy.zeros(shape, cupy.float32), cupy.zeros(shape, cupy.float32)
+        after = None if bias is None else ScaleAfter(layer, scale_params, z)
+        bn.forward(Context(cupy, workspace=room, recompute=recompute, scale=after, relu=True), [x], [y], params)
+        return y, z
+    first = run(False)
+    kept = {k: v.copy() for k, v in params.items()}
+    for a, b in zip(first, run(True), strict=True):
+        assert cupy.array_equal(a.view(cupy.uint32), b.view(cupy.uint32))
+    for k in params:
+        assert cupy.array_equal(params[k], kept[k]), k
