@@ -198,6 +198,7 @@ class SoftmaxWithLoss(_ScoresAndLabels):
         if self.cfg["weight_by_label_freqs"] and len(weights) != self.ncl[1]:
             self.fail(f"weight_by_label_freqs needs one class_weighting per class: {len(weights)} "
                       f"given for {self.ncl[1]} classes")
+        self.class_table = np.asarray(weights, dtype=self.dtype)  # on the device once (Layer.constant)
         return tops
 
     def _weighted(self):
@@ -209,8 +210,7 @@ class SoftmaxWithLoss(_ScoresAndLabels):
         if not self._weighted():
             return valid
         xp, (n, c, l) = ctx.xp, self.ncl
-        table = ctx.scratch((c,), self.dtype)
-        ctx.load(table, np.asarray(self.cfg["class_weighting"], dtype=self.dtype))
+        table = self.constant(xp, "class_weighting", self.class_table)
         classes, weights = ctx.scratch((n, l), np.int64), ctx.scratch((n, l), self.dtype)
         xp.floor_divide(positions, l, out=classes)  # positions: (i * c + class) * l + j
         xp.remainder(classes, c, out=classes)
@@ -229,7 +229,7 @@ class SoftmaxWithLoss(_ScoresAndLabels):
     def algorithms(self, phase):
         n, c, l = self.ncl
         room = ((n, 1, l), self.dtype)
-        weights = [((c,), self.dtype), ((n, l), np.int64), ((n, l), self.dtype)] if self._weighted() else []
+        weights = [((n, l), np.int64), ((n, l), self.dtype)] if self._weighted() else []
         if phase == "forward":
             return [Algo("default", workspace_bytes(*self._label_room(), (self.ncl, self.dtype), room, room,
                                                     *weights))]
