@@ -35,6 +35,8 @@ from superneuron.scheduler.cost import CostModel  # noqa: E402
 if args.form == "forward":
     CostModel.recompute_seconds = lambda self, layer, algo: self.algo_seconds(layer, "forward", algo)
 base, live, live_seconds, model = lowered_net(args.net, 32, CostModel("gpu"))
+# (as optimal_gap.py's main: not imported from there, since --tree runs the tools of a tree
+# that may not have it)
 if args.fraction == "near":
     budget = round(live.lower_bound_bytes * 1.10)
 else:
