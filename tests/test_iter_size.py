@@ -259,11 +259,12 @@ def test_a_fractional_iter_size_flag_is_refused_by_the_parser(capsys):
     assert "argument --iter-size: invalid int value: '1.5'" in one_line(capsys.readouterr().err)
 
 
-def _trainer(tmp_path, max_iter, log):
-    """tests/nets/tiny.yaml (BatchNorm, Dropout, a fork) with iter_size 2 on synthetic data."""
+def _trainer(tmp_path, max_iter, log, policy="liveness", path=TINY):
+    """tests/nets/tiny.yaml (BatchNorm, Dropout, a fork; or ``path``, of its inputs) with
+    iter_size 2 on synthetic data."""
     solver = SolverConfig(base_lr=0.05, momentum=0.9, weight_decay=1e-4, max_iter=max_iter, display=1,
                           lr_policy="step", stepsize=3, gamma=0.5, iter_size=2)
-    net = load_net(TINY, optimizer=make_optimizer(solver))
+    net = load_net(path, optimizer=make_optimizer(solver), policy=policy)
     cfg = source_config("synthetic", {"batch_size": 4})
     cfg.update(channels=3, size=8, classes=5, samples=30)
     train_set, _ = open_source(cfg)
@@ -275,15 +276,25 @@ def _losses(path):
     return [json.loads(line)["loss"] for line in open(path) if '"display"' in line]
 
 
-def test_snapshot_and_resume_with_iter_size_are_exact(tmp_path):
-    whole = _trainer(tmp_path, 6, "whole.jsonl")
+@pytest.mark.parametrize("policy", ["liveness", "recompute"])
+def test_snapshot_and_resume_with_iter_size_are_exact(tmp_path, policy):
+    """(recompute, on a net whose bn2 it recomputes: from the mean its forward saved, which no
+    snapshot holds, since each forward writes it before a recomputation reads it)"""
+    from test_data_parallel import BATCH_NORM
+    path = TINY
+    if policy == "recompute":
+        path = tmp_path / "tiny.yaml"  # the snapshot's name: the net's
+        path.write_text(BATCH_NORM.replace("name: bnnet", "name: tiny"))
+    whole = _trainer(tmp_path, 6, "whole.jsonl", policy, path)
+    assert (policy == "recompute") == any(s.kind == "recompute" and whole.net.graph.nodes[s.node].name == "bn2"
+                                          for s in whole.net.schedules["train"].steps)
     whole.run()
-    first = _trainer(tmp_path / "a", 3, "first.jsonl")
+    first = _trainer(tmp_path / "a", 3, "first.jsonl", policy, path)
     first.run()
     snapshot = tmp_path / "a" / "snap" / "tiny_iter_3.npz"
     with np.load(snapshot) as arrays:  # the accumulators are empty between iterations: not kept
-        assert not any(key.endswith(".accum") for key in arrays.files)
-    second = _trainer(tmp_path / "b", 6, "second.jsonl")
+        assert not any(key.endswith(".accum") or key.endswith("saved_mean") for key in arrays.files)
+    second = _trainer(tmp_path / "b", 6, "second.jsonl", policy, path)
     second.restore(str(snapshot))
     assert second.iteration == 3 and second.train_loader.state() == first.train_loader.state()
     second.run()
