@@ -231,8 +231,8 @@ def _check_same_collectives(net, group, sync_bn):
     if not group.agree(zlib.crc32(repr(order).encode()), "the comparison of the ranks' plans"):
         raise SNError("the ranks' plans make their collectives in different orders (each rank plans alone, "
                       "and times measured on each, or the solver of the optimal and auto policies stopped by "
-                      "its time limit, can plan differently): give the ranks a policy other than optimal and "
-                      "auto, and the same costs (without --profile)")
+                      "its time limit, can plan differently): give every rank the same --bucket-size, a "
+                      "policy other than optimal and auto, and the same costs (without --profile)")
 
 
 def _ranks_line(net, group):
