@@ -165,7 +165,8 @@ class BatchNorm(Layer):
         CPU's and the GPU's forwards write the Scale's top channel by channel from the values
         normalised in hand (one pass on the GPU: x read, x_hat and the Scale's top written).
         Synchronised BatchNorm (ranks) and a GPU batch too small for the per-channel sums run
-        the Scale's forward after their own (the same bits, a pass more)."""
+        the Scale's forward after their own (the same bits, a pass more); a recomputation
+        writes it in its one pass on every path."""
         return not self.cfg["use_global_stats"] and scale.ncl == self.ncl
 
     def forward(self, ctx, bottoms, tops, params):
