@@ -21,6 +21,7 @@ from superneuron.scheduler.optimal_stashes import stashes_of
 from superneuron.scheduler.policy import LAST, LIVENESS, apply_policy
 from superneuron.scheduler.recompute import recompute_joins
 from superneuron.scheduler.simulate import simulate
+from superneuron.scheduler.steps import MEMORY
 
 CASES = [("Scale", [(4, 6, 5, 7)], {"bias_term": True}), ("Scale", [(4, 6, 5, 7)], {"bias_term": False}),
          ("Scale", [(4, 6)], {"bias_term": True}), ("Scale", [(3, 4, 6, 5)], {"axis": 2, "bias_term": True}),
@@ -112,6 +113,23 @@ def test_recompute_fuses_each_scale_and_sum_with_its_relu_and_keeps_baselines_bi
     passes = sum(model.step_seconds(unfused, s) - model.fused_seconds(graph.nodes[s.node].layer)
                  for s in unfused.steps if s.kind == "recompute" and s.node in into)
     assert gained > 0 and gained == pytest.approx(passes, rel=1e-9)
+
+
+def test_the_offload_pass_times_recomputed_relus_as_the_fusion_leaves_them():
+    """fuse.seconds_once_fused, by which the offload pass (before the fusion) times its copies:
+    each step of the unfused schedule at what it will cost once fused, a ReLU taken into the
+    Recompute before it at what it adds there; in all, the fused schedule's compute time."""
+    graph, model = _resnet(), CostModel("gpu")
+    schedule, unfused = _recompute(graph), _recompute(graph, fused=False)
+    into = {n for s in schedule.steps if s.fused is not None for n in s.fused}
+    steps = [s for s in unfused.steps if s.kind not in MEMORY]
+    seconds = fuse.seconds_once_fused(unfused, steps, model)
+    for step, t in zip(steps, seconds, strict=True):
+        if step.kind == "recompute" and step.node in into:
+            assert t == model.fused_seconds(graph.nodes[step.node].layer) < model.step_seconds(unfused, step)
+        else:
+            assert t == model.step_seconds(unfused, step)
+    assert sum(seconds) == pytest.approx(sum(model.step_seconds(schedule, s) for s in schedule.steps), rel=1e-12)
 
 
 def _scaled_resnet():

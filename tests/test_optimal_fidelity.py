@@ -2,8 +2,8 @@
 the H100 cost model, planning only), at a budget where it both swaps and offloads (1/4 of
 liveness's arena; at 1/3 it swaps alone since convolutions' outputs may be swapped), the
 realised plan's estimated time is the program's objective, each chosen tensor crosses the
-link once each way, and no swap's Wait holds the compute stream longer than the fusions after
-the offload pass took off its copy's stretch.
+link once each way, and no swap's Wait holds the compute stream (the offload pass times its
+copies by the recomputed ReLUs as the fusion after it leaves them: fuse.seconds_once_fused).
 
 It did not before: an offload's copy queued ahead of a swap's made that swap's Wait late
 (the offload pass timed copies as if the offload's own Wait had not stalled), an offloaded
@@ -50,19 +50,10 @@ def test_the_realised_plan_takes_the_time_the_program_counts(monkeypatch):
         copied = sorted(s.tensor for s in steps if s.kind == kind)
         assert copied == sorted(solution.offload | solution.swap), kind
     timeline = model.timeline(found.schedule)
-    stalls = {}
-    for i, stream, start, end in timeline.spans:
-        if stream == STALL:
-            stalls[steps[i].tensor] = stalls.get(steps[i].tensor, 0.0) + end - start
+    stalled = {steps[i].tensor for i, stream, start, end in timeline.spans
+               if stream == STALL and end - start > 1e-9}  # (a Wait whose copy is just done: no stall)
     assert all(steps[i].kind == WAIT for i, stream, _, _ in timeline.spans if stream == STALL)
-    # A swap's copy back is placed by the step times the offload pass sees; the ReLUs fused
-    # into recomputations after it (fuse.py) take a pass each off the backward, so a copy
-    # timed to the step may end a ReLU's pass late (8.5 us here, against the 1.3 ms one of
-    # these copies takes, or an offload's milliseconds behind it that this test once caught)
-    relus = [n.layer for n in base.graph.nodes if n.layer.type == "ReLU"]
-    relu_pass = max(model.algo_seconds(r, "forward", model.algorithms(r, "forward")[0]) for r in relus)
-    assert any(v > 1e-4 for k, v in stalls.items() if k not in solution.swap)  # the offloads' do stall
-    assert all(stalls.get(t, 0.0) <= 2 * relu_pass for t in solution.swap), (relu_pass, stalls)
+    assert stalled and not stalled & solution.swap
 
 
 def test_googlenets_plan_at_a_third_fits_its_placement_at_the_programs_time():

@@ -101,6 +101,25 @@ def fuse_recomputes(schedule, context=None):
     return schedule.replace(out) if fused_any else schedule
 
 
+def seconds_once_fused(schedule, steps, model):
+    """Each of ``steps``' seconds (``schedule``'s, all or some: its compute steps) on the
+    compute stream under cost ``model`` as they will be once this pass has run: a Recompute
+    of a ReLU that it will take into the Recompute before it costs what the ReLU adds there
+    (CostModel.fused_seconds). The offload pass, which runs before, times its copies by
+    these: timed by the steps as they were, a copy back could land a ReLU's pass after its
+    Wait. A BatchNorm's Scale is taken in only where the room allows, which the copies
+    change: its step keeps its own time (a prefetch timed by it is early, never late)."""
+    graph, roots = schedule.graph, Roots.of(schedule)
+    seconds = [model.step_seconds(schedule, step) for step in steps]
+    for i, step in enumerate(steps):
+        if step.kind != RECOMPUTE or step.fused is not None or len(graph.nodes[step.node].tops) != 1:
+            continue
+        k = _next_compute(steps, i, roots, {roots(graph.nodes[step.node].tops[0])})
+        if k < len(steps) and _then(steps[k], step) and fusable(graph, step.node, steps[k].node, roots):
+            seconds[k] = model.fused_seconds(graph.nodes[steps[k].node].layer)
+    return seconds
+
+
 def _next_compute(steps, i, roots, held):
     """The index of the first step after ``i`` that is not a memory step of a tensor whose root
     is not in ``held``."""

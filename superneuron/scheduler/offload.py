@@ -30,8 +30,10 @@ the host bytes that the offloaded tensors occupy at once.
 
 import bisect
 import copy
+import itertools
 import math
 
+from .fuse import seconds_once_fused
 from .liveness import Roots, allocate_live, intervals
 from .simulate import replay, resident_arenas
 from .steps import ALLOC, APPLY, BACKWARD, COPY, MEMORY, PREFETCH, Alloc, Free, Offload, Prefetch, Wait, first_backward
@@ -93,10 +95,8 @@ def _gaps(schedule, steps, model, only=None):
             if r in wrote and step.kind == BACKWARD:
                 gradient.add(r)
     # starts[i]: when step i starts on the compute stream, copies aside (the clock adds the
-    # stalls of the Waits placed)
-    starts = [0.0]
-    for step in steps:
-        starts.append(starts[-1] + model.step_seconds(schedule, step))
+    # stalls of the Waits placed), the recomputed ReLUs as the fusion pass will leave them
+    starts = list(itertools.accumulate(seconds_once_fused(schedule, steps, model), initial=0.0))
     clock = _Clock(starts)
     # The lookahead counts steps but Applies (parameter offload's host diet), which take no
     # time and no device memory: with them or without, a copy gets the same compute steps.
