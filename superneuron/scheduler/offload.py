@@ -18,7 +18,8 @@ chosen the pass inserts:
 
 The copy streams are modelled as queues (cost.CostModel.timeline), so a copy issued while the
 stream is busy starts later; a Wait for a copy the model expects unfinished is a stall, which
-sn-plan reports. A gap too short for both copies stays on the device.
+sn-plan reports. The compute is timed as the fusion pass after this one will leave it (its
+recomputed ReLUs in the pass before them: fuse.seconds_once_fused). A gap too short for both copies stays on the device.
 
 Under a budget the pass acts as SuperNeurons' tensor cache: when the schedule fits without
 copies, nothing is offloaded; otherwise the least recently used gaps (those that start
