@@ -27,6 +27,7 @@ from . import (  # noqa: F401  (registers each)
     pool,
     python_layer,
     recurrent,
+    scale,
     shape,
     softmax,
     spp,

@@ -1,4 +1,5 @@
-"""BatchNorm and Scale: normalisation layers over the channel axis (axis 1); LRN is in lrn.py.
+"""BatchNorm: normalisation over the channel axis (axis 1), and the per-channel helpers it
+shares with Scale (scale.py); LRN is in lrn.py.
 
 As in Caffe, BatchNorm only normalises (``x_hat = (x - mean) / sqrt(var + eps)``) and the
 learned per-channel affine map is a separate Scale layer after it. Every kernel views its
@@ -215,7 +216,7 @@ class BatchNorm(Layer):
         xp, after, relu = ctx.xp, ctx.scale, ctx.relu
         mean, invstd = params["saved_mean"], params["saved_invstd"]
         if cuda.on_gpu(xp):
-            n, c, l = self.ncl
+            _, c, l = self.ncl
             if after is None:
                 cuda.kernel("bn_normalize")(x, mean, invstd, l, c, y)
                 return
@@ -234,10 +235,7 @@ class BatchNorm(Layer):
             ys *= invstd[a:b, None]
             if z is not None:
                 after.layer.forward_channels(xp, y, z, after.params, relu, a, b)
-        if xp is np:
-            parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2])
-        else:
-            block(0, self.ncl[1])
+        parallel.run(block, self.ncl[1], self.ncl[0] * self.ncl[2], xp)
 
     def _forward_synced(self, ctx, x, y, params):
         """The training forward of synchronised BatchNorm: the mean, then the biased variance,
@@ -353,103 +351,3 @@ class BatchNorm(Layer):
                 dxs *= invstd[a:b, None]
             parallel.run(block, min(k, c - first), n * l, xp)
 
-
-@register
-class Scale(Layer):
-    """``y = x * weight (+ bias)``, one weight (and bias) per index of ``axis``, broadcast over
-    the other dims. Its backward reads its bottom (for the weight gradient): its top is not in
-    place (unless the net file writes it so and nothing else reads the bottom), its gradient
-    may be."""
-
-    KEYS = {
-        "axis": Key("int", 1, doc="the axis the weight runs along (negative counts from the end)"),
-        "bias_term": Key("bool", False),
-        "filler": Key("filler", {"type": "constant", "value": 1}, doc="initial weight"),
-        "bias_filler": Key("filler", "constant", doc="initial bias"),
-    }
-    CHEAP = True
-
-    def setup(self, bottom_shapes):
-        return axis_setup(self, bottom_shapes)
-
-    def param_specs(self):
-        c = (self.ncl[1],)
-        specs = [ParamSpec("weight", c, self.cfg["filler"])]
-        if self.cfg["bias_term"]:
-            specs.append(ParamSpec("bias", c, self.cfg["bias_filler"]))
-        return specs
-
-    def backward_reads(self):
-        return (0,), ()
-
-    def grad_inplace(self):
-        return [(0, 0)]  # dx = dy * weight, each channel's dy read (for the sums) before its dx
-
-    def algorithms(self, phase):
-        if phase == "forward":
-            return [Algo("default", 0)]
-        return [Algo("default", workspace_bytes((self.ncl[:2], self.dtype)))]
-
-    def fuses_relu(self):
-        return True
-
-    def forward(self, ctx, bottoms, tops, params):
-        xp, relu = ctx.xp, ctx.relu
-        y = tops[0].reshape(self.ncl)
-        if cuda.on_gpu(xp):
-            n, c, l = self.ncl
-            then = "_relu" if relu else ""
-            if self.cfg["bias_term"]:
-                cuda.kernel("scale_bias" + then)(bottoms[0].reshape(self.ncl), params["weight"], params["bias"],
-                                                 l, c, y)
-            else:
-                cuda.kernel("scale" + then)(bottoms[0].reshape(self.ncl), params["weight"], l, c, y)
-            return
-        x, (n, c, l) = bottoms[0].reshape(self.ncl), self.ncl
-        parallel.run(lambda a, b: self.forward_channels(xp, x, y, params, relu, a, b), c, n * l, xp)
-
-    def forward_channels(self, xp, x, y, params, relu, a, b):
-        """The host forward of channels ``a`` to ``b`` of ``x`` into ``y`` (both (N, C, L)), then
-        its ReLU where ``relu``: samples CACHE_BYTES at a time, each in cache for it. One block
-        of :meth:`forward`'s, and what a BatchNorm's forward runs on the channels it has just
-        normalised (ctx.scale)."""
-        n, _, l = self.ncl
-        weight, bias = params["weight"], params.get("bias")
-        row = (b - a) * l
-        step = max(1, parallel.CACHE_BYTES // (row * self.dtype.itemsize)) if relu else n
-        zero = parallel.constant(0, row, self.dtype) if relu else None
-        for s in range(0, n, step):
-            ys = xp.multiply(x[s:s + step, a:b], weight[a:b, None], out=y[s:s + step, a:b])
-            if bias is not None:
-                ys += bias[a:b, None]
-            if relu:
-                rows = ys.view()
-                rows.shape = (len(ys), row)  # a view of each sample's channels, never a copy (it raises)
-                xp.maximum(rows, zero, out=rows)
-
-    def backward(self, ctx, bottoms, tops, top_grads, bottom_grads, params, param_grads):
-        xp = ctx.xp
-        dy, x = top_grads[0].reshape(self.ncl), bottoms[0].reshape(self.ncl)
-        n, c, l = self.ncl
-        splits = cuda.splits_for(self.ncl, n * c * self.dtype.itemsize) if cuda.on_gpu(xp) else 0
-        if splits:  # both parameter gradients in one pass, dx in another
-            words = ctx.scratch((2 * (splits + 1) * c,), np.float64)
-            sums = cuda.channel_sums(dy, x, "av * bv", "av", self.ncl, words, splits)
-            xp.copyto(param_grads["weight"], sums[0], casting="same_kind")
-            if self.cfg["bias_term"]:
-                xp.copyto(param_grads["bias"], sums[1], casting="same_kind")
-            if bottom_grads[0] is not None:
-                cuda.kernel("scale")(dy, params["weight"], l, c, bottom_grads[0].reshape(self.ncl))
-            return
-        room, weight = ctx.scratch((n * c,), self.dtype), params["weight"]
-        dw, db = param_grads["weight"], param_grads.get("bias")
-        dx = None if bottom_grads[0] is None else bottom_grads[0].reshape(self.ncl)
-
-        def block(a, b):  # channels a..b; dy and x read before dx (which may be dy) is written
-            dys = dy[:, a:b]
-            _channel_dot(xp, dys, x[:, a:b], room[a * n:b * n], out=dw[a:b])
-            if db is not None:
-                _channel_sum(xp, dys, room[a * n:b * n], out=db[a:b])
-            if dx is not None:
-                xp.multiply(dys, weight[a:b, None], out=dx[:, a:b])
-        parallel.run(block, c, n * l, xp)

@@ -147,7 +147,9 @@ class CostModel:
         self.table = table or {}
         self._rejects = math.inf in self.table.values()  # algorithms the float64 check rejected
         self.link = link or LINKS["cpu" if self.device.name == "cpu" else "gpu"]
-        self._estimates = weakref.WeakKeyDictionary()  # layer → {(phase, algo, speed): seconds}
+        # layer → {(phase, algo, speed): seconds; (RECOMPUTE, algo, speed): the recomputation's
+        # share of the forward (recompute_seconds)}
+        self._estimates = weakref.WeakKeyDictionary()
         self._algorithms = weakref.WeakKeyDictionary()  # layer → {phase: [Algo]}
         self._seconds = self._seconds_table()
 
