@@ -259,6 +259,20 @@ def test_scale_default_parameters_follow_caffe():
     assert fillers["weight"]["value"] == 1.0 and fillers["bias"]["value"] == 0.0
 
 
+def test_scale_costs_the_passes_its_gpu_kernels_make():
+    """The estimates count Scale's backward at four passes over the map (dy and x read for the
+    parameters' sums, then dy read and dx written), twice its forward's two: an elementwise
+    layer's default counts three."""
+    from superneuron.scheduler.cost import CostModel
+    layer, _ = build("Scale", [(32, 64, 28, 28)], dtype=np.float32, bias_term=True)
+    model = CostModel("gpu")
+    seconds = {phase: model.algo_seconds(layer, phase, model.algorithms(layer, phase)[0])
+               for phase in ("forward", "backward")}
+    nbytes = 32 * 64 * 28 * 28 * 4
+    assert seconds["forward"] == pytest.approx(2 * nbytes / model.device.bandwidth, rel=1e-3)
+    assert seconds["backward"] == pytest.approx(4 * nbytes / model.device.bandwidth, rel=1e-3)
+
+
 @pytest.mark.parametrize("size, alpha, beta, k",
                          [(3, 0.7, 0.75, 1.0), (5, 2.0, 0.6, 2.0), (5, 1e-4, 0.75, 1.0)])
 def test_lrn_vs_torch(rng, size, alpha, beta, k):

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import cuda_kernels as cuda
 from . import parallel
-from .base import Algo, Key, Layer, ParamSpec, workspace_bytes
+from .base import Algo, Cost, Key, Layer, ParamSpec, workspace_bytes
 from .norm import _channel_dot, _channel_sum, axis_setup
 from .registry import register
 
@@ -42,6 +42,13 @@ class Scale(Layer):
 
     def grad_inplace(self):
         return [(0, 0)]  # dx = dy * weight, each channel's dy read (for the sums) before its dx
+
+    def cost(self):
+        """Passes over the map as the GPU's kernels make them: the forward reads x and writes
+        y; the backward reads dy and x for the parameters' sums, then dy again for dx, which it
+        writes (four passes, where an elementwise layer's backward makes three)."""
+        n, item = float(np.prod(self.ncl)), self.dtype.itemsize
+        return Cost(n, 2 * n, 2 * n * item, 4 * n * item)
 
     def algorithms(self, phase):
         if phase == "forward":
