@@ -111,6 +111,38 @@ def test_a_relaxation_over_the_cutoff_ends_the_solve_without_an_answer():
     assert under.fun == 2.0
 
 
+
+def test_an_answer_in_hand_is_kept_where_the_whole_programs_search_ends_worse(monkeypatch):
+    """With the relaxation's integral part fixed the program has an answer, but not within the
+    gap; the whole program's search, ended by its node limit, may end on a worse one (ResNet-152
+    near its lower bound: 254.9 against 219.1 in hand). The better answer is kept, against the
+    whole program's bound where that is the higher."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from scipy.optimize import LinearConstraint
+
+    from superneuron.scheduler import optimal_highs
+    # three binaries, at least 1.5 of them, the third dearer: the relaxation's bound 1.5, and
+    # with its integral part fixed (the first at 1, the third at 0) the answer 2 (25 % over)
+    args = (np.array([1.0, 1.0, 1.5]), np.ones(3), (np.zeros(3), np.ones(3)),
+            LinearConstraint(np.ones((1, 3)), 1.5, np.inf), 1e-6)
+    honest = optimal_highs.run(*args)
+    assert honest.fun == 2.0 and not honest.fixed  # the whole program's answer, as good
+    milp = optimal_highs._milp
+
+    def worse_whole(c, integrality, bounds, constraints, options, seconds, what):
+        if what == "whole":  # a search that ran out of nodes on the third binary
+            return SimpleNamespace(x=np.array([1.0, 0.0, 1.0]), fun=2.5, mip_dual_bound=1.6, mip_gap=0.36,
+                                   message="node limit", mip_node_count=200)
+        return milp(c, integrality, bounds, constraints, options, seconds, what)
+
+    monkeypatch.setattr(optimal_highs, "_milp", worse_whole)
+    kept = optimal_highs.run(*args)
+    assert kept.fun == 2.0 and kept.fixed and list(np.round(kept.x)) == [1.0, 1.0, 0.0]
+    assert kept.bound == 1.6 and abs(kept.gap - 0.2) < 1e-12
+
+
 def test_the_cutoff_changes_no_plan(monkeypatch):
     graph = resnet8()
     budget = liveness_arena(graph) * 2 // 5
