@@ -19,9 +19,9 @@ arena: the last program's 17 fractional binaries of 11 815 could not be complete
 with the zeros free a 0.3 % answer came in 0.3 s, where the whole program took 42 s to
 0.002 %; ResNet-152 at 1.1 times its lower bound: 288 fractional of 1 910 could not, and the
 whole program's search ended at its node limit 3 times over its bound; HiGHS on the whole
-program stops at the same ``gap``); else the whole program is solved as before, and where its search, ended by the node limit,
-ends on an answer worse than one of the fixed programs gave, that one is kept (ResNet-152 at
-1.1 times its lower bound: 219.1 in hand against the whole program's 254.9).
+program stops at the same ``gap``); else the whole program is solved as before, and where
+its search, ended by the node limit, ends on an answer worse than one of the fixed programs
+gave, that one is kept.
 
 A caller that would throw away any answer above a ``cutoff`` (the optimal policy: a round
 whose optimum cannot beat the best plan realised so far) says so, and where the relaxation's
