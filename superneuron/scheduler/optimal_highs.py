@@ -39,9 +39,10 @@ import numpy as np
 DETERMINISTIC = {"threads": 1, "random_seed": 0}  # HiGHS's options: the same search on every run
 NODE_LIMIT = 200  # branch-and-bound nodes at most per program (HiGHS's mip_max_nodes): a work limit
 INTEGRAL = 1e-6  # a relaxation's value this close to 0 or 1 is fixed there in the small program
-# The ones alone are fixed only in programs of more binaries than this (ResNet-1001's: 11 815):
-# a smaller whole program solves in seconds, to a closer answer than the ones' (ResNet-50 at
-# 1/3 of liveness's arena: x1.0825 of liveness's time so, x1.0840 with the ones' answer)
+# The ones alone are fixed in programs of more binaries than this (ResNet-1001's: 11 815), and
+# in smaller ones only where fixing the zeros too left no answer: a smaller whole program
+# solves in seconds, to a closer answer than the ones' (ResNet-50 at 1/3 of liveness's arena:
+# x1.0825 of liveness's time so, x1.0840 with the ones' answer)
 ONES_BINARIES = 5000
 # A relaxation's bound counts as above a cutoff only this far above (relative): HiGHS's answers
 # meet their rows to a tolerance, so an integer answer may come out a hair under the bound
