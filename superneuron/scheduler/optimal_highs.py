@@ -14,7 +14,8 @@ fractional are solved as a small program (RENS, Berthold 2014). Where that solut
 ``gap`` of the relaxation's bound (a bound on the whole program's optimum too), it is the
 answer, with that gap proven; else, in a program of more than :data:`ONES_BINARIES` binaries
 or where fixing the zeros too left no integer answer, only the columns at 1 are fixed, those
-at 0 left free with the fractional ones, and solved again (ResNet-1001 at 1/3 of liveness's
+at 0 left free with the fractional ones, and solved again (in a smaller program its answer is
+only kept, the whole program solved all the same; ResNet-1001 at 1/3 of liveness's
 arena: the last program's 17 fractional binaries of 11 815 could not be completed so, and
 with the zeros free a 0.3 % answer came in 0.3 s, where the whole program took 42 s to
 0.002 %; ResNet-152 at 1.1 times its lower bound: 288 fractional of 1 910 could not, and the
@@ -39,10 +40,11 @@ import numpy as np
 DETERMINISTIC = {"threads": 1, "random_seed": 0}  # HiGHS's options: the same search on every run
 NODE_LIMIT = 200  # branch-and-bound nodes at most per program (HiGHS's mip_max_nodes): a work limit
 INTEGRAL = 1e-6  # a relaxation's value this close to 0 or 1 is fixed there in the small program
-# The ones alone are fixed in programs of more binaries than this (ResNet-1001's: 11 815), and
-# in smaller ones only where fixing the zeros too left no answer: a smaller whole program
-# solves in seconds, to a closer answer than the ones' (ResNet-50 at 1/3 of liveness's arena:
-# x1.0825 of liveness's time so, x1.0840 with the ones' answer)
+# The ones alone are fixed in programs of more binaries than this (ResNet-1001's: 11 815); in
+# smaller ones only where fixing the zeros too left no answer, and their answer is kept only
+# where the whole program's is worse: a smaller whole program solves in seconds, to a closer
+# answer than the ones' (ResNet-50 at 1/3 of liveness's arena: x1.0825 of liveness's time so,
+# x1.0840 with the ones' answer; x1.0737 against x1.0799 after 2026-11-29)
 ONES_BINARIES = 5000
 # A relaxation's bound counts as above a cutoff only this far above (relative): HiGHS's answers
 # meet their rows to a tolerance, so an integer answer may come out a hair under the bound
@@ -90,14 +92,14 @@ def run(c, integrality, bounds, constraints, gap, node_limit=NODE_LIMIT, time_li
     x, binary = relaxed.x, integrality > 0
     ones = binary & (x >= 1 - INTEGRAL)
     bound = relaxed.fun
-    kept = None  # the best answer of those programs, where none was within the gap
+    kept, large = None, binary.sum() > ONES_BINARIES  # kept: the best answer of those programs
     for what, pinned in (("small", ones | (binary & (x <= INTEGRAL))), ("ones", ones)):
-        if what == "ones" and kept is not None and binary.sum() <= ONES_BINARIES:
+        if what == "ones" and kept is not None and not large:
             break  # the small program had an answer: the whole program solves closer than the ones'
         low, high = lower.copy(), upper.copy()
         low[pinned] = high[pinned] = np.round(x[pinned])
         small = _milp(c, integrality, Bounds(low, high), constraints, options, seconds, what)
-        if small.x is not None and small.fun - bound <= gap * max(abs(small.fun), 1e-9):
+        if small.x is not None and small.fun - bound <= gap * max(abs(small.fun), 1e-9) and (what == "small" or large):
             return _fixed(small, bound, seconds)
         if small.x is not None and (kept is None or small.fun < kept.fun):
             kept = small
