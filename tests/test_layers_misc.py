@@ -11,6 +11,7 @@ from one_line import raises_one_line
 
 from superneuron.errors import LayerError
 from superneuron.layers.base import Context
+from superneuron.scheduler.cost import CostModel
 
 KIB = 1024
 RNG_SEED = 11  # the seed of each test's own generator (the rng fixture, conftest.py)
@@ -263,7 +264,6 @@ def test_scale_costs_the_passes_its_gpu_kernels_make():
     """The estimates count Scale's backward at four passes over the map (dy and x read for the
     parameters' sums, then dy read and dx written), twice its forward's two: an elementwise
     layer's default counts three."""
-    from superneuron.scheduler.cost import CostModel
     layer, _ = build("Scale", [(32, 64, 28, 28)], dtype=np.float32, bias_term=True)
     model = CostModel("gpu")
     seconds = {phase: model.algo_seconds(layer, phase, model.algorithms(layer, phase)[0])

@@ -6,10 +6,14 @@ import hashlib
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import numpy as np
+from scipy.optimize import LinearConstraint
 
 from superneuron.graph import Graph
 from superneuron.netfile.spec import load_spec
-from superneuron.scheduler import optimal
+from superneuron.scheduler import optimal, optimal_highs
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal_monotone import SMALLER
@@ -98,10 +102,6 @@ def test_a_smaller_budgets_plan_wins_where_the_larger_budget_plans_slower(monkey
 
 
 def test_a_relaxation_over_the_cutoff_ends_the_solve_without_an_answer():
-    import numpy as np
-    from scipy.optimize import LinearConstraint
-
-    from superneuron.scheduler import optimal_highs
     # two binaries, at least 1.5 of them: the relaxation's bound 1.5, the optimum 2
     args = (np.ones(2), np.ones(2), (np.zeros(2), np.ones(2)), LinearConstraint(np.ones((1, 2)), 1.5, np.inf), 1e-6)
     assert optimal_highs.run(*args).fun == 2.0
@@ -111,18 +111,11 @@ def test_a_relaxation_over_the_cutoff_ends_the_solve_without_an_answer():
     assert under.fun == 2.0
 
 
-
 def test_an_answer_in_hand_is_kept_where_the_whole_programs_search_ends_worse(monkeypatch):
     """With the relaxation's integral part fixed the program has an answer, but not within the
     gap; the whole program's search, ended by its node limit, may end on a worse one (ResNet-152
     near its lower bound: 254.9 against 219.1 in hand). The better answer is kept, against the
     whole program's bound where that is the higher."""
-    from types import SimpleNamespace
-
-    import numpy as np
-    from scipy.optimize import LinearConstraint
-
-    from superneuron.scheduler import optimal_highs
     # three binaries, at least 1.5 of them, the third dearer: the relaxation's bound 1.5, and
     # with its integral part fixed (the first at 1, the third at 0) the answer 2 (25 % over)
     args = (np.array([1.0, 1.0, 1.5]), np.ones(3), (np.zeros(3), np.ones(3)),

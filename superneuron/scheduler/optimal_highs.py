@@ -33,7 +33,7 @@ liveness's arena: the programs without joins, 130 s of solving, each skipped aft
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -98,24 +98,31 @@ def run(c, integrality, bounds, constraints, gap, node_limit=NODE_LIMIT, time_li
             break  # the small program had an answer: the whole program solves closer than the ones'
         low, high = lower.copy(), upper.copy()
         low[pinned] = high[pinned] = np.round(x[pinned])
-        small = _milp(c, integrality, Bounds(low, high), constraints, options, seconds, what)
-        if small.x is not None and small.fun - bound <= gap * max(abs(small.fun), 1e-9) and (what == "small" or large):
-            return _fixed(small, bound, seconds)
-        if small.x is not None and (kept is None or small.fun < kept.fun):
-            kept = small
+        res = _milp(c, integrality, Bounds(low, high), constraints, options, seconds, what)
+        if res.x is None:
+            continue
+        found = _fixed(res, bound, seconds)
+        if found.gap <= gap and (what == "small" or large):
+            return found
+        if kept is None or found.fun < kept.fun:
+            kept = found
     whole = _whole(c, integrality, box, constraints, options, seconds)
     if whole.bound is None or whole.bound < bound:
         whole.bound = bound
-    if kept is not None and (whole.x is None or kept.fun < whole.fun):
-        return _fixed(kept, whole.bound, seconds)  # the whole program's search ended on a worse answer
+    if kept is not None and (whole.x is None or kept.fun < whole.fun):  # the whole search ended worse
+        return replace(kept, bound=whole.bound, gap=_gap(kept.fun, whole.bound))
     return whole
+
+
+def _gap(fun, bound):
+    """The relative gap of an answer ``fun`` to a proven ``bound`` (0 where under it)."""
+    return max(fun - bound, 0.0) / max(abs(fun), 1e-9)
 
 
 def _fixed(res, bound, seconds):
     """The :class:`Result` of ``res``, a program with the relaxation's integral part fixed,
     against the proven ``bound``."""
-    return Result(res.x, res.fun, bound, max(res.fun - bound, 0.0) / max(abs(res.fun), 1e-9), res.message,
-                  _nodes(res), fixed=True, seconds=seconds)
+    return Result(res.x, res.fun, bound, _gap(res.fun, bound), res.message, _nodes(res), fixed=True, seconds=seconds)
 
 
 def _whole(c, integrality, box, constraints, options, seconds):
