@@ -26,7 +26,8 @@ from .runtime.executor import Runtime, rank_seed
 from .runtime.graphs import IterationGraph
 from .runtime.profile import load_or_measure
 from .scheduler.cost import LINKS, CostModel, cached_table
-from .scheduler.simulate import compute_step, overflow_at
+from .scheduler.simulate import compute_step, overflow_at, simulate
+from .scheduler.state import like
 from .scheduler.steps import ACCUMULATE, APPLY, UPDATE
 from .sizes import human_bytes
 
@@ -83,6 +84,9 @@ class Net:
         for k in ("train", "test"):
             self.schedules[k], self.plans[k] = plan(self.graph, options, cost=costs, optimizer=optimizer,
                                                     train=k == "train")
+        test = like(self.schedules["test"], self.schedules["train"])  # the resident layout they share
+        if test is not self.schedules["test"]:
+            self.schedules["test"], self.plans["test"] = test, simulate(test)
         needed = max(p.arena_bytes for p in self.plans.values())
         if memory is not None and needed > memory:
             k = "train" if self.plans["train"].arena_bytes > memory else "test"

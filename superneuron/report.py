@@ -307,6 +307,8 @@ def optimal_line(info):
         line += ", each parameter updated right after its backward (no gradient resident)"
     if info.get("proven"):
         return line + f": {info['proven']}"
+    if info.get("state_offloaded") and info["winner"] == "solver":
+        line += f", {human_bytes(info['state_offloaded'])} of optimiser state on the host"
     line += f"; candidates: {others}"
     solver = info.get("solver")
     if solver:

@@ -80,7 +80,9 @@ class Runtime:
             arena = self.arena if name in self.arena.resident else self.host
             self.resident[name] = arena.view(name, info.shape, info.dtype)
             self.resident[name][...] = 0
-        self.host_update = bool(host_resident)  # the optimiser updates on the host
+        # the optimiser updates on the host where the parameters live there (not where only its
+        # state does: state offload brings the state to the device for each update)
+        self.host_update = any(self.tensors[t].kind == "param" for t in host_resident)
         self.peak_bytes = self.arena.resident_end
         self.arena_bytes = self.arena.resident_end
         self._entries = None  # the optimiser's view of the parameters, made on first update
@@ -234,12 +236,13 @@ class Runtime:
     def update_entries(self, optimizer):
         """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
         if self._entries is None:
-            self._entries_by_grad = {}
+            self._entries_by_grad, self._state_names = {}, {}
             for node in self.graph.nodes:
                 specs = node.param_specs
                 for k, g in node.param_grads.items():
                     t = node.params[k]
-                    state = [self.resident[f"{t}.{optimizer.state_name(j)}"] for j in range(optimizer.slots)]
+                    self._state_names[g] = [f"{t}.{optimizer.state_name(j)}" for j in range(optimizer.slots)]
+                    state = [self.resident[s] for s in self._state_names[g]]
                     # None: a gradient with no host place of its own (parameter offload's diet):
                     # the host updater is handed its host copy when it lands
                     self._entries_by_grad[g] = (self.resident[t], self.resident.get(g), state,
@@ -254,8 +257,10 @@ class Runtime:
         entries = self.update_entries(optimizer)
         if not step.grads:
             return entries
-        by_grad = self._entries_by_grad
-        return [(by_grad[g][0], self.view(g), *by_grad[g][2:]) for g in step.grads]
+        by_grad, state = self._entries_by_grad, self._state_names
+        # the state's device copy where state offload (scheduler/state.py) placed one
+        return [(by_grad[g][0], self.view(g), [self.view(s) for s in state[g]], *by_grad[g][3:])
+                for g in step.grads]
 
     def optimizer_update(self, optimizer, iteration, step, scratch):
         """The optimiser's update of the parameters of Update ``step`` on the device."""

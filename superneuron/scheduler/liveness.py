@@ -26,9 +26,11 @@ from .allocator import aligned
 from .steps import KINDS as STEP_KINDS
 from .steps import MEMORY, Alloc, Free
 
-# Kinds whose storage the steps manage; parameters and their gradients only when not resident
-# (parameter offload keeps them on the host and copies them to the device for their steps).
-SCHEDULED = ("data", "grad", "workspace", "encoded", "param", "param_grad", "bucket")
+# Kinds whose storage the steps manage; parameters, their gradients and the optimiser's state
+# only when not resident (parameter offload keeps them on the host and copies them to the device
+# for their steps; state offload, state.py, the state around its update).
+SCHEDULED = ("data", "grad", "workspace", "encoded", "param", "param_grad", "state", "bucket")
+HOST_MASTERED = ("param", "param_grad", "state")  # host-resident, with device copies the steps manage
 assert set(SCHEDULED) <= set(KINDS), "scheduled kinds are tensor kinds (graph.KINDS)"
 
 
@@ -41,10 +43,10 @@ def uses(graph, step):
 
 def not_scheduled(schedule):
     """The tensors whose storage no step manages: the device's resident ones, and the host's
-    except parameters and their gradients (whose device copies the steps manage)."""
+    except parameters, their gradients and the optimiser's state (whose device copies, where
+    steps use them, the steps manage)."""
     tensors = schedule.tensors
-    return set(schedule.resident) | {t for t in schedule.host_resident
-                                     if tensors[t].kind not in ("param", "param_grad")}
+    return set(schedule.resident) | {t for t in schedule.host_resident if tensors[t].kind not in HOST_MASTERED}
 
 
 _UNSEEN = object()

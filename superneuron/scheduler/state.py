@@ -1,0 +1,218 @@
+"""Optimiser-state offload: the optimiser's state (momentum; Adam's two moments) lives in host
+memory and comes to the device only around its parameter's update.
+
+Where each parameter is updated right after its Backward (update.py), a parameter's state is
+read and written by one Update step an iteration, so keeping it resident holds as many bytes
+as the parameters all iteration (98 MiB on ResNet-50 with SGD's momentum, twice that with
+Adam) for a few steps of use. The pass moves the states worth moving (:func:`_movable`: not
+the small ones, nor those updated too soon after the turn for their copy to hide) from the
+device's resident region to ``host_resident`` and, around each such Update, inserts:
+
+- ``Prefetch(s) [keep]`` :data:`SLACK` times its copy's time of compute before it (the host
+  copy stays: it is the master), and ``Wait(s)`` right before it;
+- ``Offload(s)`` right after it, into the host master (no new host place), and ``Wait(s)``
+  as far after it; liveness frees the device copy there.
+
+The offload pass, which runs later, queues the activations' copies on the same streams, so a
+plan's state copies are timed again once it has run (:func:`retime`).
+
+The update itself runs on the device, as before, on the same values: the parameters after an
+iteration are the same bits (the copies move bytes, nothing is computed on the host, unlike
+parameter offload, params.py, whose host optimiser it does not need). The state crosses the
+host link once each way an iteration, in the backward, where a forward's offloads do not
+queue. The solver's plans of the ``optimal`` and ``auto`` policies have it (optimal.py; the
+heuristic plans they weigh keep the state resident, as their presets do); it applies where
+update.py's update in the backward does. A test schedule, which shares the Runtime's resident
+layout, takes the training schedule's choice (:func:`like`).
+"""
+
+import itertools
+
+from .liveness import liveness
+from .steps import (
+    ALLOC,
+    COMMUNICATION,
+    COPY,
+    FREE,
+    MEMORY,
+    OFFLOAD,
+    PREFETCH,
+    UPDATE,
+    WAIT,
+    Offload,
+    Prefetch,
+    Wait,
+    first_backward,
+)
+from .timeline import STALL
+
+# How far ahead of its Update a state's copy in starts, and how long after it its copy out is
+# waited for: this many times the copy's own time, in the cost model's compute time (at least
+# one compute step), since the copies queue behind the offloaded activations' on the streams
+# (ResNet-50's largest state, 9 MiB, takes 0.47 ms at 20 GB/s, more than its layer's Backward).
+SLACK = 6.0
+LOOKAHEAD = 4  # compute steps, without a cost model
+# A state smaller than this stays resident: its copy would queue behind the activations'
+# prefetches for a few KiB (a Scale's or a BatchNorm's: C floats), stalling the backward. On
+# ResNet-50 the states over it are 94 % of the bytes.
+SMALLEST = 1 << 20
+FORWARD_TAIL = 0.1  # the share of the forward's end a state's copy in may run in (_movable)
+RETIME_ROUNDS = 4  # rounds of retime: each moves the copies that its timeline saw waited for
+
+
+def state_of(schedule, grads):
+    """The optimiser's state tensors of the parameters of ``grads``, in slot order."""
+    optimizer, graph = schedule.optimizer, schedule.graph
+    param_of = {g: node.params[k] for node in graph.nodes for k, g in node.param_grads.items()}
+    return [f"{param_of[g]}.{optimizer.state_name(j)}" for g in grads for j in range(optimizer.slots)]
+
+
+def applies(schedule):
+    """Whether ``schedule``'s parameters are updated one layer at a time in its backward (the
+    training schedule of update.py's pass), with state to move."""
+    return (schedule.optimizer is not None and schedule.optimizer.slots > 0
+            and any(s.kind == UPDATE and s.grads for s in schedule.steps))
+
+
+def offload_state(schedule, context=None, moved=None):
+    """The pass: see the module's docstring. ``moved``: the state tensors to move (default:
+    those of every Update that names its gradients, of :data:`SMALLEST` bytes or more, whose
+    copy in can run within the backward before its update: :func:`_movable`); a test schedule,
+    which has no update, takes the training schedule's, since the two share the Runtime's
+    resident layout."""
+    if moved is None and not applies(schedule):
+        return schedule
+    steps = [s for s in schedule.steps if s.kind not in MEMORY]
+    compute = [i for i, s in enumerate(steps) if s.kind not in COPY + COMMUNICATION]
+    model = getattr(context, "model", None)
+    if model is None:
+        ends = {i: float(k) for k, i in enumerate(compute)}  # steps, not seconds
+        span = lambda nbytes: LOOKAHEAD  # noqa: E731
+    else:
+        ends = dict(zip(compute, itertools.accumulate(model.step_seconds(schedule, steps[i]) for i in compute)))
+        span = lambda nbytes: SLACK * model.copy_seconds(nbytes)  # noqa: E731
+    if moved is None:
+        moved = _movable(schedule, steps, compute, ends, span if model is None else model.copy_seconds)
+    moved = set(moved)
+    if not moved:
+        return schedule
+    resident = [t for t in schedule.resident if t not in moved]
+    host_resident = list(schedule.host_resident) + [t for t in schedule.resident if t in moved]
+    if not schedule.train:
+        return schedule.replace(resident=resident, host_resident=host_resident)
+    rank = {i: k for k, i in enumerate(compute)}
+    before, after = {}, {}
+    for i, step in enumerate(steps):
+        if step.kind != UPDATE or not step.grads:
+            continue
+        state = [s for s in state_of(schedule, step.grads) if s in moved]
+        if not state:
+            continue
+        need = span(sum(schedule.tensors[s].nbytes for s in state))
+        k = rank[i] - 1  # the latest compute step that ends that far before the update starts
+        while k > 0 and ends[compute[rank[i] - 1]] - ends[compute[k - 1]] < need:
+            k -= 1
+        before.setdefault(compute[max(k, 0)], []).extend(Prefetch(s, keep=True) for s in state)
+        before.setdefault(i, []).extend(Wait(s) for s in state)
+        after.setdefault(i, []).extend(Offload(s) for s in state)
+        k = rank[i] + 1  # the first compute step that ends that far after the update
+        while k < len(compute) - 1 and ends[compute[k]] - ends[i] < need:
+            k += 1
+        after.setdefault(compute[k] if k < len(compute) else i, []).extend(Wait(s) for s in state)
+    out = []
+    for i, step in enumerate(steps):
+        out += before.get(i, [])
+        out.append(step)
+        out += after.get(i, [])
+    return liveness(schedule.replace(out, resident=resident, host_resident=host_resident), context)
+
+
+def _movable(schedule, steps, compute, ends, copy):
+    """The states worth moving: those of :data:`SMALLEST` bytes or more whose copy in (``copy``
+    of their bytes, ``ends``: each compute step's end) fits in the compute time from the last
+    :data:`FORWARD_TAIL` of the forward to their Update. A state whose copy is longer (VGG-16's
+    fc6: 392 MiB of momentum, 20 ms each way at 20 GB/s, updated first in the backward) would
+    come in early in the forward and stay across the turn, beside the activations there, and
+    its copies would crowd theirs on the link."""
+    turn = first_backward(steps)
+    if turn is None:
+        return set()
+    forward = [ends[i] for i in compute if i < turn]
+    start = forward[-1] * (1 - FORWARD_TAIL) if forward else 0.0
+    moved = set()
+    for k, i in enumerate(compute):
+        step = steps[i]
+        if step.kind != UPDATE or not step.grads or k == 0:
+            continue
+        state = [s for s in state_of(schedule, step.grads) if schedule.tensors[s].nbytes >= SMALLEST]
+        if state and ends[compute[k - 1]] - start >= copy(sum(schedule.tensors[s].nbytes for s in state)):
+            moved.update(state)
+    return moved
+
+
+def like(schedule, trained):
+    """``schedule`` (a test schedule, planned and placed) with the optimiser state that
+    ``trained`` keeps on the host moved there too: the two share the Runtime's resident layout,
+    the test forward reads no state, and its planned offsets count from the resident region's
+    end, so nothing else moves. ``schedule`` itself where there is nothing to move."""
+    moved = [t for t in trained.host_resident if trained.tensors[t].kind == "state" and t in schedule.resident]
+    return offload_state(schedule, moved=moved) if moved else schedule
+
+
+def retime(schedule, context=None):
+    """The pass after the offload pass (optimal.py's realised plans): a state's copy in that the
+    cost model's timeline waits for (it queued behind the activations' prefetches, which the
+    offload pass added after this pass placed it) moved that much earlier, with its Alloc, and
+    a copy out waited for moved that much later, with its Free, in :data:`RETIME_ROUNDS` rounds
+    at most. The steps' order is all that changes; the budget is the placement's to check."""
+    model = getattr(context, "model", None)
+    moved = {t for t in schedule.host_resident if schedule.tensors[t].kind == "state"}
+    if model is None or not moved or not schedule.train:
+        return schedule
+    steps = list(schedule.steps)
+    for _ in range(RETIME_ROUNDS):
+        timeline = model.timeline(schedule.replace(steps))
+        stalls = {i: end - start for i, stream, start, end in timeline.spans
+                  if stream == STALL and steps[i].kind == WAIT and steps[i].tensor in moved}
+        if not stalls:
+            break
+        steps = _moved(steps, stalls, timeline.starts)
+    return schedule.replace(steps)
+
+
+def _moved(steps, stalls, starts):
+    """``steps`` with the copies waited for at ``stalls`` (a Wait's index → the seconds it
+    stalled) moved (see :func:`retime`); ``starts``: each step's start on the compute stream."""
+    early, late, taken = {}, {}, set()  # step index → what goes before it, after it; what moves
+    busy = MEMORY + COPY
+    for w, stalled in stalls.items():
+        mine = [i for i, s in enumerate(steps) if s.tensor == steps[w].tensor and s.kind in busy]
+        copy = max(i for i in mine if i < w and steps[i].kind in (PREFETCH, OFFLOAD))
+        if steps[copy].kind == PREFETCH:  # in: its Alloc and Prefetch go that much earlier
+            group = [i for i in mine if i <= copy]
+            at = max((q for q in range(copy) if starts[q] <= starts[copy] - stalled and steps[q].kind not in busy),
+                     default=0)
+            early.setdefault(_beside(steps, at, -1), []).extend(steps[i] for i in group)
+        else:  # out: its Wait and Free go that much later
+            group = [i for i in mine if i >= w]
+            at = min((q for q in range(w, len(steps))
+                      if starts[q] >= starts[w] + stalled and steps[q].kind not in busy), default=len(steps) - 1)
+            late.setdefault(_beside(steps, at, 1), []).extend(steps[i] for i in group)
+        taken.update(group)
+    out = []
+    for i, step in enumerate(steps):
+        out += early.get(i, [])
+        if i not in taken:
+            out.append(step)
+        out += late.get(i, [])
+    return out
+
+
+def _beside(steps, at, way):
+    """The index past compute step ``at``'s own memory steps, its Allocs before it (``way``
+    -1) or its Frees after it (1): a workspace's Alloc and Free stay right around its step
+    (workspace.py rewrites them so)."""
+    own = ALLOC if way < 0 else FREE
+    while 0 <= at + way < len(steps) and steps[at + way].kind == own:
+        at += way
+    return at

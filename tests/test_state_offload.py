@@ -1,0 +1,196 @@
+"""Optimiser-state offload (scheduler/state.py), which the optimal and auto policies' solver
+plans have: the state (momentum, Adam's moments) lives on the host and comes to the device
+around its parameter's update.
+
+Checked: where the copies go and what moves (the training schedule and the test schedule that
+shares its resident layout); the device's resident bytes fall by the state's and the peak with
+them; training with it gives liveness's losses and parameters bit for bit with SGD and Adam,
+the plan's peak and host bytes those of the run; small states stay resident."""
+
+import numpy as np
+import pytest
+from test_memory_passes import CHAIN, feed_of, graph_of
+
+import superneuron.scheduler.optimal as optimal_policy
+from superneuron.net import Net
+from superneuron.netfile.spec import load_spec
+from superneuron.report import optimal_line
+from superneuron.scheduler import state
+from superneuron.scheduler.cost import CostModel
+from superneuron.scheduler.lower import lower
+from superneuron.scheduler.simulate import simulate
+from superneuron.scheduler.timeline import STALL, Timeline
+from superneuron.scheduler.update import update_in_backward
+from superneuron.train.optim import make_optimizer
+from superneuron.train.solver_config import SolverConfig
+
+CIFAR = "nets/resnet_cifar.yaml"
+SGD = SolverConfig(type="SGD", momentum=0.9, weight_decay=0.01)
+
+
+@pytest.fixture
+def every_state(monkeypatch):
+    """Every state moves, however small (the test nets' are a few KiB)."""
+    monkeypatch.setattr(state, "SMALLEST", 0)
+
+
+class Context:
+    model = CostModel("gpu")
+
+
+def test_each_update_has_its_state_copied_in_before_it_and_out_after_it(every_state):
+    g = graph_of(CHAIN)
+    opt = make_optimizer(SGD)
+    plain = update_in_backward(lower(g, train=True, optimizer=opt))
+    moved = state.offload_state(plain, Context())
+    updates = [s for s in plain.steps if s.kind == "update"]
+    every = {t for s in updates for t in state.state_of(plain, s.grads)}
+    names = set(moved.host_resident)
+    assert names and names < every and not names & set(moved.resident)
+    steps = moved.steps
+    for i, step in enumerate(steps):
+        if step.kind != "update" or not names & set(state.state_of(moved, step.grads)):
+            continue
+        mine = set(state.state_of(moved, step.grads))
+        fetched = [j for j, s in enumerate(steps[:i]) if s.kind == "prefetch" and s.tensor in mine]
+        assert {steps[j].tensor for j in fetched} == mine and all(steps[j].keep for j in fetched)
+        # each waited for before the update, copied out after it and waited for again
+        assert {s.tensor for s in steps[max(fetched):i] if s.kind == "wait"} >= mine
+        assert {s.tensor for s in steps[i:] if s.kind == "offload"} >= mine
+        assert all(any(s.kind == "wait" and s.tensor == t for s in steps[i:]) for t in mine)
+    # the device holds a layer's state for its update only: the peak falls by at least the
+    # states of every layer but the largest
+    before, after = simulate(plain), simulate(moved)
+    nbytes = sum(plain.tensors[t].nbytes for t in names)
+    assert after.resident_bytes <= before.resident_bytes - nbytes
+    assert after.host_bytes >= nbytes and before.host_bytes == 0
+    assert after.peak_bytes < before.peak_bytes
+    test = update_in_backward(lower(g, train=False, optimizer=opt))
+    assert state.like(test, moved).resident == moved.resident  # one Runtime serves both
+
+
+def test_small_states_stay_resident():
+    g = graph_of(CHAIN)
+    plain = update_in_backward(lower(g, train=True, optimizer=make_optimizer(SGD)))
+    assert state.offload_state(plain, Context()) is plain  # every state here is under 1 MiB
+
+
+class SlowLink:
+    """The GPU's estimates with a host link a million times slower."""
+
+    model = CostModel("gpu")
+
+    def __init__(self):
+        fast = self.model.copy_seconds
+        self.model = type("Slow", (), {"step_seconds": self.model.step_seconds,
+                                       "copy_seconds": lambda _, n: 1e6 * fast(n)})()
+
+
+def test_states_whose_copies_cannot_hide_stay_resident(every_state):
+    # a copy longer than the backward before its update and the forward's tail (VGG-16's fc6
+    # at 20 GB/s) would hold its bytes across the turn and crowd the activations' copies
+    g = graph_of(CHAIN)
+    plain = update_in_backward(lower(g, train=True, optimizer=make_optimizer(SGD)))
+    assert state.offload_state(plain, Context()) is not plain
+    assert state.offload_state(plain, SlowLink()) is plain
+
+
+@pytest.mark.parametrize("solver", [SGD, SolverConfig(type="Adam", base_lr=0.01, weight_decay=0.001)],
+                         ids=["sgd", "adam"])
+def test_training_with_the_state_on_the_host_matches_liveness_bit_for_bit(every_state, monkeypatch, solver):
+    # auto without a budget plans liveness with the update in the backward; here with the state
+    # offloaded too, as the solver's plans have it
+    monkeypatch.setattr(optimal_policy, "update_in_backward",
+                        lambda s, c=None: state.offload_state(update_in_backward(s, c), c))
+    spec = load_spec(CIFAR, overrides={"depth": 8}, batch=4)
+    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(solver)) for p in ("liveness", "auto")}
+    moved = nets["auto"].schedules["train"]
+    assert any(s.kind == "prefetch" and moved.tensors[s.tensor].kind == "state" for s in moved.steps)
+    feed = feed_of(nets["liveness"].graph)
+    losses = {p: [net.train_step(feed, it) for it in range(3)] for p, net in nets.items()}
+    assert losses["auto"] == losses["liveness"] and len(set(losses["auto"])) == 3
+    live, auto = nets["liveness"], nets["auto"]
+    for name in live.param_names:
+        np.testing.assert_array_equal(auto.param(name), live.param(name), err_msg=name)
+    plan = auto.plans["train"]
+    assert (auto.runtime.peak_bytes, auto.runtime.host_peak) == (plan.peak_bytes, plan.host_bytes)  # plan = run
+    assert plan.host_bytes > 0 and plan.peak_bytes < live.plans["train"].peak_bytes
+    # the test forward runs in the same arena, beside the state on the host
+    assert auto.forward(feed, train=False) == live.forward(feed, train=False)
+
+
+class WaitedModel:
+    """A cost model whose first timeline has the compute stream wait at the Waits named
+    (``waits``: step index → seconds; a compute step a second), and later ones none: what
+    retime reads."""
+
+    def __init__(self, waits):
+        self.waits, self.calls = waits, 0
+
+    def timeline(self, schedule):
+        starts, now = [], 0.0
+        for step in schedule.steps:  # a second a compute step
+            starts.append(now)
+            now += step.kind not in ("alloc", "free", "prefetch", "wait", "offload")
+        spans = [(i, STALL, starts[i], starts[i] + t) for i, t in self.waits.items()] if not self.calls else []
+        self.calls += 1
+        return Timeline(0.0, 0.0, 0.0, 0.0, starts, spans)
+
+
+def test_retime_moves_a_waited_copy_in_earlier_and_a_waited_copy_out_later(every_state):
+    g = graph_of(CHAIN)
+    moved = state.offload_state(update_in_backward(lower(g, train=True, optimizer=make_optimizer(SGD))), Context())
+    steps = moved.steps
+    name = next(s.tensor for s in steps if s.kind == "prefetch")
+    where = {k: [i for i, s in enumerate(steps) if s.tensor == name and s.kind == k]
+             for k in ("alloc", "prefetch", "wait", "offload", "free")}
+    last_wait = where["wait"][-1]
+    computes_before = lambda ss, i: sum(s.kind not in ("alloc", "free", "prefetch", "wait", "offload") for s in ss[:i])  # noqa: E731
+    # waits that send the copies next to steps with workspaces, whose Allocs and Frees must stay
+    # right around them
+    worked = [i for i, s in enumerate(steps) if s.workspace and s.kind in ("forward", "backward")]
+    early = max(i for i in worked if i < where["prefetch"][0])
+    ahead = computes_before(steps, where["prefetch"][0]) - computes_before(steps, early)
+    later = [computes_before(steps, i) - computes_before(steps, last_wait) for i in worked if i > last_wait]
+    behind = min([d for d in later if d > 0], default=1)
+    model = WaitedModel({where["wait"][0]: ahead, last_wait: behind})
+    retimed = state.retime(moved, type("Ctx", (), {"model": model})())
+    assert model.calls == 2 and ahead > 0 and behind > 0  # one round moved them, the next saw no wait
+    new = retimed.steps
+    assert sorted(map(id, new)) == sorted(map(id, steps))  # the same steps, reordered
+    at = {k: [i for i, s in enumerate(new) if s.tensor == name and s.kind == k] for k in where}
+    # the copy in starts that many compute steps earlier, its Alloc right before it
+    assert computes_before(new, at["prefetch"][0]) <= computes_before(steps, where["prefetch"][0]) - ahead
+    assert at["alloc"][0] == at["prefetch"][0] - 1
+    # the copy out is waited for that many steps later, its Free after that Wait
+    assert computes_before(new, at["wait"][-1]) >= computes_before(steps, last_wait) + behind
+    assert at["free"][-1] > at["wait"][-1]
+    assert simulate(retimed).peak_bytes >= simulate(moved).peak_bytes  # held longer, never less
+
+
+def test_retime_never_parts_a_step_from_its_workspace(every_state):
+    """Wherever the copies go, a step's workspace stays among the memory steps right around
+    it, with no copy step between (workspace.py rewrites them so)."""
+    g = graph_of(CHAIN)
+    moved = state.offload_state(update_in_backward(lower(g, train=True, optimizer=make_optimizer(SGD))), Context())
+    steps = moved.steps
+    compute = sum(s.kind not in ("alloc", "free", "prefetch", "wait", "offload") for s in steps)
+    for name in {s.tensor for s in steps if s.kind == "prefetch"}:
+        waits = [i for i, s in enumerate(steps) if s.kind == "wait" and s.tensor == name]
+        for seconds in range(1, compute):
+            new = state.retime(moved, type("Ctx", (), {"model": WaitedModel({w: seconds for w in waits})})()).steps
+            for i, step in enumerate(new):
+                if not step.workspace or step.kind not in ("forward", "backward", "recompute", "update"):
+                    continue
+                for way, kind in ((-1, "alloc"), (1, "free")):
+                    j = i + way
+                    while new[j].kind in ("alloc", "free") and new[j].tensor != step.workspace:
+                        j += way
+                    assert (new[j].kind, new[j].tensor) == (kind, step.workspace), (name, seconds, i, step)
+
+
+def test_sn_plan_says_how_much_state_the_solvers_plan_keeps_on_the_host():
+    info = {"winner": "solver", "seconds": 0.066, "candidates": {"liveness": None, "solver": 0.066},
+            "update_in_backward": True, "state_offloaded": 96 << 20, "solver": None}
+    assert ", 96.0 MiB of optimiser state on the host;" in optimal_line(info)
+    assert "optimiser state" not in optimal_line(dict(info, winner="superneurons"))
