@@ -194,3 +194,23 @@ def test_sn_plan_says_how_much_state_the_solvers_plan_keeps_on_the_host():
             "update_in_backward": True, "state_offloaded": 96 << 20, "solver": None}
     assert ", 96.0 MiB of optimiser state on the host;" in optimal_line(info)
     assert "optimiser state" not in optimal_line(dict(info, winner="superneurons"))
+
+
+def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_run_never_stopped(tmp_path):
+    """LeNet under optimal at 9 MiB keeps ip1's momentum (1.5 MiB) on the host: the snapshot
+    reads it there, and a resume puts it back, so the parameters and momentum after 6
+    iterations are those of a run never stopped, bit for bit."""
+    from superneuron.cli.train import main
+    common = ["nets/lenet.yaml", "--policy", "optimal", "--memory", "9MiB", "--snapshot-interval", "3",
+              "--test-interval", "1000"]
+    assert main(common + ["--iters", "6", "--snapshot", str(tmp_path / "whole")]) == 0
+    assert main(common + ["--iters", "3", "--snapshot", str(tmp_path / "part")]) == 0
+    part = str(tmp_path / "part")
+    assert main(common + ["--iters", "6", "--snapshot", part, "--resume", part]) == 0
+    whole, part = (np.load(tmp_path / d / "lenet_iter_6.npz") for d in ("whole", "part"))
+    assert sorted(whole.files) == sorted(part.files) and "opt:ip1/weight.momentum" in whole.files
+    assert np.any(whole["opt:ip1/weight.momentum"])
+    for key in whole.files:
+        assert whole[key].tobytes() == part[key].tobytes(), key
+    net = Net(load_spec("nets/lenet.yaml"), policy="optimal", memory=9 << 20, optimizer=make_optimizer(SGD))
+    assert "ip1/weight.momentum" in net.schedules["train"].host_resident  # the case under test
