@@ -12,12 +12,14 @@ import pytest
 from test_memory_passes import CHAIN, feed_of, graph_of
 
 import superneuron.scheduler.optimal as optimal_policy
+from superneuron.graph import Graph
 from superneuron.net import Net
 from superneuron.netfile.spec import load_spec
 from superneuron.report import optimal_line
 from superneuron.scheduler import state
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
+from superneuron.scheduler.optimal import STATE_NAME
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.timeline import STALL, Timeline
 from superneuron.scheduler.update import update_in_backward
@@ -190,18 +192,20 @@ def test_retime_never_parts_a_step_from_its_workspace(every_state):
 
 
 def test_sn_plan_says_how_much_state_the_solvers_plan_keeps_on_the_host():
-    info = {"winner": "solver", "seconds": 0.066, "candidates": {"liveness": None, "solver": 0.066},
-            "update_in_backward": True, "state_offloaded": 96 << 20, "solver": None}
-    assert ", 96.0 MiB of optimiser state on the host;" in optimal_line(info)
-    assert "optimiser state" not in optimal_line(dict(info, winner="superneurons"))
+    info = {"winner": STATE_NAME, "seconds": 0.066, "update_in_backward": True, "state_offloaded": 96 << 20,
+            "candidates": {"liveness": None, "solver": 0.079, STATE_NAME: 0.066}, "solver": None}
+    line = optimal_line(info)
+    assert line.startswith(f"optimal       {STATE_NAME}'s plan won (66.00 ms)")
+    assert ", 96.0 MiB of optimiser state on the host;" in line and f"{STATE_NAME} 66.00 ms" in line
+    assert "optimiser state on" not in optimal_line(dict(info, winner="solver"))
 
 
 def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_run_never_stopped(tmp_path):
-    """LeNet under optimal at 9 MiB keeps ip1's momentum (1.5 MiB) on the host: the snapshot
+    """LeNet under optimal at 8 MiB keeps ip1's momentum (1.5 MiB) on the host: the snapshot
     reads it there, and a resume puts it back, so the parameters and momentum after 6
     iterations are those of a run never stopped, bit for bit."""
     from superneuron.cli.train import main
-    common = ["nets/lenet.yaml", "--policy", "optimal", "--memory", "9MiB", "--snapshot-interval", "3",
+    common = ["nets/lenet.yaml", "--policy", "optimal", "--memory", "8MiB", "--snapshot-interval", "3",
               "--test-interval", "1000"]
     assert main(common + ["--iters", "6", "--snapshot", str(tmp_path / "whole")]) == 0
     assert main(common + ["--iters", "3", "--snapshot", str(tmp_path / "part")]) == 0
@@ -212,5 +216,27 @@ def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_ru
     assert np.any(whole["opt:ip1/weight.momentum"])
     for key in whole.files:
         assert whole[key].tobytes() == part[key].tobytes(), key
-    net = Net(load_spec("nets/lenet.yaml"), policy="optimal", memory=9 << 20, optimizer=make_optimizer(SGD))
+    net = Net(load_spec("nets/lenet.yaml"), policy="optimal", memory=8 << 20, optimizer=make_optimizer(SGD))
     assert "ip1/weight.momentum" in net.schedules["train"].host_resident  # the case under test
+    assert "ip1/weight.momentum" not in net.schedules["test"].resident  # the layout they share
+
+
+def test_optimal_solves_with_the_state_on_the_host_only_where_its_plan_is_slow_and_keeps_the_faster():
+    from superneuron.planning import plan
+    spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
+    found = {}
+    for mib in (8, 9, 16):
+        memo = {}
+        schedule, _ = plan(Graph(spec), "optimal", budget=mib << 20, optimizer=opt, memo=memo)
+        found[mib] = memo["optimal"], schedule
+    # 8 MiB: nothing with the state resident fits; with it on the host, the solver's plan does
+    info, schedule = found[8]
+    assert info["winner"] == STATE_NAME and info["candidates"].get("solver") is None
+    assert "ip1/weight.momentum" in schedule.host_resident and info["state_offloaded"] > 0
+    # 9 MiB: both fit at the same estimate (x2.7 liveness's: both solved); the state stays resident
+    info, schedule = found[9]
+    assert info["winner"] == "solver" and info["candidates"][STATE_NAME] == info["candidates"]["solver"]
+    assert not schedule.host_resident
+    # 16 MiB: the plan with the state resident is within STATE_OVER of liveness: no second program
+    info, schedule = found[16]
+    assert STATE_NAME not in info["candidates"] and not schedule.host_resident

@@ -26,7 +26,9 @@ update.py's update in the backward does. A test schedule, which shares the Runti
 layout, takes the training schedule's choice (:func:`like`).
 """
 
+import bisect
 import itertools
+import weakref
 
 from .liveness import liveness
 from .steps import (
@@ -62,9 +64,18 @@ RETIME_ROUNDS = 4  # rounds of retime: each moves the copies that its timeline s
 
 def state_of(schedule, grads):
     """The optimiser's state tensors of the parameters of ``grads``, in slot order."""
-    optimizer, graph = schedule.optimizer, schedule.graph
-    param_of = {g: node.params[k] for node in graph.nodes for k, g in node.param_grads.items()}
+    optimizer, param_of = schedule.optimizer, _params_of(schedule.graph)
     return [f"{param_of[g]}.{optimizer.state_name(j)}" for g in grads for j in range(optimizer.slots)]
+
+
+_PARAMS_OF = weakref.WeakKeyDictionary()  # graph → {gradient: its parameter}
+
+
+def _params_of(graph):
+    found = _PARAMS_OF.get(graph)
+    if found is None:
+        found = _PARAMS_OF[graph] = {g: node.params[k] for node in graph.nodes for k, g in node.param_grads.items()}
+    return found
 
 
 def applies(schedule):
@@ -185,18 +196,27 @@ def _moved(steps, stalls, starts):
     stalled) moved (see :func:`retime`); ``starts``: each step's start on the compute stream."""
     early, late, taken = {}, {}, set()  # step index → what goes before it, after it; what moves
     busy = MEMORY + COPY
+    waited = {steps[w].tensor for w in stalls}
+    of = {}  # tensor → the indices of its memory and copy steps
+    for i, s in enumerate(steps):
+        if s.tensor in waited and s.kind in busy:
+            of.setdefault(s.tensor, []).append(i)
     for w, stalled in stalls.items():
-        mine = [i for i, s in enumerate(steps) if s.tensor == steps[w].tensor and s.kind in busy]
+        mine = of[steps[w].tensor]
         copy = max(i for i in mine if i < w and steps[i].kind in (PREFETCH, OFFLOAD))
         if steps[copy].kind == PREFETCH:  # in: its Alloc and Prefetch go that much earlier
             group = [i for i in mine if i <= copy]
-            at = max((q for q in range(copy) if starts[q] <= starts[copy] - stalled and steps[q].kind not in busy),
-                     default=0)
+            at = bisect.bisect_right(starts, starts[copy] - stalled, hi=copy) - 1  # starts never fall
+            while at > 0 and steps[at].kind in busy:
+                at -= 1
+            at = max(at, 0)
             early.setdefault(_beside(steps, at, -1), []).extend(steps[i] for i in group)
         else:  # out: its Wait and Free go that much later
             group = [i for i in mine if i >= w]
-            at = min((q for q in range(w, len(steps))
-                      if starts[q] >= starts[w] + stalled and steps[q].kind not in busy), default=len(steps) - 1)
+            at = bisect.bisect_left(starts, starts[w] + stalled, lo=w)
+            while at < len(steps) and steps[at].kind in busy:
+                at += 1
+            at = min(at, len(steps) - 1)
             late.setdefault(_beside(steps, at, 1), []).extend(steps[i] for i in group)
         taken.update(group)
     out = []
