@@ -28,10 +28,12 @@ memory never gives a slower plan (optimal_monotone.py).
 
 Every plan of both updates each parameter right after its Backward, its gradient's memory
 free from then on, where the optimiser allows (update.py): the same bits, with the gradients
-of one layer live at a time instead of all of them resident. The solver's plans also keep the
-optimiser's state on the host, copied to the device around each update (state.py): the
-program's resident bytes are then the parameters' alone (ResNet-50 at a quarter of
-liveness's arena: x1.306 with the momentum resident, x1.115 without).
+of one layer live at a time instead of all of them resident. Where the solver's plan is over
+:data:`STATE_OVER` times liveness's time at full speed (or none fits), the program is solved
+again with the optimiser's state on the host, copied to the device around each update
+(state.py), so that its resident bytes are the parameters' alone, and the faster plan is kept
+(ResNet-50 at a quarter of liveness's arena: x1.306 with the momentum resident, x1.111
+without).
 
 ``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
 where it fits at full speed, without solving anything; the best heuristic that fits when

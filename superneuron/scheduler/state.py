@@ -20,8 +20,8 @@ The update itself runs on the device, as before, on the same values: the paramet
 iteration are the same bits (the copies move bytes, nothing is computed on the host, unlike
 parameter offload, params.py, whose host optimiser it does not need). The state crosses the
 host link once each way an iteration, in the backward, where a forward's offloads do not
-queue. The solver's plans of the ``optimal`` and ``auto`` policies have it (optimal.py; the
-heuristic plans they weigh keep the state resident, as their presets do); it applies where
+queue. The ``optimal`` and ``auto`` policies solve their program with it where their plan with
+the state resident is slow (optimal.STATE_OVER), and keep the faster; it applies where
 update.py's update in the backward does. A test schedule, which shares the Runtime's resident
 layout, takes the training schedule's choice (:func:`like`).
 """
