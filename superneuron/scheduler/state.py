@@ -85,32 +85,24 @@ def applies(schedule):
             and any(s.kind == UPDATE and s.grads for s in schedule.steps))
 
 
-def offload_state(schedule, context=None, moved=None):
-    """The pass: see the module's docstring. ``moved``: the state tensors to move (default:
-    those of every Update that names its gradients, of :data:`SMALLEST` bytes or more, whose
-    copy in can run within the backward before its update: :func:`_movable`); a test schedule,
-    which has no update, takes the training schedule's, since the two share the Runtime's
-    resident layout."""
-    if moved is None and not applies(schedule):
+def offload_state(schedule, context=None):
+    """The pass: see the module's docstring. The states it moves are those of every Update that
+    names its gradients, of :data:`SMALLEST` bytes or more, whose copy in can run within the
+    forward's tail and the backward before their update (:func:`_movable`)."""
+    if not applies(schedule):
         return schedule
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
     compute = [i for i, s in enumerate(steps) if s.kind not in COPY + COMMUNICATION]
     model = getattr(context, "model", None)
-    if model is None:
-        ends = {i: float(k) for k, i in enumerate(compute)}  # steps, not seconds
-        span = lambda nbytes: LOOKAHEAD  # noqa: E731
+    if model is None:  # steps, not seconds
+        ends = {i: float(k) for k, i in enumerate(compute)}
+        copy, span = (lambda nbytes: LOOKAHEAD), (lambda nbytes: LOOKAHEAD)
     else:
         ends = dict(zip(compute, itertools.accumulate(model.step_seconds(schedule, steps[i]) for i in compute)))
-        span = lambda nbytes: SLACK * model.copy_seconds(nbytes)  # noqa: E731
-    if moved is None:
-        moved = _movable(schedule, steps, compute, ends, span if model is None else model.copy_seconds)
-    moved = set(moved)
+        copy, span = model.copy_seconds, (lambda nbytes: SLACK * model.copy_seconds(nbytes))
+    moved = _movable(schedule, steps, compute, ends, copy)
     if not moved:
         return schedule
-    resident = [t for t in schedule.resident if t not in moved]
-    host_resident = list(schedule.host_resident) + [t for t in schedule.resident if t in moved]
-    if not schedule.train:
-        return schedule.replace(resident=resident, host_resident=host_resident)
     rank = {i: k for k, i in enumerate(compute)}
     before, after = {}, {}
     for i, step in enumerate(steps):
@@ -135,7 +127,13 @@ def offload_state(schedule, context=None, moved=None):
         out += before.get(i, [])
         out.append(step)
         out += after.get(i, [])
-    return liveness(schedule.replace(out, resident=resident, host_resident=host_resident), context)
+    return liveness(_on_host(schedule, moved).replace(out), context)
+
+
+def _on_host(schedule, moved):
+    """``schedule`` with the tensors of ``moved`` taken from its resident region to its host's."""
+    return schedule.replace(resident=[t for t in schedule.resident if t not in moved],
+                            host_resident=list(schedule.host_resident) + [t for t in schedule.resident if t in moved])
 
 
 def _movable(schedule, steps, compute, ends, copy):
@@ -166,8 +164,8 @@ def like(schedule, trained):
     ``trained`` keeps on the host moved there too: the two share the Runtime's resident layout,
     the test forward reads no state, and its planned offsets count from the resident region's
     end, so nothing else moves. ``schedule`` itself where there is nothing to move."""
-    moved = [t for t in trained.host_resident if trained.tensors[t].kind == "state" and t in schedule.resident]
-    return offload_state(schedule, moved=moved) if moved else schedule
+    moved = {t for t in trained.host_resident if trained.tensors[t].kind == "state" and t in schedule.resident}
+    return _on_host(schedule, moved) if moved else schedule
 
 
 def retime(schedule, context=None):
