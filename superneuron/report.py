@@ -6,7 +6,7 @@ from .errors import SNError
 from .files import write_bytes
 from .limits import TIMELINE_FORMATS
 from .scheduler.liveness import Roots
-from .scheduler.optimal import STATE_NAME
+from .scheduler.optimal import PARAMS_NAME, STATE_NAME
 from .scheduler.simulate import working_set
 from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, first_backward
 from .scheduler.timeline import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
@@ -308,8 +308,9 @@ def optimal_line(info):
         line += ", each parameter updated right after its backward (no gradient resident)"
     if info.get("proven"):
         return line + f": {info['proven']}"
-    if info.get("state_offloaded") and info["winner"] == STATE_NAME:
-        line += f", {human_bytes(info['state_offloaded'])} of optimiser state on the host"
+    if info.get("state_offloaded") and info["winner"] in (STATE_NAME, PARAMS_NAME):
+        what = "optimiser state" + (" and parameters" if info["winner"] == PARAMS_NAME else "")
+        line += f", {human_bytes(info['state_offloaded'])} of {what} on the host"
     line += f"; candidates: {others}"
     solver = info.get("solver")
     if solver:

@@ -18,9 +18,10 @@ from superneuron.net import Net
 from superneuron.netfile.spec import load_spec
 from superneuron.report import optimal_line
 from superneuron.scheduler import state
+from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.optimal import STATE_NAME
+from superneuron.scheduler.optimal import PARAMS_NAME, STATE_NAME
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.timeline import STALL, Timeline
 from superneuron.scheduler.update import update_in_backward
@@ -72,6 +73,38 @@ def test_each_update_has_its_state_copied_in_before_it_and_out_after_it(every_st
     assert state.like(test, moved).resident == moved.resident  # one Runtime serves both
 
 
+def test_with_the_parameters_each_comes_in_before_its_forward_and_goes_out_after_its_update(every_state):
+    g = graph_of(CHAIN)
+    opt = make_optimizer(SGD)
+    plain = update_in_backward(lower(g, train=True, optimizer=opt))
+    alone, moved = state.offload_state(plain, Context()), state.offload_state(plain, Context(), params=True)
+    params = {t for t in moved.host_resident if moved.tensors[t].kind == "param"}
+    assert params and not params & set(moved.resident)
+    assert set(moved.host_resident) - params == set(alone.host_resident)  # the states as without them
+    steps = moved.steps
+    for p in params:
+        uses = [i for i, s in enumerate(steps)
+                if s.kind in ("forward", "backward") and p in g.nodes[s.node].params.values()]
+        update = next(i for i, s in enumerate(steps) if s.kind == "update" and p + ".grad" in s.grads)
+        first = uses[0]
+        mine = [(i, s.kind) for i, s in enumerate(steps) if s.tensor == p and s.kind in ("prefetch", "wait", "offload")]
+        # one copy in, before its forward (waited for there), one copy out after its update
+        assert [k for _, k in mine] == ["prefetch", "wait", "offload", "wait"]
+        assert mine[1][0] < first and max(uses) < update < mine[2][0]
+        assert steps[mine[0][0]].keep and steps[first].kind == "forward"
+    before, after = simulate(alone), simulate(moved)
+    assert after.resident_bytes == before.resident_bytes - sum(aligned(plain.tensors[p].nbytes) for p in params)
+    assert after.host_bytes == before.host_bytes + sum(aligned(plain.tensors[p].nbytes) for p in params)
+    # the test forward shares the resident layout and copies each parameter in before its step
+    test = state.like(update_in_backward(lower(g, train=False, optimizer=opt)), moved)
+    assert test.resident == moved.resident and set(test.host_resident) >= params
+    for i, step in enumerate(test.steps):
+        if step.kind == "forward":
+            for p in set(g.nodes[step.node].params.values()) & params:
+                assert any(s.kind == "wait" and s.tensor == p for s in test.steps[:i])
+    assert simulate(test).fits(None)
+
+
 def test_small_states_stay_resident():
     g = graph_of(CHAIN)
     plain = update_in_backward(lower(g, train=True, optimizer=make_optimizer(SGD)))
@@ -98,16 +131,22 @@ def test_states_whose_copies_cannot_hide_stay_resident(every_state):
     assert state.offload_state(plain, SlowLink()) is plain
 
 
+@pytest.mark.parametrize("params", [False, True], ids=["state", "state+params"])
 @pytest.mark.parametrize("solver", [SGD, SolverConfig(type="Adam", base_lr=0.01, weight_decay=0.001)],
                          ids=["sgd", "adam"])
-def test_training_with_the_state_on_the_host_matches_liveness_bit_for_bit(every_state, monkeypatch, solver):
+def test_training_with_the_state_on_the_host_matches_liveness_bit_for_bit(every_state, monkeypatch, solver, params):
     # auto without a budget plans liveness with the update in the backward; here with the state
-    # offloaded too, as the solver's plans have it
+    # (and the parameters) offloaded too, as the solver's plans have it
     monkeypatch.setattr(optimal_policy, "update_in_backward",
-                        lambda s, c=None: state.offload_state(update_in_backward(s, c), c))
+                        lambda s, c=None: state.offload_state(update_in_backward(s, c), c, params=params))
     live, auto, feed = trained_as_liveness(solver)
     moved = auto.schedules["train"]
-    assert any(s.kind == "prefetch" and moved.tensors[s.tensor].kind == "state" for s in moved.steps)
+    kinds = {moved.tensors[s.tensor].kind for s in moved.steps if s.kind == "prefetch"}
+    assert kinds == ({"state", "param"} if params else {"state"})
+    assert not auto.runtime.host_update  # the update runs on the device, on the copies
+    if params:  # the test forward copies the parameters in too
+        test = auto.schedules["test"]
+        assert {test.tensors[s.tensor].kind for s in test.steps if s.kind == "prefetch"} == {"param"}
     plan = auto.plans["train"]
     assert (auto.runtime.peak_bytes, auto.runtime.host_peak) == (plan.peak_bytes, plan.host_bytes)  # plan = run
     assert plan.host_bytes > 0 and plan.peak_bytes < live.plans["train"].peak_bytes
@@ -192,15 +231,19 @@ def test_sn_plan_says_how_much_state_the_solvers_plan_keeps_on_the_host():
     assert line.startswith(f"optimal       {STATE_NAME}'s plan won (66.00 ms)")
     assert ", 96.0 MiB of optimiser state on the host;" in line and f"{STATE_NAME} 66.00 ms" in line
     assert "optimiser state on" not in optimal_line(dict(info, winner="solver"))
+    line = optimal_line(dict(info, winner=PARAMS_NAME, candidates={PARAMS_NAME: 0.066}))
+    assert ", 96.0 MiB of optimiser state and parameters on the host;" in line
 
 
-def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_run_never_stopped(tmp_path):
-    """LeNet under optimal at 8 MiB keeps ip1's momentum (1.5 MiB) on the host: the snapshot
-    reads it there, and a resume puts it back, so the parameters and momentum after 6
-    iterations are those of a run never stopped, bit for bit."""
+@pytest.mark.parametrize("mib, host", [(8, {"ip1/weight.momentum"}), (9, {"ip1/weight.momentum", "ip1/weight"})],
+                         ids=["state", "state+params"])
+def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_run_never_stopped(tmp_path, mib, host):
+    """LeNet under optimal at 8 MiB keeps ip1's momentum (1.5 MiB) on the host, at 9 MiB its
+    weight too: the snapshot reads them there, and a resume puts them back, so the parameters
+    and momentum after 6 iterations are those of a run never stopped, bit for bit."""
     from superneuron.cli.train import main
-    common = ["nets/lenet.yaml", "--policy", "optimal", "--memory", "8MiB", "--snapshot-interval", "3",
-              "--test-interval", "1000"]
+    common = ["nets/lenet.yaml", "--policy", "optimal", "--memory", f"{mib}MiB", "--snapshot-interval", "3",
+              "--test-interval", "2"]
     assert main(common + ["--iters", "6", "--snapshot", str(tmp_path / "whole")]) == 0
     assert main(common + ["--iters", "3", "--snapshot", str(tmp_path / "part")]) == 0
     part = str(tmp_path / "part")
@@ -210,9 +253,9 @@ def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_ru
     assert np.any(whole["opt:ip1/weight.momentum"])
     for key in whole.files:
         assert whole[key].tobytes() == part[key].tobytes(), key
-    net = Net(load_spec("nets/lenet.yaml"), policy="optimal", memory=8 << 20, optimizer=make_optimizer(SGD))
-    assert "ip1/weight.momentum" in net.schedules["train"].host_resident  # the case under test
-    assert "ip1/weight.momentum" not in net.schedules["test"].resident  # the layout they share
+    net = Net(load_spec("nets/lenet.yaml"), policy="optimal", memory=mib << 20, optimizer=make_optimizer(SGD))
+    assert set(net.schedules["train"].host_resident) == host  # the case under test
+    assert not host & set(net.schedules["test"].resident)  # the layout they share
 
 
 def test_optimal_solves_with_the_state_on_the_host_only_where_its_plan_is_slow_and_keeps_the_faster():
@@ -227,10 +270,12 @@ def test_optimal_solves_with_the_state_on_the_host_only_where_its_plan_is_slow_a
     info, schedule = found[8]
     assert info["winner"] == STATE_NAME and info["candidates"].get("solver") is None
     assert "ip1/weight.momentum" in schedule.host_resident and info["state_offloaded"] > 0
-    # 9 MiB: both fit at the same estimate (x2.7 liveness's: both solved); the state stays resident
+    # 9 MiB: both fit at the same estimate (x2.7 liveness's: both solved), and the parameters
+    # moved beside the state give a faster plan (tried as the state's was over STATE_OVER too)
     info, schedule = found[9]
-    assert info["winner"] == "solver" and info["candidates"][STATE_NAME] == info["candidates"]["solver"]
-    assert not schedule.host_resident
+    assert info["candidates"][STATE_NAME] == info["candidates"]["solver"]
+    assert info["winner"] == PARAMS_NAME and info["candidates"][PARAMS_NAME] < info["candidates"]["solver"]
+    assert {"ip1/weight", "ip1/weight.momentum"} <= set(schedule.host_resident)
     # 16 MiB: the plan with the state resident is within STATE_OVER of liveness: no second program
     info, schedule = found[16]
-    assert STATE_NAME not in info["candidates"] and not schedule.host_resident
+    assert {STATE_NAME, PARAMS_NAME}.isdisjoint(info["candidates"]) and not schedule.host_resident

@@ -19,6 +19,7 @@ import numpy as np
 from ..graph import storage_root
 from ..layers import parallel
 from ..scheduler.lower import ACCUM
+from ..scheduler.params import updates_on_host
 from ..scheduler.simulate import replay
 from ..scheduler.steps import UPDATE
 from .arena import Arena
@@ -80,9 +81,9 @@ class Runtime:
             arena = self.arena if name in self.arena.resident else self.host
             self.resident[name] = arena.view(name, info.shape, info.dtype)
             self.resident[name][...] = 0
-        # the optimiser updates on the host where the parameters live there (not where only its
-        # state does: state offload brings the state to the device for each update)
-        self.host_update = any(self.tensors[t].kind == "param" for t in host_resident)
+        # the optimiser updates on the host under parameter offload (not where state offload,
+        # scheduler/state.py, brings the state and parameters to the device for each update)
+        self.host_update = updates_on_host(first)
         self.peak_bytes = self.arena.resident_end
         self.arena_bytes = self.arena.resident_end
         self._entries = None  # the optimiser's view of the parameters, made on first update
@@ -236,12 +237,13 @@ class Runtime:
     def update_entries(self, optimizer):
         """``(param, grad, [state], lr_mult, decay_mult)`` for every learnable parameter."""
         if self._entries is None:
-            self._entries_by_grad, self._state_names = {}, {}
+            self._entries_by_grad, self._state_names, self._param_names = {}, {}, {}
             for node in self.graph.nodes:
                 specs = node.param_specs
                 for k, g in node.param_grads.items():
                     t = node.params[k]
                     self._state_names[g] = [f"{t}.{optimizer.state_name(j)}" for j in range(optimizer.slots)]
+                    self._param_names[g] = t
                     state = [self.resident[s] for s in self._state_names[g]]
                     # None: a gradient with no host place of its own (parameter offload's diet):
                     # the host updater is handed its host copy when it lands
@@ -257,9 +259,10 @@ class Runtime:
         entries = self.update_entries(optimizer)
         if not step.grads:
             return entries
-        by_grad, state = self._entries_by_grad, self._state_names
-        # the state's device copy where state offload (scheduler/state.py) placed one
-        return [(by_grad[g][0], self.view(g), [self.view(s) for s in state[g]], *by_grad[g][3:])
+        by_grad, state, param = self._entries_by_grad, self._state_names, self._param_names
+        # the parameter's and the state's device copies where state offload (scheduler/state.py)
+        # placed them
+        return [(self.view(param[g]), self.view(g), [self.view(s) for s in state[g]], *by_grad[g][3:])
                 for g in step.grads]
 
     def optimizer_update(self, optimizer, iteration, step, scratch):

@@ -85,6 +85,7 @@ SOLVES = 12
 # against x1.0674 in 46 s with it resident; ResNet-50 at 1/4: x1.111 against x1.306).
 STATE_OVER = 1.10
 STATE_NAME = "solver with the state on the host"
+PARAMS_NAME = "solver with the state and parameters on the host"
 HALVING_BYTES = 1 << 20  # the search between a cap that fits and one that does not stops this close
 # A plan that fits but realises this much slower than its program says is probed under: a lower
 # cap leaves the placement room for the workspaces the tensors squeezed (GoogLeNet at 1/3 of
@@ -170,8 +171,13 @@ def _fastest(schedule, context, presets, solve_always):
     if found is not None:
         info["candidates"]["solver"] = found.seconds if _ok(found, context) else None
         best += [found] if _ok(found, context) else []
-    if found is None or not _ok(found, context) or found.seconds > STATE_OVER * unbounded.seconds:
-        best += _solved_with_state(schedule, context, info, found)
+    for params in (False, True):  # the state on the host, then the parameters beside it
+        if found is not None and _ok(found, context) and found.seconds <= STATE_OVER * unbounded.seconds:
+            break
+        moved = _solved_with_state(schedule, context, info, found, params)
+        if moved is not None:
+            best.append(moved)
+            found = moved if found is None or not _ok(found, context) or moved.seconds < found.seconds else found
     key = optimal_monotone.key_of(schedule, context)
     smaller = optimal_monotone.SMALLER.best_under(key, context.budget)  # a smaller budget's plan fits this one
     if smaller is not None and smaller.context.model is context.model and _ok(smaller, context):
@@ -186,26 +192,27 @@ def _fastest(schedule, context, presets, solve_always):
     return _win(winner, info, context, None)
 
 
-def _solved_with_state(schedule, context, info, plain):
-    """The solver's plan with the optimiser's state on the host (state.py), as a list of the
-    Candidate where it fits (else empty): the program is built from the schedule with the state
-    copied in and out around each update, so its resident bytes are the parameters' alone.
-    Where it is faster than ``plain`` (the solver's plan with the state resident, or None),
-    ``info`` takes its solver's figures and the bytes moved."""
+def _solved_with_state(schedule, context, info, plain, params=False):
+    """The solver's plan with the optimiser's state on the host (state.py; with ``params``, the
+    parameters too, from their update to their next forward), a Candidate where it fits, else
+    None: the program is built from the schedule with their copies around each update, so its
+    resident bytes are those left. Where it is faster than ``plain`` (the solver's fastest plan
+    so far, or None), ``info`` takes its solver's figures and the bytes moved."""
     if context.offload_params or not state_applies(schedule):
-        return []
-    moved = offload_state(schedule, context)
+        return None
+    moved = offload_state(schedule, context, params=params)
+    name = PARAMS_NAME if params else STATE_NAME
     if moved is schedule:
-        return []
+        return None
     mine = {"candidates": {}}
     found = _solved(moved, context, mine)
     if found is None or not _ok(found, context):
-        info["candidates"][STATE_NAME] = None
-        return []
-    info["candidates"][STATE_NAME] = found.seconds
+        info["candidates"][name] = None
+        return None
+    info["candidates"][name] = found.seconds
     if plain is None or not _ok(plain, context) or found.seconds < plain.seconds:
         info.update(solver=mine["solver"], state_offloaded=sum(moved.tensors[t].nbytes for t in moved.host_resident))
-    return [dataclasses.replace(found, name=STATE_NAME)]
+    return dataclasses.replace(found, name=name)
 
 
 def _ok(candidate, context):

@@ -35,6 +35,7 @@ from .steps import (
     COPY,
     LAYER_STEPS,
     MEMORY,
+    OFFLOAD,
     RESIDENT_ONLY,
     UPDATE,
     WAIT_REDUCE,
@@ -78,6 +79,24 @@ def offload_params(schedule, context=None):
     resident = [t for t in schedule.resident if t not in host]
     host_resident = [t for t in schedule.resident if t in host and (t in kept or t not in grads)] + order.update_ws
     return liveness(schedule.replace(out, resident=resident, host_resident=host_resident), context)
+
+
+def prefetched(steps, graph, host):
+    """``steps`` (no memory steps) with the copies in of the parameters of ``host`` before the
+    layer steps that read them, as this pass places them (:func:`_parameter_copies`): a test
+    forward's, where the training plan keeps those parameters on the host (state.py's like)."""
+    prefetch_at, wait_at = _parameter_copies(steps, graph, set(host), _Order(steps))
+    out = []
+    for i, step in enumerate(steps):
+        out += prefetch_at.get(i, []) + wait_at.get(i, []) + [step]
+    return out
+
+
+def updates_on_host(schedule):
+    """Whether ``schedule``'s optimiser runs on the host (this pass's: its parameter gradients
+    are copied out), not on the device (where state.py moves only copies around the update)."""
+    tensors = schedule.tensors
+    return any(s.kind == OFFLOAD and tensors[s.tensor].kind == "param_grad" for s in schedule.steps)
 
 
 class _Order:

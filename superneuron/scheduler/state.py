@@ -1,5 +1,6 @@
 """Optimiser-state offload: the optimiser's state (momentum; Adam's two moments) lives in host
-memory and comes to the device only around its parameter's update.
+memory and comes to the device only around its parameter's update; and, where asked, the
+parameters themselves from their update to their next forward.
 
 Where each parameter is updated right after its Backward (update.py), a parameter's state is
 read and written by one Update step an iteration, so keeping it resident holds as many bytes
@@ -13,17 +14,25 @@ device's resident region to ``host_resident`` and, around each such Update, inse
 - ``Offload(s)`` right after it, into the host master (no new host place), and ``Wait(s)``
   as far after it; liveness frees the device copy there.
 
+A parameter is read from its Forward to its Update, and then by nothing until the next
+iteration's Forward: the last layers', updated first in the backward, sit idle on the device
+through most of it, where an iteration under a tight budget peaks. With ``params``, the
+parameters worth moving (:func:`_movable_params`: not the small ones, nor those whose copy
+cannot run in the forward before them) come in ``SLACK`` times their copy's time ahead of
+their first Forward and go out into their host master right after their Update, with the
+state: one copy each way an iteration, in the forward where the link's host-to-device half
+is idle and in the backward's other half, where the activations' copies are few.
+
 The offload pass, which runs later, queues the activations' copies on the same streams, so a
-plan's state copies are timed again once it has run (:func:`retime`).
+plan's state and parameter copies are timed again once it has run (:func:`retime`).
 
 The update itself runs on the device, as before, on the same values: the parameters after an
 iteration are the same bits (the copies move bytes, nothing is computed on the host, unlike
-parameter offload, params.py, whose host optimiser it does not need). The state crosses the
-host link once each way an iteration, in the backward, where a forward's offloads do not
-queue. The ``optimal`` and ``auto`` policies solve their program with it where their plan with
-the state resident is slow (optimal.STATE_OVER), and keep the faster; it applies where
-update.py's update in the backward does. A test schedule, which shares the Runtime's resident
-layout, takes the training schedule's choice (:func:`like`).
+parameter offload, params.py, whose host optimiser it does not need). The ``optimal`` and
+``auto`` policies solve their program with the state moved where their plan with it resident
+is slow (optimal.STATE_OVER), with the parameters too where that plan is still slow, and keep
+the fastest; it applies where update.py's update in the backward does. A test schedule, which
+shares the Runtime's resident layout, takes the training schedule's choice (:func:`like`).
 """
 
 import bisect
@@ -31,11 +40,15 @@ import itertools
 import weakref
 
 from .liveness import liveness
+from .params import prefetched, updates_on_host
+from .placement import with_placement
 from .steps import (
     ALLOC,
     COMMUNICATION,
     COPY,
+    FORWARD,
     FREE,
+    LAYER_STEPS,
     MEMORY,
     OFFLOAD,
     PREFETCH,
@@ -85,10 +98,12 @@ def applies(schedule):
             and any(s.kind == UPDATE and s.grads for s in schedule.steps))
 
 
-def offload_state(schedule, context=None):
+def offload_state(schedule, context=None, params=False):
     """The pass: see the module's docstring. The states it moves are those of every Update that
     names its gradients, of :data:`SMALLEST` bytes or more, whose copy in can run within the
-    forward's tail and the backward before their update (:func:`_movable`)."""
+    forward's tail and the backward before their update (:func:`_movable`); with ``params``,
+    the parameters of :data:`SMALLEST` bytes or more whose copy in can run in the forward before
+    their first use (:func:`_movable_params`) too."""
     if not applies(schedule):
         return schedule
     steps = [s for s in schedule.steps if s.kind not in MEMORY]
@@ -101,33 +116,46 @@ def offload_state(schedule, context=None):
         ends = dict(zip(compute, itertools.accumulate(model.step_seconds(schedule, steps[i]) for i in compute)))
         copy, span = model.copy_seconds, (lambda nbytes: SLACK * model.copy_seconds(nbytes))
     moved = _movable(schedule, steps, compute, ends, copy)
-    if not moved:
+    firsts = _movable_params(schedule, steps, compute, ends, copy) if params else {}
+    if not moved and not firsts:
         return schedule
     rank = {i: k for k, i in enumerate(compute)}
+    tensors, param_of = schedule.tensors, _params_of(schedule.graph)
+
+    def ahead(i, nbytes):  # the latest compute step that ends span(nbytes) before step i starts
+        k = rank[i] - 1
+        while k > 0 and ends[compute[rank[i] - 1]] - ends[compute[k - 1]] < span(nbytes):
+            k -= 1
+        return compute[max(k, 0)]
+
+    def behind(i, nbytes):  # the first compute step that ends span(nbytes) after step i
+        k = rank[i] + 1
+        while k < len(compute) - 1 and ends[compute[k]] - ends[i] < span(nbytes):
+            k += 1
+        return compute[k] if k < len(compute) else i
+
     before, after = {}, {}
+    for p, i in firsts.items():  # a parameter comes in ahead of its first use
+        before.setdefault(ahead(i, tensors[p].nbytes), []).append(Prefetch(p, keep=True))
+        before.setdefault(i, []).append(Wait(p))
     for i, step in enumerate(steps):
         if step.kind != UPDATE or not step.grads:
             continue
         state = [s for s in state_of(schedule, step.grads) if s in moved]
-        if not state:
-            continue
-        need = span(sum(schedule.tensors[s].nbytes for s in state))
-        k = rank[i] - 1  # the latest compute step that ends that far before the update starts
-        while k > 0 and ends[compute[rank[i] - 1]] - ends[compute[k - 1]] < need:
-            k -= 1
-        before.setdefault(compute[max(k, 0)], []).extend(Prefetch(s, keep=True) for s in state)
-        before.setdefault(i, []).extend(Wait(s) for s in state)
-        after.setdefault(i, []).extend(Offload(s) for s in state)
-        k = rank[i] + 1  # the first compute step that ends that far after the update
-        while k < len(compute) - 1 and ends[compute[k]] - ends[i] < need:
-            k += 1
-        after.setdefault(compute[k] if k < len(compute) else i, []).extend(Wait(s) for s in state)
+        if state:  # the state comes in ahead of its update
+            nbytes = sum(tensors[s].nbytes for s in state)
+            before.setdefault(ahead(i, nbytes), []).extend(Prefetch(s, keep=True) for s in state)
+            before.setdefault(i, []).extend(Wait(s) for s in state)
+        for out in (state, [param_of[g] for g in step.grads if param_of[g] in firsts]):
+            if out:  # and what it wrote goes back to its host master after it
+                after.setdefault(i, []).extend(Offload(t) for t in out)
+                after.setdefault(behind(i, sum(tensors[t].nbytes for t in out)), []).extend(Wait(t) for t in out)
     out = []
     for i, step in enumerate(steps):
         out += before.get(i, [])
         out.append(step)
         out += after.get(i, [])
-    return liveness(_on_host(schedule, moved).replace(out), context)
+    return liveness(_on_host(schedule, moved | set(firsts)).replace(out), context)
 
 
 def _on_host(schedule, moved):
@@ -159,13 +187,44 @@ def _movable(schedule, steps, compute, ends, copy):
     return moved
 
 
+def _movable_params(schedule, steps, compute, ends, copy):
+    """``{parameter: the index of its first use}`` of the parameters worth moving: those of
+    :data:`SMALLEST` bytes or more, updated by an Update that names their gradients after every
+    step that reads them, whose copy in (``copy`` of their bytes) fits in the compute time
+    before their first use, a Forward (``ends``: each compute step's end)."""
+    graph, tensors, param_of = schedule.graph, schedule.tensors, _params_of(schedule.graph)
+    first, last, updated = {}, {}, {}
+    for i, step in enumerate(steps):
+        if step.kind in LAYER_STEPS:
+            for p in graph.nodes[step.node].params.values():
+                first.setdefault(p, i)
+                last[p] = i
+        elif step.kind == UPDATE:
+            updated.update((param_of[g], i) for g in step.grads)
+    rank = {i: k for k, i in enumerate(compute)}
+    return {p: i for p, i in first.items()
+            if p in updated and updated[p] > last[p] and p in schedule.resident and tensors[p].nbytes >= SMALLEST
+            and steps[i].kind == FORWARD and rank[i] > 0 and ends[compute[rank[i] - 1]] >= copy(tensors[p].nbytes)}
+
+
 def like(schedule, trained):
-    """``schedule`` (a test schedule, planned and placed) with the optimiser state that
-    ``trained`` keeps on the host moved there too: the two share the Runtime's resident layout,
-    the test forward reads no state, and its planned offsets count from the resident region's
-    end, so nothing else moves. ``schedule`` itself where there is nothing to move."""
-    moved = {t for t in trained.host_resident if trained.tensors[t].kind == "state" and t in schedule.resident}
-    return _on_host(schedule, moved) if moved else schedule
+    """``schedule`` (a test schedule, planned and placed) with the optimiser state and the
+    parameters that ``trained`` keeps on the host moved there too: the two share the Runtime's
+    resident layout. The test forward reads no state, and its planned offsets count from the
+    resident region's end, so for the state nothing else moves; a parameter comes in before
+    each step that reads it (params.py's copies), and the plan is placed again.
+    ``schedule`` itself where there is nothing to move."""
+    moved = {t for t in trained.host_resident
+             if trained.tensors[t].kind in ("state", "param") and t in schedule.resident}
+    if not moved:
+        return schedule
+    placed = _on_host(schedule, moved)
+    params = {t for t in moved if schedule.tensors[t].kind == "param"}
+    if not params:
+        return placed
+    copied = liveness(placed.replace(prefetched([s for s in placed.steps if s.kind not in MEMORY],
+                                                placed.graph, params)))
+    return with_placement(copied, "planned") if schedule.offsets is not None else copied
 
 
 def retime(schedule, context=None):
@@ -175,8 +234,8 @@ def retime(schedule, context=None):
     a copy out waited for moved that much later, with its Free, in :data:`RETIME_ROUNDS` rounds
     at most. The steps' order is all that changes; the budget is the placement's to check."""
     model = getattr(context, "model", None)
-    moved = {t for t in schedule.host_resident if schedule.tensors[t].kind == "state"}
-    if model is None or not moved or not schedule.train:
+    moved = {t for t in schedule.host_resident if schedule.tensors[t].kind in ("state", "param")}
+    if model is None or not moved or not schedule.train or updates_on_host(schedule):
         return schedule
     steps = list(schedule.steps)
     for _ in range(RETIME_ROUNDS):
