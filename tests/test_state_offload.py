@@ -203,6 +203,36 @@ def test_retime_moves_a_waited_copy_in_earlier_and_a_waited_copy_out_later(every
     assert simulate(retimed).peak_bytes >= simulate(moved).peak_bytes  # held longer, never less
 
 
+class QueuedModel:
+    """A timeline whose waits show one at a time: timeline k waits a second at the last Wait of
+    ``names[k]`` (a queue of copies out, each waited for once the one before it no longer is),
+    and once they are all through, at none."""
+
+    def __init__(self, names):
+        self.names, self.calls = names, 0
+
+    def timeline(self, schedule):
+        waits = {}
+        if self.calls < len(self.names):
+            name = self.names[self.calls]
+            waits = {max(i for i, s in enumerate(schedule.steps) if s.kind == "wait" and s.tensor == name): 1.0}
+        self.calls += 1
+        return WaitedModel(waits).timeline(schedule)
+
+
+def test_retime_goes_on_while_a_queue_of_copies_is_waited_for(every_state):
+    """A wait removed brings the steps after it earlier, where the copy queued behind it may be
+    waited for in turn (VGG-16 at 1/4 behind fc6's 392 MiB weight): retime goes on, round after
+    round, until nothing is waited for."""
+    moved = state.offload_state(update_in_backward(lower(graph_of(CHAIN), train=True,
+                                                         optimizer=make_optimizer(SGD))), Context(), params=True)
+    names = list(dict.fromkeys(s.tensor for s in moved.steps if s.kind == "offload"))
+    assert len(names) > 4  # more than the four rounds retime once had
+    model = QueuedModel(names)
+    state.retime(moved, type("Ctx", (), {"model": model})())
+    assert model.calls == len(names) + 1  # a round for each, and one that saw no wait
+
+
 def test_retime_never_parts_a_step_from_its_workspace(every_state):
     """Wherever the copies go, a step's workspace stays among the memory steps right around
     it, with no copy step between (workspace.py rewrites them so)."""
