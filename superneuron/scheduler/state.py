@@ -67,7 +67,6 @@ from .timeline import STALL
 # (ResNet-50's largest state, 9 MiB, takes 0.47 ms at 20 GB/s, more than its layer's Backward).
 SLACK = 6.0
 LOOKAHEAD = 4  # compute steps, without a cost model
-PARAM_SLACK = 6.0
 # A state smaller than this stays resident: its copy would queue behind the activations'
 # prefetches for a few KiB (a Scale's or a BatchNorm's: C floats), stalling the backward. On
 # ResNet-50 the states over it are 94 % of the bytes.
@@ -141,7 +140,7 @@ def offload_state(schedule, context=None, params=False):
 
     before, after = {}, {}
     for p, i in firsts.items():  # a parameter comes in ahead of its first use
-        before.setdefault(ahead(i, tensors[p].nbytes * PARAM_SLACK / SLACK), []).append(Prefetch(p, keep=True))
+        before.setdefault(ahead(i, tensors[p].nbytes), []).append(Prefetch(p, keep=True))
         before.setdefault(i, []).append(Wait(p))
     for i, step in enumerate(steps):
         if step.kind != UPDATE or not step.grads:
