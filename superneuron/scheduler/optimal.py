@@ -33,7 +33,8 @@ of one layer live at a time instead of all of them resident. Where the solver's 
 again with the optimiser's state on the host, copied to the device around each update
 (state.py), so that its resident bytes are the parameters' alone, and the faster plan is kept
 (ResNet-50 at a quarter of liveness's arena: x1.306 with the momentum resident, x1.111
-without).
+without); where that plan is still over it, once more with the parameters on the host too,
+from their update to their next forward (x1.097; VGG-16 at a quarter fits only so).
 
 ``auto``: liveness without a budget; under one, what ``optimal`` finds (liveness itself
 where it fits at full speed, without solving anything; the best heuristic that fits when
