@@ -154,6 +154,20 @@ def test_training_with_the_state_on_the_host_matches_liveness_bit_for_bit(every_
     assert auto.forward(feed, train=False) == live.forward(feed, train=False)
 
 
+@pytest.mark.gpu
+def test_training_on_the_gpu_with_the_state_and_parameters_on_the_host_matches_liveness(every_state, monkeypatch):
+    """The same on CuPy, where the copies run on their own streams beside the compute: a
+    parameter's device copy is read by its forward and backward and written by the update
+    before its copy out, which the Waits order."""
+    monkeypatch.setattr(optimal_policy, "update_in_backward",
+                        lambda s, c=None: state.offload_state(update_in_backward(s, c), c, params=True))
+    live, auto, feed = trained_as_liveness(SGD, device="gpu")
+    plan = auto.plans["train"]
+    assert (auto.runtime.peak_bytes, auto.runtime.host_peak) == (plan.peak_bytes, plan.host_bytes)
+    assert not auto.runtime.host_update and plan.host_bytes > 0
+    assert auto.forward(feed, train=False) == live.forward(feed, train=False)
+
+
 class WaitedModel:
     """A cost model whose first timeline has the compute stream wait at the Waits named
     (``waits``: step index → seconds; a compute step a second), and later ones none: what

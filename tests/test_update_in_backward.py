@@ -57,12 +57,14 @@ def test_each_backward_with_parameters_is_followed_by_their_update():
     assert steps[updates[-1]].grads  # no Update of every gradient is left at the end
 
 
-def trained_as_liveness(solver):
+def trained_as_liveness(solver, device=None):
     """CIFAR ResNet-8 at batch 4 under liveness and auto (no budget: liveness with the update in
-    the backward), three iterations each with ``solver``, checked to give the same losses and
-    parameters bit for bit: ``(liveness's Net, auto's Net, the feed)``."""
+    the backward), three iterations each with ``solver`` (on ``device``; None: the CPU), checked
+    to give the same losses and parameters bit for bit: ``(liveness's Net, auto's Net, the
+    feed)``."""
     spec = load_spec(CIFAR, overrides={"depth": 8}, batch=4)
-    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(solver)) for p in ("liveness", "auto")}
+    on = {} if device is None else {"device": device}
+    nets = {p: Net(spec, policy=p, optimizer=make_optimizer(solver), **on) for p in ("liveness", "auto")}
     feed = feed_of(nets["liveness"].graph)
     losses = {p: [net.train_step(feed, it) for it in range(3)] for p, net in nets.items()}
     assert losses["auto"] == losses["liveness"] and len(set(losses["auto"])) == 3
