@@ -150,8 +150,10 @@ def test_training_with_the_state_on_the_host_matches_liveness_bit_for_bit(every_
     plan = auto.plans["train"]
     assert (auto.runtime.peak_bytes, auto.runtime.host_peak) == (plan.peak_bytes, plan.host_bytes)  # plan = run
     assert plan.host_bytes > 0 and plan.peak_bytes < live.plans["train"].peak_bytes
-    # the test forward runs in the same arena, beside the state on the host
+    # the test forward runs in the same arena, beside the state on the host, and so does the
+    # training forward alone (its copies out with no update before them)
     assert auto.forward(feed, train=False) == live.forward(feed, train=False)
+    assert auto.forward(feed, train=True) == live.forward(feed, train=True)
 
 
 @pytest.mark.gpu
