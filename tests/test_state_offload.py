@@ -281,15 +281,18 @@ def test_sn_plan_says_how_much_state_the_solvers_plan_keeps_on_the_host():
     assert ", 96.0 MiB of optimiser state and parameters on the host;" in line
 
 
-@pytest.mark.parametrize("mib, host", [(8, {"ip1/weight.momentum"}), (9, {"ip1/weight.momentum", "ip1/weight"})],
+@pytest.mark.parametrize("mib, host, tests", [(8, {"ip1/weight.momentum"}, 1000),
+                                              (9, {"ip1/weight.momentum", "ip1/weight"}, 3)],
                          ids=["state", "state+params"])
-def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_run_never_stopped(tmp_path, mib, host):
+def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_run_never_stopped(tmp_path, mib, host,
+                                                                                                tests):
     """LeNet under optimal at 8 MiB keeps ip1's momentum (1.5 MiB) on the host, at 9 MiB its
     weight too: the snapshot reads them there, and a resume puts them back, so the parameters
-    and momentum after 6 iterations are those of a run never stopped, bit for bit."""
+    and momentum after 6 iterations are those of a run never stopped, bit for bit (with the
+    weight on the host, a test between the iterations copies it in and leaves it as it was)."""
     from superneuron.cli.train import main
     common = ["nets/lenet.yaml", "--policy", "optimal", "--memory", f"{mib}MiB", "--snapshot-interval", "3",
-              "--test-interval", "2"]
+              "--test-interval", str(tests)]
     assert main(common + ["--iters", "6", "--snapshot", str(tmp_path / "whole")]) == 0
     assert main(common + ["--iters", "3", "--snapshot", str(tmp_path / "part")]) == 0
     part = str(tmp_path / "part")
