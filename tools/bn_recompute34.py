@@ -8,7 +8,7 @@ for liveness), in one of three forms: ``now`` (this tree), ``forward`` (this tre
 Recompute priced as its forward: the model's BatchNorm passes counted, the cheaper
 recomputation not), and, run from a checkout of the tree before (``--tree DIR``), that tree.
 
-    python tools/bn_recompute34.py resnet101 1/4 --form now [--tree /tmp/before] [--json OUT]
+    python tools/bn_recompute34.py resnet101 1/4 --form now [--tree /tmp/before] [--json OUT] [--state-over 1.0]
 """
 
 import argparse
@@ -23,6 +23,9 @@ p.add_argument("fraction")
 p.add_argument("--form", choices=("now", "forward"), default="now")
 p.add_argument("--tree", help="plan with the superneuron of this checkout instead")
 p.add_argument("--json", help="append one line of JSON here")
+p.add_argument("--state-over", type=float,
+               help="solve the programs with the state (then the parameters) on the host where the plan is over "
+                    "this many times liveness's time (optimal.STATE_OVER; default its own)")
 args = p.parse_args()
 root = args.tree or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [os.path.join(root, "tools"), root]
@@ -32,6 +35,9 @@ from optimal_table import lowered_net  # noqa: E402
 from superneuron.planning import plan  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 
+if args.state_over is not None:
+    from superneuron.scheduler import optimal
+    optimal.STATE_OVER = args.state_over
 if args.form == "forward":
     CostModel.recompute_seconds = lambda self, layer, algo: self.algo_seconds(layer, "forward", algo)
 base, live, live_seconds, model = lowered_net(args.net, 32, CostModel("gpu"))
