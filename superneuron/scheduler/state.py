@@ -236,7 +236,8 @@ def retime(schedule, context=None):
     parameter's copy in that the cost model's timeline waits for (it queued behind the
     activations' prefetches, which the offload pass added after this pass placed it) moved that
     much earlier, with its Alloc, and a copy out waited for moved that much later, with its
-    Free, round after round while any is waited for, :data:`RETIME_ROUNDS` rounds at most. The steps' order is all that changes; the budget is the placement's to check."""
+    Free, round after round while any is waited for, :data:`RETIME_ROUNDS` rounds at most. The
+    steps' order is all that changes; the budget is the placement's to check."""
     model = getattr(context, "model", None)
     moved = {t for t in schedule.host_resident if schedule.tensors[t].kind in ("state", "param")}
     if model is None or not moved or not schedule.train or updates_on_host(schedule):
