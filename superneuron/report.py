@@ -332,7 +332,8 @@ def tradeoff_table(figures):
         cells = [f"{v * 1e3:.2f} ms (x{v / base:.2f})" if v is not None else "-" for v in row["policies"].values()]
         rows.append([human_bytes(row["budget_bytes"]), row["label"], *cells])
     text = (f"estimated time per iteration against the budget (liveness: {human_bytes(figures['liveness_bytes'])}, "
-            f"{base * 1e3:.2f} ms; lower bound {human_bytes(figures['lower_bound_bytes'])})\n"
+            f"{base * 1e3:.2f} ms; lower bound {human_bytes(figures['lower_bound_bytes'])} with the parameters and "
+            f"the optimiser's state resident)\n"
             + table(rows, ["budget", "", *policies]))
     monet = figures.get("monet")
     if monet:
@@ -360,7 +361,8 @@ def write_tradeoff(path, table):
         if points:
             ax.plot(*zip(*points), marker="o", label=policy)
     ax.axhline(table["liveness_seconds"] * 1e3, color="tab:gray", lw=1, ls=":", label="liveness, no budget")
-    ax.axvline(table["lower_bound_bytes"] / gib, color="tab:red", lw=1, ls=":", label="lower bound")
+    ax.axvline(table["lower_bound_bytes"] / gib, color="tab:red", lw=1, ls=":",
+               label="lower bound, parameters and state resident")
     if table.get("monet"):  # placed as if PyTorch's peak and time were liveness's
         monet = table["monet"]
         ax.scatter([p["fraction"] * table["liveness_bytes"] / gib for p in monet["points"]],
