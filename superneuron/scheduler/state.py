@@ -150,10 +150,11 @@ def offload_state(schedule, context=None, params=False):
             nbytes = sum(tensors[s].nbytes for s in state)
             before.setdefault(ahead(i, nbytes), []).extend(Prefetch(s, keep=True) for s in state)
             before.setdefault(i, []).extend(Wait(s) for s in state)
-        for out in (state, [param_of[g] for g in step.grads if param_of[g] in firsts]):
-            if out:  # and what it wrote goes back to its host master after it
-                after.setdefault(i, []).extend(Offload(t) for t in out)
-                after.setdefault(behind(i, sum(tensors[t].nbytes for t in out)), []).extend(Wait(t) for t in out)
+        for written in (state, [param_of[g] for g in step.grads if param_of[g] in firsts]):
+            if written:  # and what it wrote goes back to its host master after it
+                after.setdefault(i, []).extend(Offload(t) for t in written)
+                nbytes = sum(tensors[t].nbytes for t in written)
+                after.setdefault(behind(i, nbytes), []).extend(Wait(t) for t in written)
     out = []
     for i, step in enumerate(steps):
         out += before.get(i, [])
