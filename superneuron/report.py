@@ -7,6 +7,7 @@ from .files import write_bytes
 from .limits import TIMELINE_FORMATS
 from .scheduler.liveness import Roots
 from .scheduler.optimal import PARAMS_NAME, STATE_NAME
+from .scheduler.params import updates_on_host
 from .scheduler.simulate import working_set
 from .scheduler.steps import ALLREDUCE, BACKWARD, FORWARD, first_backward
 from .scheduler.timeline import COMPUTE_STREAM, D2H, EXPOSED, H2D, NETWORK, STALL
@@ -77,6 +78,22 @@ def plan_summary(info):
         lines.append(f"budget        {human_bytes(budget)}: does not fit")
         lines.append(overflow_line(info["overflow"], info["peak_bytes"], info["peak_step"], budget))
     return "\n".join(lines)
+
+
+def host_resident_words(schedule):
+    """What a training plan keeps on the host between the steps that use it, a few words (``''``
+    for nothing): under parameter offload the parameters, their gradients and the optimiser's
+    state; under state offload (scheduler/state.py) how many states and parameters."""
+    tensors = schedule.tensors
+    kinds = [tensors[t].kind for t in schedule.host_resident]
+    if updates_on_host(schedule):
+        return "parameters, gradients and optimiser state on the host, updated there"
+    state, params = kinds.count("state"), kinds.count("param")
+    if not state and not params:
+        return ""
+    what = [f"{n} optimiser state{'s' if n > 1 else ''}" for n in [state] if n]
+    what += [f"{n} parameter{'s' if n > 1 else ''}" for n in [params] if n]
+    return " and ".join(what) + " on the host, copied in for their steps"
 
 
 def overflow_line(over, peak_bytes, peak_step, budget):

@@ -105,6 +105,20 @@ def test_with_the_parameters_each_comes_in_before_its_forward_and_goes_out_after
     assert simulate(test).fits(None)
 
 
+def test_sn_train_says_what_the_plan_keeps_on_the_host(every_state):
+    from superneuron.report import host_resident_words
+    from superneuron.scheduler.params import offload_params
+    plain = update_in_backward(lower(graph_of(CHAIN), train=True, optimizer=make_optimizer(SGD)))
+    alone, both = state.offload_state(plain, Context()), state.offload_state(plain, Context(), params=True)
+    kinds = lambda s, k: sum(s.tensors[t].kind == k for t in s.host_resident)  # noqa: E731
+    assert host_resident_words(plain) == ""
+    held = "on the host, copied in for their steps"
+    assert host_resident_words(alone) == f"{kinds(alone, 'state')} optimiser states {held}"
+    n, m = kinds(both, "state"), kinds(both, "param")
+    assert host_resident_words(both) == f"{n} optimiser states and {m} parameters {held}"
+    assert host_resident_words(offload_params(plain)).endswith("on the host, updated there")
+
+
 def test_small_states_stay_resident():
     g = graph_of(CHAIN)
     plain = update_in_backward(lower(g, train=True, optimizer=make_optimizer(SGD)))

@@ -177,7 +177,8 @@ def _train(args, group):
         print(report.rejected_line(net.costs_rejected))
     print(f"memory: policy {net.policy}, plan peak {human_bytes(plan.peak_bytes)} (resident "
           f"{human_bytes(plan.resident_bytes)}, {plan.steps} steps); allocating arena of "
-          f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else ""))
+          f"{human_bytes(net.arena_bytes)}" + (f", host {human_bytes(plan.host_bytes)}" if plan.host_bytes else "")
+          + (f" ({held})" if (held := report.host_resident_words(net.schedules["train"])) else ""))
     for line in plan_lines(trainer, net, solver):
         print(line)
     if net.graph_line:
