@@ -178,6 +178,8 @@ def test_training_on_the_gpu_with_the_state_and_parameters_on_the_host_matches_l
     monkeypatch.setattr(optimal_policy, "update_in_backward",
                         lambda s, c=None: state.offload_state(update_in_backward(s, c), c, params=True))
     live, auto, feed = trained_as_liveness(SGD, device="gpu")
+    moved = auto.schedules["train"]
+    assert {moved.tensors[t].kind for t in moved.host_resident} == {"state", "param"}
     plan = auto.plans["train"]
     assert (auto.runtime.peak_bytes, auto.runtime.host_peak) == (plan.peak_bytes, plan.host_bytes)
     assert not auto.runtime.host_update and plan.host_bytes > 0
