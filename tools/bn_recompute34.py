@@ -33,10 +33,10 @@ sys.path[:0] = [os.path.join(root, "tools"), root]
 from optimal_table import lowered_net  # noqa: E402
 
 from superneuron.planning import plan  # noqa: E402
+from superneuron.scheduler import optimal  # noqa: E402
 from superneuron.scheduler.cost import CostModel  # noqa: E402
 
 if args.state_over is not None:
-    from superneuron.scheduler import optimal
     optimal.STATE_OVER = args.state_over
 if args.form == "forward":
     CostModel.recompute_seconds = lambda self, layer, algo: self.algo_seconds(layer, "forward", algo)

@@ -119,11 +119,11 @@ def offload_state(schedule, context=None, params=False):
     else:
         ends = dict(zip(compute, itertools.accumulate(model.step_seconds(schedule, steps[i]) for i in compute)))
         copy, span = model.copy_seconds, (lambda nbytes: SLACK * model.copy_seconds(nbytes))
+    rank = {i: k for k, i in enumerate(compute)}
     moved = _movable(schedule, steps, compute, ends, copy)
-    firsts = _movable_params(schedule, steps, compute, ends, copy) if params else {}
+    firsts = _movable_params(schedule, steps, compute, rank, ends, copy) if params else {}
     if not moved and not firsts:
         return schedule
-    rank = {i: k for k, i in enumerate(compute)}
     tensors, param_of = schedule.tensors, _params_of(schedule.graph)
 
     def ahead(i, nbytes):  # the latest compute step that ends span(nbytes) before step i starts
@@ -192,11 +192,12 @@ def _movable(schedule, steps, compute, ends, copy):
     return moved
 
 
-def _movable_params(schedule, steps, compute, ends, copy):
+def _movable_params(schedule, steps, compute, rank, ends, copy):
     """``{parameter: the index of its first use}`` of the parameters worth moving: those of
     :data:`SMALLEST` bytes or more, updated by an Update that names their gradients after every
     step that reads them, whose copy in (``copy`` of their bytes) fits in the compute time
-    before their first use, a Forward (``ends``: each compute step's end)."""
+    before their first use, a Forward (``rank``: each compute step's place among them,
+    ``ends``: its end)."""
     graph, tensors, param_of = schedule.graph, schedule.tensors, _params_of(schedule.graph)
     first, last, updated = {}, {}, {}
     for i, step in enumerate(steps):
@@ -206,7 +207,6 @@ def _movable_params(schedule, steps, compute, ends, copy):
                 last[p] = i
         elif step.kind == UPDATE:
             updated.update((param_of[g], i) for g in step.grads)
-    rank = {i: k for k, i in enumerate(compute)}
     return {p: i for p, i in first.items()
             if p in updated and updated[p] > last[p] and p in schedule.resident and tensors[p].nbytes >= SMALLEST
             and steps[i].kind == FORWARD and rank[i] > 0 and ends[compute[rank[i] - 1]] >= copy(tensors[p].nbytes)}
