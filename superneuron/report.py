@@ -320,6 +320,7 @@ def optimal_line(info):
     ms = 1e3
     others = ", ".join(f"{k} {v * ms:.2f} ms" if v is not None else f"{k} does not fit"
                        for k, v in info["candidates"].items())
+    others += "".join(f", {k} none faster" for k in info.get("bounded", {}))  # ended by its cutoff
     line = f"optimal       {info['winner']}'s plan won ({info['seconds'] * ms:.2f} ms)"
     if info.get("update_in_backward"):
         line += ", each parameter updated right after its backward (no gradient resident)"

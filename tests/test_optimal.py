@@ -22,8 +22,9 @@ from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.optimal import HEURISTICS, realise, smallest_budget
+from superneuron.scheduler.optimal import HEURISTICS, smallest_budget
 from superneuron.scheduler.optimal_model import Choice, Model, Stash, solve
+from superneuron.scheduler.optimal_rounds import realise
 from superneuron.scheduler.policy import apply_policy, passes_of
 from superneuron.scheduler.simulate import simulate
 
@@ -327,11 +328,11 @@ def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_d
     the caps that fit and did not, keeping the fastest plan that fits."""
     import types
 
-    from superneuron.scheduler import optimal as opt
+    from superneuron.scheduler import optimal_rounds as opt
     mib, budget = 1 << 20, 100 << 20
     tried = []
 
-    def solve(model, cap, left, *args, cutoff=None):
+    def solve(model, cap, left, *args, cutoff=None, prune=None):
         tried.append(cap)
         return types.SimpleNamespace(recompute=frozenset({cap}), offload=set(), swap=set(),
                                      encode=(frozenset(), frozenset()), status="", objective=1.0,
@@ -347,7 +348,7 @@ def test_the_rounds_keep_the_fastest_plan_between_a_cap_that_fits_and_one_that_d
 
     monkeypatch.setattr(opt, "solve", solve)
     monkeypatch.setattr(opt, "realise", lambda schedule, context, recompute, *args: recompute)
-    monkeypatch.setattr(opt, "_placed", placed)
+    monkeypatch.setattr(opt, "placed", placed)
     context = Context(PlanOptions(budget=budget))
     model = types.SimpleNamespace(resident=0)
     phases = []

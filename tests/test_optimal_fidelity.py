@@ -21,8 +21,8 @@ from superneuron.planning import lowered, plan
 from superneuron.scheduler import fuse
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
-from superneuron.scheduler.optimal import _placed, realise
 from superneuron.scheduler.optimal_model import build, solve
+from superneuron.scheduler.optimal_rounds import placed, realise
 from superneuron.scheduler.steps import OFFLOAD, PREFETCH, WAIT
 from superneuron.scheduler.timeline import STALL
 from superneuron.scheduler.update import update_in_backward
@@ -72,7 +72,7 @@ def test_googlenets_plan_at_a_third_fits_its_placement_at_the_programs_time():
     schedule = update_in_backward(base, context)
     m = build(schedule, model, joins=True)
     solution = solve(m, budget - m.resident, 60)
-    found = _placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
+    found = placed(realise(schedule, context, solution.recompute, solution.offload, solution.swap,
                             solution.encode), context)
     assert found.fits and found.schedule.offsets is not None  # planned offsets: the dynamic arena went over
     assert abs(found.seconds / solution.objective - 1) < 0.005, (found.seconds, solution.objective)

@@ -21,8 +21,8 @@ from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.liveness import Roots, liveness
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.optimal import realise
 from superneuron.scheduler.optimal_model import MIP_GAP, Model, Stash, build, solve
+from superneuron.scheduler.optimal_rounds import realise
 from superneuron.scheduler.recompute import recomputable_roots
 from superneuron.scheduler.steps import MEMORY, Free
 

@@ -13,7 +13,7 @@ from scipy.optimize import LinearConstraint
 
 from superneuron.graph import Graph
 from superneuron.netfile.spec import load_spec
-from superneuron.scheduler import optimal, optimal_highs
+from superneuron.scheduler import optimal, optimal_highs, optimal_rounds
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal_monotone import SMALLER
@@ -88,7 +88,7 @@ def test_a_smaller_budgets_plan_wins_where_the_larger_budget_plans_slower(monkey
     small, large = live * 2 // 5, live * 9 // 20
     SMALLER.nets.clear()
     fast = apply_policy(lower(graph), "optimal", budget=small, costs=CPU)
-    monkeypatch.setattr(optimal, "SOLVES", 0)  # no solver under the larger budget: the heuristics alone
+    monkeypatch.setattr(optimal_rounds, "SOLVES", 0)  # no solver under the larger budget: the heuristics alone
     memo = {}
     kept = apply_policy(lower(graph), "optimal", budget=large, costs=CPU, memo=memo)
     heuristics = [s for name, s in memo["optimal"]["candidates"].items() if name in optimal.HEURISTICS and s]
@@ -140,7 +140,7 @@ def test_the_cutoff_changes_no_plan(monkeypatch):
     graph = resnet8()
     budget = liveness_arena(graph) * 2 // 5
     digests, cut = [], []
-    solve = optimal.solve
+    solve = optimal_rounds.solve
 
     def without_cutoff(*args, cutoff=None, **kwargs):
         return solve(*args, **kwargs)
@@ -150,9 +150,36 @@ def test_the_cutoff_changes_no_plan(monkeypatch):
         return solve(*args, cutoff=cutoff, **kwargs)
 
     for wrapper in (without_cutoff, noting):
-        monkeypatch.setattr(optimal, "solve", wrapper)
+        monkeypatch.setattr(optimal_rounds, "solve", wrapper)
         SMALLER.nets.clear()
         schedule = apply_policy(lower(graph), "optimal", budget=budget, costs=CPU)
         digests.append(hashlib.sha1(repr(list(schedule.steps)).encode()).hexdigest())
     assert digests[0] == digests[1]
     assert any(c is not None for c in cut)  # rounds after the first had one (ResNet-1001's cut whole programs)
+
+
+def test_prune_hands_the_search_its_bound_and_keeps_the_answers_under_it():
+    """``prune`` is HiGHS's objective bound for the runs after the relaxation: a program whose
+    answers are all over it ends its search sooner; one with an answer under it finds the same
+    answer (a covering program of 60 binaries: its optimum 14.32, relaxation under 13)."""
+    rng = np.random.default_rng(0)
+    c, cover = rng.uniform(1, 10, 60), rng.uniform(0, 1, (30, 60))
+    args = (c, np.ones(60), (np.zeros(60), np.ones(60)), LinearConstraint(cover, 3.0, np.inf), 1e-6)
+    whole = optimal_highs.run(*args)
+    assert abs(whole.fun - 14.316) < 1e-3 and whole.nodes > 5
+    over = optimal_highs.run(*args, prune=13.0)  # no answer under it: the search ends at once
+    assert (over.x is None or over.fun > 13.0) and over.nodes < whole.nodes
+    assert over.bound <= whole.fun  # what it proved: none under 13, not its answer's value
+    under = optimal_highs.run(*args, prune=15.0)
+    assert list(np.round(under.x)) == list(np.round(whole.x)) and abs(under.fun - whole.fun) < 1e-9
+    seen = []
+    milp = optimal_highs._milp
+
+    def noting(c, integrality, bounds, constraints, options, seconds, what):
+        seen.append((what, options.get("objective_bound")))
+        return milp(c, integrality, bounds, constraints, options, seconds, what)
+
+    import unittest.mock
+    with unittest.mock.patch.object(optimal_highs, "_milp", noting):
+        optimal_highs.run(*args, prune=15.0)
+    assert seen[0] == ("relaxation", None) and all(bound == 15.0 for _, bound in seen[1:]) and len(seen) > 1

@@ -22,6 +22,7 @@ from superneuron.scheduler.allocator import aligned
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
 from superneuron.scheduler.optimal import PARAMS_NAME, STATE_NAME
+from superneuron.scheduler.optimal_monotone import SMALLER
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.timeline import STALL, Timeline
 from superneuron.scheduler.update import update_in_backward
@@ -335,12 +336,40 @@ def test_optimal_solves_with_the_state_on_the_host_only_where_its_plan_is_slow_a
     info, schedule = found[8]
     assert info["winner"] == STATE_NAME and info["candidates"].get("solver") is None
     assert "ip1/weight.momentum" in schedule.host_resident and info["state_offloaded"] > 0
-    # 9 MiB: both fit at the same estimate (x2.7 liveness's: both solved), and the parameters
-    # moved beside the state give a faster plan (tried as the state's was over STATE_OVER too)
+    # 9 MiB: the parameters moved beside the state give the fastest plan; the two programs
+    # before it, whose relaxations were over STATE_OVER, are solved after it with its time as
+    # their cutoff, and end with none faster
     info, schedule = found[9]
-    assert info["candidates"][STATE_NAME] == info["candidates"]["solver"]
-    assert info["winner"] == PARAMS_NAME and info["candidates"][PARAMS_NAME] < info["candidates"]["solver"]
+    assert info["winner"] == PARAMS_NAME and set(info["bounded"]) == {"solver", STATE_NAME}
+    assert "solver with the state on the host none faster" in optimal_line(info)
     assert {"ip1/weight", "ip1/weight.momentum"} <= set(schedule.host_resident)
     # 16 MiB: the plan with the state resident is within STATE_OVER of liveness: no second program
     info, schedule = found[16]
     assert {STATE_NAME, PARAMS_NAME}.isdisjoint(info["candidates"]) and not schedule.host_resident
+
+
+@pytest.mark.parametrize("mib", [8, 9, 16])
+def test_the_ladder_solving_the_programs_over_its_limit_last_gives_the_plan_of_solving_them_in_order(monkeypatch, mib):
+    """Solving a program whose relaxation is over STATE_OVER after the programs that move more
+    (with their best as its cutoff) saves its solving, never changes the plan: the same
+    winner and steps as each solved in the ladder's order (LeNet at 8 MiB: the state's and
+    the parameters' plans tie, and the one that moves less wins either way), with fewer plans
+    realised at 9 MiB, where the programs before the parameters' are cut off."""
+    from superneuron.planning import plan
+    from superneuron.scheduler import optimal_rounds
+    spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
+    realised = []
+    realise = optimal_rounds.realise
+    monkeypatch.setattr(optimal_rounds, "realise", lambda *args: realised.append(1) or realise(*args))
+
+    def planned():
+        SMALLER.nets.clear()  # each plans afresh: no plan of the other is a candidate
+        realised.clear()
+        memo = {}
+        schedule, _ = plan(Graph(spec), "optimal", budget=mib << 20, optimizer=opt, memo=memo)
+        return memo["optimal"]["winner"], memo["optimal"]["seconds"], [str(s) for s in schedule.steps]
+
+    reordered, work = planned(), len(realised)
+    monkeypatch.setattr(optimal_policy, "relaxation_bound", lambda models, context: 0.0)  # nothing over: in order
+    assert planned() == reordered
+    assert work < len(realised) if mib == 9 else work <= len(realised)

@@ -188,16 +188,17 @@ class Solution:
     runs: dict = dataclasses.field(default_factory=dict)
 
 
-def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), node_limit=None, cutoff=None):
+def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), cutoff=None, prune=None):
     """Solve the program of Model ``m`` with at most ``cap`` bytes live at any step besides the
     resident ones, the offloaded stashes' bytes within ``host_memory`` less ``m.host_fixed``
     (None: unbounded); a :class:`Solution`, the same on every run (optimal_highs.py: one
-    thread, a fixed seed, ``node_limit`` branch-and-bound nodes at most, its default where
-    None). ``time_limit``: a safety cap in seconds (None: none; a solve it ends may differ
-    between runs). ``swaps``: offer the swap option (a harder program: its copies' streams are
+    thread, a fixed seed, at most optimal_highs.NODE_LIMIT branch-and-bound nodes).
+    ``time_limit``: a safety cap in seconds (None: none; a solve it ends may differ between
+    runs). ``swaps``: offer the swap option (a harder program: its copies' streams are
     constrained too). ``recomputed``: roots that must be recomputed (an earlier solution's:
     the program left is much smaller). ``cutoff`` (seconds): where the program's relaxation
-    shows that no answer is faster, none (the sets None, the bound given; optimal_highs.py)."""
+    shows that no answer is faster, none (the sets None, the bound given; optimal_highs.py).
+    ``prune`` (seconds): the search drops the answers over it (optimal_highs.py's ``prune``)."""
     from scipy.optimize import LinearConstraint
     from scipy.sparse import coo_array
 
@@ -302,8 +303,9 @@ def solve(m, cap, time_limit=None, host_memory=None, swaps=True, recomputed=(), 
         res = optimal_highs.run(c, integrality, (np.concatenate([lower, np.full(n, -np.inf)]),
                                                  np.concatenate([np.ones(nx), np.full(n, np.inf)])),
                                 LinearConstraint(matrix, np.array(lo), np.array(hi)), MIP_GAP,
-                                node_limit or optimal_highs.NODE_LIMIT, time_limit,
-                                None if cutoff is None else (cutoff - m.fixed_seconds) * MS)
+                                time_limit,
+                                None if cutoff is None else (cutoff - m.fixed_seconds) * MS,
+                                None if prune is None else (prune - m.fixed_seconds) * MS)
     seconds = time.perf_counter() - start
     base = m.fixed_seconds
     dual = None if res.bound is None else base + res.bound / MS
