@@ -15,7 +15,7 @@ import numpy as np
 from .backend import get_backend
 from .errors import SNError
 from .graph import Graph
-from .layers.base import fill
+from .layers.fillers import fill
 from .limits import host_memory_bytes
 from .netfile.rules import net_states
 from .netfile.spec import load_spec

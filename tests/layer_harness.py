@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from superneuron.layers import layer_class
-from superneuron.layers.base import Context, fill
+from superneuron.layers.base import Context
+from superneuron.layers.fillers import fill
 
 
 def build(type_name, bottom_shapes, dtype=np.float64, n_tops=None, seed=0, **raw):

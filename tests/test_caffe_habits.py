@@ -4,7 +4,7 @@ FillerParameter field, a typeless filler, a Data layer with one top, and the lik
 import numpy as np
 import pytest
 
-from superneuron.layers.base import bilinear, fill, parse_filler
+from superneuron.layers.fillers import bilinear, fill, parse_filler
 
 
 def test_filler_ignores_fields_it_does_not_use():

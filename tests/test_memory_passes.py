@@ -17,7 +17,7 @@ import pytest
 from superneuron.backend import Backend
 from superneuron.graph import Graph
 from superneuron.graph.tensors import storage_root as root
-from superneuron.layers.base import fill
+from superneuron.layers.fillers import fill
 from superneuron.net import Net
 from superneuron.netfile.spec import load_spec, loads_spec
 from superneuron.runtime.executor import Runtime

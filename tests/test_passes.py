@@ -15,7 +15,7 @@ from superneuron.backend import Backend
 from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.graph.tensors import storage_root as root
-from superneuron.layers.base import fill
+from superneuron.layers.fillers import fill
 from superneuron.netfile.spec import load_spec
 from superneuron.options import PlanOptions
 from superneuron.runtime.executor import Runtime

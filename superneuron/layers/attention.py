@@ -43,7 +43,8 @@ import math
 import numpy as np
 
 from . import parallel
-from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .base import Algo, Cost, Key, Layer, ParamSpec, workspace_bytes
+from .fillers import parse_filler
 from .join import shape_str
 from .registry import register
 

@@ -39,7 +39,8 @@ above remain the fallback where cuDNN refuses a shape.
 import math
 
 from . import parallel, winograd
-from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .base import Algo, Cost, Key, Layer, ParamSpec, workspace_bytes
+from .fillers import parse_filler
 from .im2col import im2col, workspace_shapes
 from .registry import register
 from .windows import gather, scatter_add, window_taps

@@ -9,7 +9,8 @@ so no algorithm needs workspace.
 import numpy as np
 
 from . import parallel
-from .base import Cost, Key, Layer, ParamSpec, parse_filler
+from .base import Cost, Key, Layer, ParamSpec
+from .fillers import parse_filler
 from .registry import register
 
 

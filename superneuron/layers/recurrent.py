@@ -22,7 +22,8 @@ bits. The markers are never differentiated (Caffe cannot backpropagate to them e
 
 import numpy as np
 
-from .base import Algo, Cost, Key, Layer, ParamSpec, parse_filler, workspace_bytes
+from .base import Algo, Cost, Key, Layer, ParamSpec, workspace_bytes
+from .fillers import parse_filler
 from .registry import register
 
 

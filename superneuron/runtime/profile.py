@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from ..layers.base import Context, fill
+from ..layers.base import Context
+from ..layers.fillers import fill
 from ..scheduler.cost import CACHE_FORMAT, cache_path, cached, entries, rejections, table_of
 from .copies import copies_for
 
