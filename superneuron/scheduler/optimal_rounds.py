@@ -143,8 +143,11 @@ def relaxation_bound(models, context):
     recomputed, swaps and encodings offered) under the whole budget: no plan of any of them is
     faster. None where even it has no answer."""
     loosest = models[True]
+    cap = context.budget - loosest.resident
+    if cap <= 0:  # the resident bytes alone are over the budget
+        return None
     # a cutoff of 0 s: every answer is over it, so the solve ends at the relaxation, with its bound
-    return solve(loosest, context.budget - loosest.resident, None, context.host_memory, cutoff=0.0).dual_bound
+    return solve(loosest, cap, None, context.host_memory, cutoff=0.0).dual_bound
 
 
 def solved(schedule, context, info, models=None, beat=None):
