@@ -7,6 +7,7 @@ whole or as its fields' keywords:
     schedule, plan = planning.plan(spec, "superneurons", budget=2 << 30, device="gpu")
     schedule, plan = planning.plan(spec, PlanOptions.of(policy="gist", memory="5MiB"))
     smallest = planning.min_memory(spec, "liveness")
+    floor = planning.solver_floor(spec, "optimal")  # no plan of optimal's under it
 """
 
 import numpy as np
@@ -18,7 +19,7 @@ from .options import PlanOptions
 from .scheduler.context import Context
 from .scheduler.cost import CostModel
 from .scheduler.lower import lower
-from .scheduler.optimal import smallest_budget
+from .scheduler.optimal import lowest_budget, smallest_budget
 from .scheduler.policy import apply_policy, passes_of
 from .scheduler.schedule import Schedule
 from .scheduler.simulate import simulate
@@ -113,3 +114,14 @@ def min_memory(net, options=None, *, phases=(True,), cost=None, optimizer=None, 
         if lo == 0 or not fits_at(lo - 1):
             return lo
         lo, hi = 0, lo - 1
+
+
+def solver_floor(net, options=None, *, cost=None, optimizer=None, **settings):
+    """For ``optimal`` and ``auto``: a budget (bytes) under which no plan of the solver's fits
+    the training iteration (scheduler/optimal.py's ``lowest_budget``: its program has no answer
+    there, even with the optimiser's state and the parameters on the host), under
+    :func:`min_memory`'s, which a heuristic's plan fits; None where it has none at all."""
+    options = PlanOptions.of(options, **settings)
+    cost = cost_model(cost, options.device)
+    base = lowered(net, True, optimizer, options.device, options.dtype)
+    return lowest_budget(base, Context(options, cost).with_options(budget=None))

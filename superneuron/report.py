@@ -119,6 +119,12 @@ def rejected_line(rejected):
 def min_memory_line(info):
     """The line of ``sn-plan --min-memory``."""
     need = info["min_memory_bytes"]
+    if "min_memory_floor_bytes" in info:  # optimal, auto: the solver's plans may fit under a heuristic's
+        floor = info["min_memory_floor_bytes"]
+        under = "" if floor is None else (f"; the solver's may fit under it, none under {human_bytes(floor)} "
+                                          f"({floor} bytes: its program has no answer there)")
+        return (f"min memory    {human_bytes(need)} ({need} bytes): the smallest --memory under which a "
+                f"heuristic's plan fits{under}")
     return (f"min memory    {human_bytes(need)} ({need} bytes): the smallest --memory under which "
             f"this policy's plan fits (at {need - 1} bytes it does not)")
 

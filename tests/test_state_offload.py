@@ -13,6 +13,7 @@ from test_memory_passes import CHAIN, graph_of
 from test_update_in_backward import trained_as_liveness
 
 import superneuron.scheduler.optimal as optimal_policy
+from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.net import Net
 from superneuron.netfile.spec import load_spec
@@ -373,3 +374,32 @@ def test_the_ladder_solving_the_programs_over_its_limit_last_gives_the_plan_of_s
     monkeypatch.setattr(optimal_policy, "relaxation_bound", lambda models, context: 0.0)  # nothing over: in order
     assert planned() == reordered
     assert work < len(realised) if mib == 9 else work <= len(realised)
+
+
+def test_optimal_names_a_floor_under_which_none_of_its_plans_fits_and_fits_between_it_and_the_heuristics(capsys):
+    """LeNet (SGD with momentum): a heuristic's plan fits from 11.6 MiB; the solver's, with the
+    state and the parameters on the host, fit down to 7 MiB; its program's relaxation has no
+    answer under its floor, so there nothing fits and the error says both budgets, and sn-plan
+    --min-memory prints both."""
+    from superneuron.cli.plan import main
+    from superneuron.options import PlanOptions
+    from superneuron.planning import lowered, plan
+    from superneuron.scheduler.context import Context
+    from superneuron.scheduler.optimal import lowest_budget, smallest_budget
+    from superneuron.scheduler.policy import passes_of
+    from superneuron.sizes import human_bytes
+    spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
+    context = Context(PlanOptions("optimal"), CostModel("cpu"))
+    base = lowered(spec, True, opt)
+    floor, heuristic = lowest_budget(base, context), smallest_budget(base, context, passes_of)
+    assert floor < 7 << 20 < heuristic
+    _, fitted = plan(Graph(spec), "optimal", budget=7 << 20, optimizer=opt)
+    assert fitted.fits(7 << 20)  # under every heuristic's smallest: the solver's plan
+    with pytest.raises(SNError) as err:
+        plan(Graph(spec), "optimal", budget=floor - (64 << 10), optimizer=opt)
+    assert f"no plan of the solver's can fit under {human_bytes(floor)}" in str(err.value)
+    assert f"a heuristic's plan fits from {human_bytes(heuristic)}" in str(err.value)
+    assert main(["nets/lenet.yaml", "--policy", "optimal", "--min-memory"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("min memory"))
+    assert line.startswith(f"min memory    {human_bytes(heuristic)} ({heuristic} bytes): the smallest --memory under "
+                           "which a heuristic's plan fits") and f"none under {human_bytes(floor)}" in line

@@ -44,7 +44,7 @@ def main():
             schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time,
                                    memo=memo)
         except SNError:
-            budget, label = smallest_budget(base, Context(model=model), passes_of), "the smallest that fits"
+            budget, label = smallest_budget(base, Context(model=model), passes_of), "the smallest a heuristic fits"
             schedule, found = plan(base, "optimal", budget=budget, cost=model, solver_seconds=args.solver_time,
                                    memo=memo)
         info, solver = memo["optimal"], memo["optimal"].get("solver") or {}

@@ -29,7 +29,7 @@ from ..errors import SNError
 from ..explore.tradeoff import tradeoff
 from ..files import check_output_path
 from ..graph import Graph
-from ..planning import lowered, min_memory, plan
+from ..planning import lowered, min_memory, plan, solver_floor
 from ..runtime.profile import load_or_measure
 from ..scheduler.allocator import aligned
 from ..scheduler.allreduce import sync_bn_sums
@@ -69,7 +69,7 @@ def build_parser():
                         "at that budget fit, one byte less does not; a bisection over budgets)")
     p.add_argument("--tradeoff", metavar="FILE.png",
                    help="plot estimated time against budget (2/3, 1/2, 1/3, 1/4 of liveness's peak and the "
-                        "smallest that fits) for each policy, and print the table")
+                        "smallest budget a heuristic fits) for each policy, and print the table")
     p.add_argument("--ranks", type=int, default=1, metavar="N",
                    help="data-parallel ranks: plan the gradients' all-reduce in buckets, and show it")
     p.add_argument("--link", metavar="BW[,LATENCY]",
@@ -135,6 +135,8 @@ def plan_from_args(args, keep=None):
         info["data_parallel"] = data_parallel(schedule, timeline, model, ranks, getattr(args, "sync_bn", False))
     if getattr(args, "min_memory", False):
         info["min_memory_bytes"] = min_memory(base, options, cost=model, budget=None)
+        if options.solved:  # a heuristic's plan fits min_memory_bytes; the solver's may fit under it
+            info["min_memory_floor_bytes"] = solver_floor(base, options, cost=model)
     info["profile"] = profile
     return schedule, the_plan, info, model
 

@@ -54,7 +54,7 @@ def tradeoff(base, options, model, liveness_seconds, policies=POLICIES, fraction
     live, bound = reference.arena_bytes, reference.lower_bound_bytes
     rows = [(round(live * f), f"{_fraction(f)} of liveness") for f in fractions]
     rows.append((round(bound * NEAR_BOUND), f"{NEAR_BOUND:g}x the lower bound"))
-    rows.append((_smallest(base, model, options), "smallest that fits"))
+    rows.append((_smallest(base, model, options), "smallest a heuristic fits"))
     out = []
     # the smallest budget first: optimal's plan of each is a candidate under the larger ones
     # (scheduler/optimal_monotone.py), so the curve never rises with the budget

@@ -55,7 +55,9 @@ from ..errors import SNError
 from ..options import PARAMS
 from ..sizes import human_bytes
 from . import optimal_monotone
+from .liveness import liveness
 from .optimal_rounds import placed, programs, relaxation_bound, solved, usable, weigh
+from .simulate import simulate
 from .state import applies as state_applies
 from .state import offload_state
 from .update import update_in_backward
@@ -94,9 +96,7 @@ def _heuristic(name, schedule, context, presets):
 
 
 def _fastest(schedule, context, presets, solve_always):
-    lowered = schedule
-    if not context.offload_params:  # parameter offload updates on the host, as each gradient lands
-        schedule = update_in_backward(schedule, context)
+    lowered, schedule = schedule, _prepared(schedule, context)
     info = {"winner": None, "candidates": {}, "solver": None,
             "update_in_backward": schedule is not lowered and schedule.train}
     context.memo["optimal"] = info
@@ -123,12 +123,21 @@ def _fastest(schedule, context, presets, solve_always):
         info["candidates"]["smaller budget"] = smaller.seconds
         best.append(dataclasses.replace(smaller, name="smaller budget"))
     if not best:
-        raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)}: the smallest that "
-                      f"fits is {human_bytes(smallest_budget(schedule, context, presets))} "
-                      f"(policy {schedule.policy})")
+        floor = lowest_budget(lowered, context)
+        under = ("" if floor is None else f"no plan of the solver's can fit under {human_bytes(floor)} (its "
+                 "program has no answer there, even with the optimiser's state and parameters on the host), and ")
+        raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)} (policy {schedule.policy}): "
+                      f"{under}a heuristic's plan fits from {human_bytes(smallest_budget(lowered, context, presets))}")
     winner = min(best, key=lambda c: (c.seconds, c.plan.arena_bytes))
     optimal_monotone.SMALLER.keep(key, context.budget, winner)
     return _win(winner, info, context, None)
+
+
+def _prepared(schedule, context):
+    """The schedule whose plans ``optimal`` weighs, from the lowered one: each parameter updated
+    right after its backward, where the optimiser allows (update.py; with parameter offload the
+    host updates each as its gradient lands)."""
+    return schedule if context.offload_params else update_in_backward(schedule, context)
 
 
 def _ladder(schedule, context, info, over):
@@ -212,12 +221,38 @@ def _win(candidate, info, context, proven):
     return candidate.schedule
 
 
+def lowest_budget(schedule, context):
+    """A budget (bytes) under which no plan of the solver's fits: the smallest under which the
+    relaxation of the program that moves the most to the host (the optimiser's state and the
+    parameters, where the ladder moves them) has an answer, to within 1/4096 of liveness's
+    arena (a bisection of LPs; fitting is monotone in the budget there). ``schedule``: the
+    baseline (lowered). None where even liveness's arena has no answer."""
+    schedule = _prepared(schedule, context)
+    moved = _moved(schedule, context, True) or _moved(schedule, context, False) or schedule
+    models = programs(moved, context)
+
+    def answered(budget):
+        return relaxation_bound(models, context.with_options(budget=budget)) is not None
+
+    lo, hi = models[True].resident, simulate(liveness(schedule)).arena_bytes + models[True].resident
+    if not answered(hi):
+        return None
+    step = max(hi >> 12, 1)
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if answered(mid) else (mid, hi)
+    return hi
+
+
 def smallest_budget(schedule, context, presets):
     """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
     between the resident bytes and liveness's arena; each probe plans superneurons and
     offload, the policies that go lowest; with parameter offload where ``context`` has it;
     ``presets``: as for :func:`optimal`), to within 1/4096 of it: a budget that fits, and no
-    more than that above the smallest (deep nets plan for seconds: each probe counts)."""
+    more than that above the smallest (deep nets plan for seconds: each probe counts).
+    ``schedule``: the lowered one, prepared as ``optimal`` prepares it (:func:`_prepared`), so
+    that ``optimal``'s own heuristic candidates fit there."""
+    schedule = _prepared(schedule, context)
     unbounded = _heuristic("liveness", schedule, context.with_options(budget=None), presets)
     lo, hi = unbounded.schedule.resident_bytes, unbounded.plan.arena_bytes
 
