@@ -19,7 +19,7 @@ from .options import PlanOptions
 from .scheduler.context import Context
 from .scheduler.cost import CostModel
 from .scheduler.lower import lower
-from .scheduler.optimal import lowest_budget, smallest_budget
+from .scheduler.optimal import lowest_budget, smallest_candidate_budget
 from .scheduler.policy import apply_policy, passes_of
 from .scheduler.schedule import Schedule
 from .scheduler.simulate import simulate
@@ -82,7 +82,7 @@ def min_memory(net, options=None, *, phases=(True,), cost=None, optimizer=None, 
     bases = [lowered(net, train, optimizer, options.device, options.dtype) for train in phases]
     if options.solved:  # the smallest budget a candidate of theirs fits (each plan solves a program)
         context = Context(options, cost).with_options(budget=None)
-        return max(smallest_budget(base, context, passes_of) for base in bases)
+        return max(smallest_candidate_budget(base, context, passes_of) for base in bases)
     known = {}
 
     def plans(budget):

@@ -22,7 +22,7 @@ from superneuron.options import PlanOptions
 from superneuron.scheduler.context import Context
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.optimal import HEURISTICS, smallest_budget
+from superneuron.scheduler.optimal import HEURISTICS, smallest_budget, smallest_candidate_budget
 from superneuron.scheduler.optimal_model import Choice, Model, Stash, solve
 from superneuron.scheduler.optimal_rounds import realise
 from superneuron.scheduler.policy import apply_policy, passes_of
@@ -233,7 +233,7 @@ def test_auto_picks_liveness_where_it_fits():
 def test_a_budget_nothing_fits_is_one_line_naming_the_smallest_that_does(capsys):
     from superneuron.cli.plan import main
     graph = tiny()
-    low = smallest_budget(lower(graph), Context(model=CostModel("cpu")), passes_of)
+    low = smallest_candidate_budget(lower(graph), Context(model=CostModel("cpu")), passes_of)
     assert main(["tests/nets/tiny.yaml", "--policy", "optimal", "--memory", "1KiB", "--solver-time", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err

@@ -385,13 +385,13 @@ def test_optimal_names_a_floor_under_which_none_of_its_plans_fits_and_fits_betwe
     from superneuron.options import PlanOptions
     from superneuron.planning import lowered, plan
     from superneuron.scheduler.context import Context
-    from superneuron.scheduler.optimal import lowest_budget, smallest_budget
+    from superneuron.scheduler.optimal import lowest_budget, smallest_candidate_budget
     from superneuron.scheduler.policy import passes_of
     from superneuron.sizes import human_bytes
     spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
     context = Context(PlanOptions("optimal"), CostModel("cpu"))
     base = lowered(spec, True, opt)
-    floor, heuristic = lowest_budget(base, context), smallest_budget(base, context, passes_of)
+    floor, heuristic = lowest_budget(base, context), smallest_candidate_budget(base, context, passes_of)
     assert floor < 7 << 20 < heuristic
     _, fitted = plan(Graph(spec), "optimal", budget=7 << 20, optimizer=opt)
     assert fitted.fits(7 << 20)  # under every heuristic's smallest: the solver's plan

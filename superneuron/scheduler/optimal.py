@@ -127,7 +127,7 @@ def _fastest(schedule, context, presets, solve_always):
         under = ("" if floor is None else f"no plan of the solver's can fit under {human_bytes(floor)} (its "
                  "program has no answer there, even with the optimiser's state and parameters on the host), and ")
         raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)} (policy {schedule.policy}): "
-                      f"{under}a heuristic's plan fits from {human_bytes(smallest_budget(lowered, context, presets))}")
+                      f"{under}a heuristic's plan fits from {human_bytes(smallest_budget(schedule, context, presets))}")
     winner = min(best, key=lambda c: (c.seconds, c.plan.arena_bytes))
     optimal_monotone.SMALLER.keep(key, context.budget, winner)
     return _win(winner, info, context, None)
@@ -244,15 +244,22 @@ def lowest_budget(schedule, context):
     return hi
 
 
+def smallest_candidate_budget(schedule, context, presets):
+    """The smallest budget (bytes) under which one of ``optimal``'s heuristic candidates fits:
+    :func:`smallest_budget` of the schedule it weighs them on (``schedule``: the lowered one;
+    :func:`_prepared`). The solver's own plans may fit under it, none under
+    :func:`lowest_budget`."""
+    return smallest_budget(_prepared(schedule, context), context, presets)
+
+
 def smallest_budget(schedule, context, presets):
     """The smallest budget (bytes) under which one of the heuristic plans fits (a bisection
     between the resident bytes and liveness's arena; each probe plans superneurons and
     offload, the policies that go lowest; with parameter offload where ``context`` has it;
     ``presets``: as for :func:`optimal`), to within 1/4096 of it: a budget that fits, and no
     more than that above the smallest (deep nets plan for seconds: each probe counts).
-    ``schedule``: the lowered one, prepared as ``optimal`` prepares it (:func:`_prepared`), so
-    that ``optimal``'s own heuristic candidates fit there."""
-    schedule = _prepared(schedule, context)
+    ``schedule``: as the heuristics plan it (the tradeoff's row), or as ``optimal`` weighs them
+    (:func:`smallest_candidate_budget`)."""
     unbounded = _heuristic("liveness", schedule, context.with_options(budget=None), presets)
     lo, hi = unbounded.schedule.resident_bytes, unbounded.plan.arena_bytes
 
