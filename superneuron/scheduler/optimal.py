@@ -78,8 +78,9 @@ RUNGS = ("solver", STATE_NAME, PARAMS_NAME)  # the solver's programs, each movin
 def optimal(schedule, context, presets):
     """The pass ``optimal``: see the module's docstring (``presets``: ``(name,
     offload_params) → passes``, the heuristics' passes). It takes the baseline schedule and
-    ends placed, as every policy does. SNError when no plan fits the budget, naming the
-    smallest budget that does."""
+    ends placed, as every policy does. SNError when no plan fits the budget, naming the budget
+    under which none of the solver's can (:func:`lowest_budget`) and the smallest under which a
+    heuristic's does."""
     return _fastest(schedule, context, presets, solve_always=True)
 
 
@@ -147,7 +148,7 @@ def _ladder(schedule, context, info, over):
     whose relaxation's bound at the whole budget is already over ``over`` (no plan of it is
     within) goes after the rungs above it, with their best as its cutoff, so that where they
     beat it its programs end at their relaxations (ResNet-50 at 1.1 times its lower bound: 267
-    s of planning to 21 s, to the same plan) and a plan within ``over`` stops the ladder as
+    s of planning to 36 s, to the same plan) and a plan within ``over`` stops the ladder as
     before: where the first rung has one, nothing changes. ``info`` (the pass's memo) takes
     each rung's estimate (None: none fits), the winning rung's solver figures and the bytes it
     moved, and the bounds of the rungs their cutoff ended."""
@@ -222,11 +223,11 @@ def _win(candidate, info, context, proven):
 
 
 def lowest_budget(schedule, context):
-    """A budget (bytes) under which no plan of the solver's fits: the smallest under which the
-    relaxation of the program that moves the most to the host (the optimiser's state and the
-    parameters, where the ladder moves them) has an answer, to within 1/4096 of liveness's
-    arena (a bisection of LPs; fitting is monotone in the budget there). ``schedule``: the
-    baseline (lowered). None where even liveness's arena has no answer."""
+    """A budget (bytes) under which no plan of the solver's fits: one byte over a budget under
+    which the relaxation of the program that moves the most to the host (the optimiser's state
+    and the parameters, where the ladder moves them) has no answer, within 1/4096 of liveness's
+    arena of the smallest with one (a bisection of LPs; having one is monotone in the budget).
+    ``schedule``: the baseline (lowered). None where even liveness's arena has no answer."""
     schedule = _prepared(schedule, context)
     moved = _moved(schedule, context, True) or _moved(schedule, context, False) or schedule
     models = programs(moved, context)
@@ -238,10 +239,10 @@ def lowest_budget(schedule, context):
     if not answered(hi):
         return None
     step = max(hi >> 12, 1)
-    while hi - lo > step:
+    while hi - lo > step:  # lo: no answer, hi: an answer
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if answered(mid) else (mid, hi)
-    return hi
+    return lo + 1
 
 
 def smallest_candidate_budget(schedule, context, presets):
