@@ -21,7 +21,7 @@ KEPT_PLANS = 16  # plans kept per net
 
 
 class Smaller:
-    """The fastest plan (an optimal.Candidate) found so far for each budget of each net."""
+    """The fastest plan (an optimal_rounds.Candidate) found so far for each budget of each net."""
 
     def __init__(self):
         self.nets = collections.OrderedDict()

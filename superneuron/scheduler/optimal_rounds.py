@@ -74,7 +74,6 @@ def usable(candidate, context):
     return candidate.fits and (host is None or candidate.plan.host_bytes <= host)
 
 
-
 def weigh(name, schedule, context, passes):
     """Plan ``schedule`` with ``passes`` under a Context like ``context`` (its own memo) and
     weigh it; ``name``: what the Candidate is called."""

@@ -233,7 +233,7 @@ def like(schedule, trained):
 
 
 def retime(schedule, context=None):
-    """The pass after the offload pass (optimal.py's realised plans): a state's or a moved
+    """The pass after the offload pass (optimal_rounds.py's realised plans): a state's or a moved
     parameter's copy in that the cost model's timeline waits for (it queued behind the
     activations' prefetches, which the offload pass added after this pass placed it) moved that
     much earlier, with its Alloc, and a copy out waited for moved that much later, with its
