@@ -122,7 +122,7 @@ def min_memory_line(info):
     if "min_memory_floor_bytes" in info:  # optimal, auto: the solver's plans may fit under a heuristic's
         floor = info["min_memory_floor_bytes"]
         under = "" if floor is None else (f"; the solver's may fit under it, none under {human_bytes(floor)} "
-                                          f"({floor} bytes: its program has no answer there)")
+                                          f"({floor} bytes: its programs have no answer there)")
         return (f"min memory    {human_bytes(need)} ({need} bytes): the smallest --memory under which a "
                 f"heuristic's plan fits{under}")
     return (f"min memory    {human_bytes(need)} ({need} bytes): the smallest --memory under which "

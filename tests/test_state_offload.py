@@ -393,6 +393,11 @@ def test_optimal_names_a_floor_under_which_none_of_its_plans_fits_and_fits_betwe
     base = lowered(spec, True, opt)
     floor, heuristic = lowest_budget(base, context), smallest_candidate_budget(base, context, passes_of)
     assert floor < 7 << 20 < heuristic
+    # with 1 MiB of host memory the parameters cannot move (3 MiB with their state): a higher floor
+    limited = Context(PlanOptions("optimal", host_memory=1 << 20), CostModel("cpu"))
+    assert lowest_budget(base, limited) > 7 << 20
+    with pytest.raises(SNError):
+        plan(Graph(spec), "optimal", budget=7 << 20, optimizer=opt, host_memory=1 << 20)
     _, fitted = plan(Graph(spec), "optimal", budget=7 << 20, optimizer=opt)
     assert fitted.fits(7 << 20)  # under every heuristic's smallest: the solver's plan
     with pytest.raises(SNError) as err:

@@ -126,7 +126,7 @@ def _fastest(schedule, context, presets, solve_always):
     if not best:
         floor = lowest_budget(lowered, context)
         under = ("" if floor is None else f"no plan of the solver's can fit under {human_bytes(floor)} (its "
-                 "program has no answer there, even with the optimiser's state and parameters on the host), and ")
+                 "programs have no answer there, whatever they move to the host), and ")
         raise SNError(f"no schedule fits the budget of {human_bytes(context.budget)} (policy {schedule.policy}): "
                       f"{under}a heuristic's plan fits from {human_bytes(smallest_budget(schedule, context, presets))}")
     winner = min(best, key=lambda c: (c.seconds, c.plan.arena_bytes))
@@ -224,14 +224,23 @@ def _win(candidate, info, context, proven):
 
 def lowest_budget(schedule, context):
     """A budget (bytes) under which no plan of the solver's fits: one byte over a budget under
-    which the relaxation of the program that moves the most to the host (the optimiser's state
-    and the parameters, where the ladder moves them) has no answer, within 1/4096 of liveness's
+    which the relaxation of each of its programs has no answer, within 1/4096 of liveness's
     arena of the smallest with one (a bisection of LPs; having one is monotone in the budget).
-    ``schedule``: the baseline (lowered). None where even liveness's arena has no answer."""
+    Without a host memory limit, the program that moves the most to the host (the optimiser's
+    state and the parameters, where the ladder moves them) is the loosest and alone is solved;
+    with one, each rung's (moving more may not fit the host). ``schedule``: the baseline
+    (lowered). None where no program has an answer even at liveness's arena."""
     schedule = _prepared(schedule, context)
-    moved = _moved(schedule, context, True) or _moved(schedule, context, False) or schedule
-    models = programs(moved, context)
+    rungs = [_moved(schedule, context, True), _moved(schedule, context, False), schedule]
+    rungs = [r for r in rungs if r is not None]
+    floors = [_floor(programs(r, context), context, schedule) for r in rungs[:1 if context.host_memory is None else 3]]
+    return min((f for f in floors if f is not None), default=None)
 
+
+def _floor(models, context, schedule):
+    """One byte over a budget under which ``models``' loosest relaxation has no answer, within
+    1/4096 of the bisection's top (liveness's arena of ``schedule`` over the resident bytes);
+    None where it has none there."""
     def answered(budget):
         return relaxation_bound(models, context.with_options(budget=budget)) is not None
 
