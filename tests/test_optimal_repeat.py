@@ -158,7 +158,7 @@ def test_the_cutoff_changes_no_plan(monkeypatch):
     assert any(c is not None for c in cut)  # rounds after the first had one (ResNet-1001's cut whole programs)
 
 
-def test_prune_hands_the_search_its_bound_and_keeps_the_answers_under_it():
+def test_prune_hands_the_search_its_bound_and_keeps_the_answers_under_it(monkeypatch):
     """``prune`` is HiGHS's objective bound for the runs after the relaxation: a program whose
     answers are all over it ends its search sooner; one with an answer under it finds the same
     answer (a covering program of 60 binaries: its optimum 14.32, relaxation under 13)."""
@@ -179,7 +179,6 @@ def test_prune_hands_the_search_its_bound_and_keeps_the_answers_under_it():
         seen.append((what, options.get("objective_bound")))
         return milp(c, integrality, bounds, constraints, options, seconds, what)
 
-    import unittest.mock
-    with unittest.mock.patch.object(optimal_highs, "_milp", noting):
-        optimal_highs.run(*args, prune=15.0)
+    monkeypatch.setattr(optimal_highs, "_milp", noting)
+    optimal_highs.run(*args, prune=15.0)
     assert seen[0] == ("relaxation", None) and all(bound == 15.0 for _, bound in seen[1:]) and len(seen) > 1

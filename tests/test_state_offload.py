@@ -17,16 +17,22 @@ from superneuron.errors import SNError
 from superneuron.graph import Graph
 from superneuron.net import Net
 from superneuron.netfile.spec import load_spec
-from superneuron.report import optimal_line
-from superneuron.scheduler import state
+from superneuron.options import PlanOptions
+from superneuron.planning import lowered, plan
+from superneuron.report import host_resident_words, optimal_line
+from superneuron.scheduler import optimal_rounds, state
 from superneuron.scheduler.allocator import aligned
+from superneuron.scheduler.context import Context as SchedulerContext
 from superneuron.scheduler.cost import CostModel
 from superneuron.scheduler.lower import lower
-from superneuron.scheduler.optimal import PARAMS_NAME, STATE_NAME
+from superneuron.scheduler.optimal import PARAMS_NAME, STATE_NAME, lowest_budget, smallest_candidate_budget
 from superneuron.scheduler.optimal_monotone import SMALLER
+from superneuron.scheduler.params import offload_params
+from superneuron.scheduler.policy import passes_of
 from superneuron.scheduler.simulate import simulate
 from superneuron.scheduler.timeline import STALL, Timeline
 from superneuron.scheduler.update import update_in_backward
+from superneuron.sizes import human_bytes
 from superneuron.train.optim import make_optimizer
 from superneuron.train.solver_config import SolverConfig
 
@@ -108,8 +114,6 @@ def test_with_the_parameters_each_comes_in_before_its_forward_and_goes_out_after
 
 
 def test_sn_train_says_what_the_plan_keeps_on_the_host(every_state):
-    from superneuron.report import host_resident_words
-    from superneuron.scheduler.params import offload_params
     plain = update_in_backward(lower(graph_of(CHAIN), train=True, optimizer=make_optimizer(SGD)))
     alone, both = state.offload_state(plain, Context()), state.offload_state(plain, Context(), params=True)
     kinds = lambda s, k: sum(s.tensors[t].kind == k for t in s.host_resident)  # noqa: E731
@@ -326,7 +330,6 @@ def test_a_run_resumed_from_a_snapshot_with_the_state_on_the_host_ends_as_the_ru
 
 
 def test_optimal_solves_with_the_state_on_the_host_only_where_its_plan_is_slow_and_keeps_the_faster():
-    from superneuron.planning import plan
     spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
     found = {}
     for mib in (8, 9, 16):
@@ -356,8 +359,6 @@ def test_the_ladder_solving_the_programs_over_its_limit_last_gives_the_plan_of_s
     winner and steps as each solved in the ladder's order (LeNet at 8 MiB: the state's and
     the parameters' plans tie, and the one that moves less wins either way), with fewer plans
     realised at 9 MiB, where the programs before the parameters' are cut off."""
-    from superneuron.planning import plan
-    from superneuron.scheduler import optimal_rounds
     spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
     realised = []
     realise = optimal_rounds.realise
@@ -382,19 +383,13 @@ def test_optimal_names_a_floor_under_which_none_of_its_plans_fits_and_fits_betwe
     answer under its floor, so there nothing fits and the error says both budgets, and sn-plan
     --min-memory prints both."""
     from superneuron.cli.plan import main
-    from superneuron.options import PlanOptions
-    from superneuron.planning import lowered, plan
-    from superneuron.scheduler.context import Context
-    from superneuron.scheduler.optimal import lowest_budget, smallest_candidate_budget
-    from superneuron.scheduler.policy import passes_of
-    from superneuron.sizes import human_bytes
     spec, opt = load_spec("nets/lenet.yaml"), make_optimizer(SGD)
-    context = Context(PlanOptions("optimal"), CostModel("cpu"))
+    context = SchedulerContext(PlanOptions("optimal"), CostModel("cpu"))
     base = lowered(spec, True, opt)
     floor, heuristic = lowest_budget(base, context), smallest_candidate_budget(base, context, passes_of)
     assert floor < 7 << 20 < heuristic
     # with 1 MiB of host memory the parameters cannot move (3 MiB with their state): a higher floor
-    limited = Context(PlanOptions("optimal", host_memory=1 << 20), CostModel("cpu"))
+    limited = SchedulerContext(PlanOptions("optimal", host_memory=1 << 20), CostModel("cpu"))
     assert lowest_budget(base, limited) > 7 << 20
     with pytest.raises(SNError):
         plan(Graph(spec), "optimal", budget=7 << 20, optimizer=opt, host_memory=1 << 20)
